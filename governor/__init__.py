@@ -1,0 +1,1 @@
+"""governor package (see README)."""

@@ -1,0 +1,439 @@
+"""The ``gpulock`` command: ``main(argv) -> exit code``.
+
+Exit codes: 0 ok; 1 error; 2 usage (bad flag or value); 75 (EX_TEMPFAIL) the GPU could not be
+had in time, so cron simply tries again next run; ``run`` otherwise returns its command's code
+(126 not executable, 127 not found, 128+N killed by signal N).
+
+The library raises; this module maps errors to ``error:``/``hint:`` lines and exit codes and
+never shows a traceback for a user's mistake.  Commands of the packages above gpulock
+(``governor``, ``route``, ``fleet``, ``agent``) are found through the ``gpulock.commands``
+entry-point group and imported only when they run, so the lock package never imports them and
+``gpulock run`` stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any, NoReturn
+
+from gpulock.errors import GpulockError, LockTimeout
+from gpulock.units import format_duration, format_size, parse_duration, parse_size
+
+EX_OK, EX_ERROR, EX_USAGE, EX_TEMPFAIL = 0, 1, 2, 75
+EX_NOEXEC, EX_NOTFOUND = 126, 127
+PLUGIN_GROUP = "gpulock.commands"
+
+
+class UsageError(Exception):
+    """A mistake in how the command was called (exit 2)."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, hint=f"{self.prog} --help")
+
+
+def _size(text: str) -> int:
+    try:
+        n = parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a size above 0, got {text!r}")
+    return n
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _index(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a GPU index like 0 or 1, got {text!r}")
+    return int(text)
+
+
+def _ticket_number(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"expected a ticket number like 12, got {text!r}")
+    return int(text)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="config file (default: the usual lookup)")
+    p.add_argument(
+        "--state-dir", metavar="DIR", help="state folder (default: $GPULOCK_STATE_DIR, config)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="gpulock",
+        description="A fair, crash-safe line in front of each GPU for fleets of small agents.",
+        epilog=(
+            "exit codes: 0 ok, 1 error, 2 usage, 75 GPU busy past --timeout (try again later); "
+            "'run' returns its command's code.  More commands may come from installed "
+            "packages: 'gpulock help' lists them."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"gpulock {_version()}")
+    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser(
+        "run",
+        help="run a command holding a GPU",
+        description=(
+            "Wait in line for the GPU, then run CMD (no shell) with CUDA_VISIBLE_DEVICES set. "
+            "The GPU stays claimed until CMD and its children end, even if this process is "
+            "killed.  SIGINT/SIGTERM/SIGHUP are forwarded to CMD.  Exits with CMD's code, or "
+            "75 when the GPU could not be had within --timeout."
+        ),
+        usage="gpulock run [options] -- CMD [ARG...]",
+    )
+    p.add_argument("--gpu", type=_index, help="GPU index (default: config default_gpu, else 0)")
+    p.add_argument(
+        "--need",
+        type=_size,
+        metavar="SIZE",
+        help="VRAM this job uses, e.g. 6GiB: jobs whose needs fit share the GPU "
+        "(default: exclusive)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_duration,
+        metavar="S",
+        help="give up after waiting this long (30, 90s, 5m) and exit 75 (default: wait for ever)",
+    )
+    p.add_argument("--name", help="name shown in status and history (default: CMD's name)")
+    p.add_argument(
+        "--lease",
+        type=_duration,
+        metavar="S",
+        help="CMD counts as hung if it holds longer than this without 'gpulock heartbeat'",
+    )
+    _common(p)
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD [ARG...]")
+
+    p = sub.add_parser(
+        "status",
+        help="show holders and waiters of every GPU",
+        description="Holders and waiters of each GPU in queue order, with stale marks.",
+    )
+    p.add_argument("--json", action="store_true", help="print the documented JSON object")
+    p.add_argument(
+        "--watch",
+        type=_duration,
+        nargs="?",
+        const=1.0,
+        metavar="S",
+        help="redraw every S seconds (default 1) until Ctrl-C",
+    )
+    _common(p)
+
+    p = sub.add_parser(
+        "break",
+        help="remove dead tickets, end hung holders (owner or root)",
+        description=(
+            "Remove a ticket whose owner is gone, or end a hung holder (SIGTERM, grace, "
+            "SIGKILL; verified by pid and start time) and remove its ticket.  Only the "
+            "ticket's owner or root may do this."
+        ),
+        usage="gpulock break (TICKET | --stale) [--force] [--grace S]",
+    )
+    p.add_argument("ticket", nargs="?", type=_ticket_number, help="ticket number (see status)")
+    p.add_argument("--stale", action="store_true", help="every dead or hung ticket")
+    p.add_argument("--force", action="store_true", help="also kill a live, healthy holder")
+    p.add_argument("--grace", type=_duration, metavar="S", help="SIGTERM to SIGKILL delay")
+    p.add_argument("--json", action="store_true", help="print results as JSON")
+    _common(p)
+
+    p = sub.add_parser(
+        "history",
+        help="print the event log",
+        description="Events from the state folder's log: wait, acquire, release, timeout, ...",
+    )
+    p.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only events newer than this: a duration ago (10m, 2h) or an ISO time",
+    )
+    p.add_argument("--gpu", type=_index, help="only this GPU")
+    p.add_argument("--event", action="append", metavar="KIND", help="only these kinds")
+    p.add_argument("--limit", type=int, metavar="N", help="only the last N events")
+    p.add_argument("--json", action="store_true", help='print {"events": [...]}')
+    _common(p)
+
+    p = sub.add_parser(
+        "heartbeat",
+        help="renew a holder's lease (for commands under 'gpulock run --lease')",
+        description="Show that the holder is alive: renews the lease of TICKET "
+        "(default: $GPULOCK_TICKET, set by 'gpulock run').",
+    )
+    p.add_argument("ticket", nargs="?", type=_ticket_number)
+    _common(p)
+
+    sub.add_parser("help", help="list every command, including those of installed packages")
+    return parser
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("gpulock")
+    except Exception:
+        return "unknown"
+
+
+def _plugins() -> dict[str, Any]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(args_list)
+    except UsageError as e:
+        _say("error", str(e))
+        if e.hint:
+            _say("hint", e.hint)
+        return EX_USAGE
+    except LockTimeout as e:
+        _say("error", str(e))
+        if e.hint:
+            _say("hint", e.hint)
+        return EX_TEMPFAIL
+    except GpulockError as e:
+        _say("error", str(e))
+        if e.hint:
+            _say("hint", e.hint)
+        code: int = getattr(e, "exit_code", EX_ERROR)  # RunError: 126/127, like a shell
+        return code
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+    except BrokenPipeError:
+        # `gpulock history | head`: the reader left; not an error worth a traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EX_OK
+
+
+def _say(kind: str, text: str) -> None:
+    print(f"{kind}: {text}", file=sys.stderr)
+
+
+def _dispatch(argv: list[str]) -> int:
+    builtin = {"run", "status", "break", "history", "heartbeat", "help"}
+    if argv and not argv[0].startswith("-") and argv[0] not in builtin:
+        plugin = _plugins().get(argv[0])
+        if plugin is None:
+            known = sorted(builtin | set(_plugins()))
+            raise UsageError(f"unknown command {argv[0]!r}", hint="commands: " + ", ".join(known))
+        func: Callable[[list[str]], int] = plugin.load()
+        return func(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cmd is None or args.cmd == "help":
+        parser.print_help()
+        plugins = sorted(_plugins())
+        if plugins:
+            print("\ncommands from installed packages: " + ", ".join(plugins))
+        return EX_OK if args.cmd == "help" else EX_USAGE
+    handler: Callable[[argparse.Namespace], int] = _HANDLERS[args.cmd]
+    return handler(args)
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from gpulock.settings import load
+
+    return load(args.config, args.state_dir)
+
+
+# --- run -----------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from gpulock import runner
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("missing command to run", hint="gpulock run [options] -- CMD [ARG...]")
+    settings = _settings(args)
+    return runner.run(
+        settings,
+        command,
+        gpu=args.gpu,
+        need=args.need,
+        timeout=args.timeout,
+        name=args.name,
+        lease=args.lease,
+    )
+
+
+# --- status --------------------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from gpulock import status
+
+    settings = _settings(args)
+    if args.watch is None:
+        snap = status.snapshot(settings)
+        print(json.dumps(snap, indent=2) if args.json else status.render(snap))
+        return EX_OK
+    interval = max(args.watch, 0.1)
+    try:
+        while True:
+            snap = status.snapshot(settings)
+            text = json.dumps(snap) if args.json else status.render(snap)
+            if sys.stdout.isatty() and not args.json:
+                sys.stdout.write("\x1b[H\x1b[2J")  # home + clear: redraw in place
+                stamp = time.strftime("%H:%M:%S")
+                text = f"gpulock status - {stamp} - every {interval:g} s, Ctrl-C to stop\n{text}"
+            print(text, flush=True)
+            time.sleep(interval)  # a display refresh, not a lock wait
+    except KeyboardInterrupt:
+        return EX_OK
+
+
+# --- break ---------------------------------------------------------------------------------
+
+
+def cmd_break(args: argparse.Namespace) -> int:
+    from gpulock import repair
+
+    if (args.ticket is None) == (not args.stale):
+        raise UsageError("give a TICKET or --stale (one of them)", hint="gpulock break --help")
+    settings = _settings(args)
+    if args.stale:
+        results = repair.break_stale(settings, grace_s=args.grace)
+    else:
+        results = [repair.break_ticket(settings, args.ticket, force=args.force, grace_s=args.grace)]
+    if args.json:
+        print(json.dumps({"results": [asdict(r) for r in results]}, indent=2))
+    elif not results:
+        print("nothing stale")
+    else:
+        for r in results:
+            print(f"ticket {r.ticket} (gpu{r.gpu}): {r.action}: {r.detail}")
+    return EX_ERROR if any(r.action == "skipped" for r in results) else EX_OK
+
+
+# --- history -------------------------------------------------------------------------------
+
+
+def parse_since(text: str, now_wall: float) -> float:
+    """``10m`` (ago) or an ISO-8601 time -> epoch seconds."""
+    try:
+        return now_wall - parse_duration(text)
+    except ValueError:
+        pass
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise UsageError(
+            f"--since: expected a duration like 10m or a time like 2026-11-20T07:00, got {text!r}"
+        ) from None
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from gpulock import events
+
+    settings = _settings(args)
+    since = parse_since(args.since, time.time()) if args.since else None
+    kinds = set(args.event or ())
+    selected = [
+        e
+        for e in events.read(settings.state_dir, since_wall=since)
+        if (args.gpu is None or e.get("gpu") == args.gpu) and (not kinds or e["event"] in kinds)
+    ]
+    if args.limit is not None:
+        selected = selected[-args.limit :] if args.limit > 0 else []
+    if args.json:
+        print(json.dumps({"events": selected}, indent=2))
+        return EX_OK
+    for e in selected:
+        print(_history_line(e))
+    return EX_OK
+
+
+_SHOWN = {"ts", "event", "gpu", "ticket", "pid", "name"}
+
+
+def _history_line(e: dict[str, Any]) -> str:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["ts"]))
+    gpu = f"gpu{e['gpu']}" if isinstance(e.get("gpu"), int) else "-"
+    ticket = str(e.get("ticket", "-"))
+    who = f"{e.get('name', '')}[{e.get('pid', '')}]" if "pid" in e else ""
+    details = []
+    for k, v in e.items():
+        if k in _SHOWN or v is None:
+            continue
+        if k.endswith("_s") and isinstance(v, int | float):
+            v = format_duration(v)
+        elif k.endswith("_bytes") and isinstance(v, int):
+            v = format_size(v)
+        details.append(f"{k}={v}")
+    return f"{stamp}  {e['event']:<8} {gpu:<5} {ticket:>6}  {who:<24} {' '.join(details)}"
+
+
+# --- heartbeat -----------------------------------------------------------------------------
+
+
+def cmd_heartbeat(args: argparse.Namespace) -> int:
+    from gpulock import identity, repair
+    from gpulock.errors import NotPermitted
+    from gpulock.lock import ENV_TICKET
+
+    seq = args.ticket
+    if seq is None:
+        spec = os.environ.get(ENV_TICKET, "")
+        _, _, tail = spec.partition(":")
+        if not tail.isdigit():
+            raise UsageError(
+                "no TICKET given and $GPULOCK_TICKET is not set",
+                hint="run this inside 'gpulock run', or pass the ticket number",
+            )
+        seq = int(tail)
+    settings = _settings(args)
+    found = repair.find(settings, seq)
+    if found is None:
+        raise GpulockError(f"no ticket {seq} in {settings.state_dir}", hint="gpulock status")
+    qdir, tf = found
+    if not identity.may_signal(tf.ticket.uid):
+        raise NotPermitted(seq, tf.ticket.uid, action="renew")
+    os.utime(qdir.ticket_path(seq))
+    return EX_OK
+
+
+_HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": cmd_run,
+    "status": cmd_status,
+    "break": cmd_break,
+    "history": cmd_history,
+    "heartbeat": cmd_heartbeat,
+}
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""One exception tree for the whole project.
+
+::
+
+    GpulockError                      base: every error gpulock raises on purpose
+    ├── ConfigError (ValueError)      a config file is malformed: carries file, line, key
+    ├── StateDirError                 the state folder is missing, unsafe or unusable
+    └── LockError
+        ├── LockTimeout (TimeoutError)  the GPU could not be had in time
+        ├── NeedTooLarge (ValueError)   a need that can never fit the GPU
+        └── NotPermitted (PermissionError)  breaking or killing someone else's ticket
+
+Every error carries its fields as attributes, pickles across processes (``__reduce__`` rebuilds
+it from its fields) and may carry a ``hint``: one line that tells the user what to do next.  The
+CLI prints ``error: <str(exc)>`` and ``hint: <exc.hint>``; the library never exits the process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GpulockError(Exception):
+    """Base class for errors raised by gpulock on purpose."""
+
+    hint: str | None = None
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if hint is not None:
+            self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.__dict__.copy()))
+
+
+def _rebuild(cls: type[GpulockError], fields: dict[str, Any]) -> GpulockError:
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, fields.get("message", ""))
+    exc.__dict__.update(fields)
+    return exc
+
+
+class ConfigError(GpulockError, ValueError):
+    """A configuration file (or value) is wrong.  ``str()`` reads ``file:line: key: problem``."""
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        key: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.problem = problem
+        self.file = file
+        self.line = line
+        self.key = key
+        where = ""
+        if file is not None:
+            where = f"{file}:{line}: " if line is not None else f"{file}: "
+        what = f"{key}: " if key else ""
+        super().__init__(f"{where}{what}{problem}", hint=hint)
+
+
+class StateDirError(GpulockError):
+    """The state folder cannot be used safely (symlink, world-writable, foreign owner, NFS...)."""
+
+    def __init__(self, path: str, reason: str, *, hint: str | None = None) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"state folder {path}: {reason}", hint=hint)
+
+
+class LockError(GpulockError):
+    """Something went wrong taking, holding or breaking a GPU lock."""
+
+
+class LockTimeout(LockError, TimeoutError):
+    """The GPU could not be had within ``timeout``; the ticket has left the queue cleanly."""
+
+    def __init__(
+        self,
+        gpu: int,
+        waited_s: float,
+        holder_pid: int | None = None,
+        holder_name: str | None = None,
+        *,
+        queue_ahead: int = 0,
+    ) -> None:
+        self.gpu = gpu
+        self.waited_s = waited_s
+        self.holder_pid = holder_pid
+        self.holder_name = holder_name
+        self.queue_ahead = queue_ahead
+        held_by = ""
+        if holder_pid is not None:
+            held_by = f" (held by pid {holder_pid}"
+            held_by += f", {holder_name!r})" if holder_name else ")"
+        ahead = f", {queue_ahead} ahead in the queue" if queue_ahead else ""
+        super().__init__(
+            f"gpu{gpu} busy after {waited_s:.1f} s{held_by}{ahead}",
+            hint="gpulock status",
+        )
+
+
+class NeedTooLarge(LockError, ValueError):
+    """A ``need`` larger than the GPU can ever grant (its memory less the reserve)."""
+
+    def __init__(self, gpu: int, need_bytes: int, budget_bytes: int) -> None:
+        from gpulock.units import format_size
+
+        self.gpu = gpu
+        self.need_bytes = need_bytes
+        self.budget_bytes = budget_bytes
+        super().__init__(
+            f"need {format_size(need_bytes)} can never fit gpu{gpu}: "
+            f"{format_size(budget_bytes)} is its memory less the reserve",
+            hint="ask for less, or lower 'reserve' in the config",
+        )
+
+
+class NotPermitted(LockError, PermissionError):
+    """Only a ticket's owner (same uid) or root may break or kill it."""
+
+    def __init__(self, ticket: int, owner_uid: int, action: str = "break") -> None:
+        self.ticket = ticket
+        self.owner_uid = owner_uid
+        self.action = action
+        super().__init__(
+            f"cannot {action} ticket {ticket}: it belongs to uid {owner_uid}",
+            hint="only the ticket's owner or root may do that",
+        )

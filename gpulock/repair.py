@@ -1,0 +1,122 @@
+"""``gpulock break``: remove dead tickets and end hung holders, by their owner or root only."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from dataclasses import dataclass
+
+from gpulock import identity, queue
+from gpulock.errors import LockError, NotPermitted
+from gpulock.lock import QueueDir, TicketFile, _evidence, _signal_holder
+from gpulock.settings import Settings
+from gpulock.status import gpu_indices
+
+KILL_WAIT_S = 5.0  # after SIGKILL the kernel frees a process in well under this
+
+
+@dataclass(frozen=True, slots=True)
+class BreakResult:
+    ticket: int
+    gpu: int
+    action: str  # "removed" (owner was gone), "killed" (hung or forced), "skipped"
+    detail: str
+
+
+def find(settings: Settings, seq: int) -> tuple[QueueDir, TicketFile] | None:
+    from gpulock import devices
+
+    for gpu in gpu_indices(settings, devices.DeviceReport((), None)):
+        qdir = QueueDir(settings, gpu, create=False)
+        if seq in qdir.seqs():
+            try:
+                tf = qdir.read(seq)
+            except Exception:
+                tf = None
+            if tf is not None:
+                return qdir, tf
+    return None
+
+
+def break_ticket(
+    settings: Settings, seq: int, *, force: bool = False, grace_s: float | None = None
+) -> BreakResult:
+    """Remove ticket ``seq`` if its owner is gone; kill its owner first if hung (or forced)."""
+    found = find(settings, seq)
+    if found is None:
+        raise LockError(f"no ticket {seq} in {settings.state_dir}", hint="gpulock status")
+    qdir, tf = found
+    return _break(settings, qdir, tf, force=force, grace_s=grace_s)
+
+
+def break_stale(settings: Settings, *, grace_s: float | None = None) -> list[BreakResult]:
+    """Break every dead or hung ticket this user may break; others are reported as skipped."""
+    from gpulock import devices
+
+    results = []
+    now_w = time.time()
+    for gpu in gpu_indices(settings, devices.DeviceReport((), None)):
+        qdir = QueueDir(settings, gpu, create=False)
+        for _seq, tf, _why in qdir.scan():
+            if tf is None:
+                continue
+            alive = qdir.alive(tf.ticket.seq)
+            if alive and not queue.is_hung(tf.ticket, tf.mtime_wall, now_w):
+                continue
+            try:
+                results.append(_break(settings, qdir, tf, force=False, grace_s=grace_s))
+            except NotPermitted as e:
+                results.append(BreakResult(tf.ticket.seq, gpu, "skipped", str(e)))
+    return results
+
+
+def _break(
+    settings: Settings, qdir: QueueDir, tf: TicketFile, *, force: bool, grace_s: float | None
+) -> BreakResult:
+    t = tf.ticket
+    if not identity.may_signal(t.uid):
+        raise NotPermitted(t.seq, t.uid)
+    now_w = time.time()
+    evidence = _evidence(tf, now_w)
+    fd = qdir.watch(t.seq)
+    if fd is None:
+        qdir.remove(t.seq)
+        settings.emit(
+            "break", **evidence, action="removed", reason="owner gone", by_pid=os.getpid()
+        )
+        return BreakResult(t.seq, t.gpu, "removed", f"owner pid {t.pid} ({t.name}) was gone")
+    try:
+        hung = queue.is_hung(t, tf.mtime_wall, now_w)
+        if not (hung or force):
+            raise LockError(
+                f"ticket {t.seq} is alive and within its lease (pid {t.pid}, {t.name!r})",
+                hint=f"gpulock break --force {t.seq} kills it",
+            )
+        if t.pidns != identity.pid_namespace():
+            raise LockError(f"ticket {t.seq}: its owner is in another pid namespace")
+        grace = settings.config.hung_grace_s if grace_s is None else grace_s
+        why = "hung: past its lease without a heartbeat" if hung else "forced"
+        settings.emit("kill", **evidence, signal="SIGTERM", reason=why, by_pid=os.getpid())
+        _signal_holder(t, signal.SIGTERM)
+        if not _wait_gone(fd, grace):
+            settings.emit("kill", **evidence, signal="SIGKILL", reason=why, by_pid=os.getpid())
+            _signal_holder(t, signal.SIGKILL)
+            if not _wait_gone(fd, KILL_WAIT_S):
+                raise LockError(
+                    f"ticket {t.seq}: pid {t.pid} still holds it after SIGKILL",
+                    hint="another process may have inherited its descriptor; see 'lsof'",
+                )
+    finally:
+        os.close(fd)
+    qdir.remove(t.seq)
+    settings.emit("break", **evidence, action="killed", reason=why, by_pid=os.getpid())
+    return BreakResult(t.seq, t.gpu, "killed", f"pid {t.pid} ({t.name}): {why}")
+
+
+def _wait_gone(fd: int, timeout_s: float) -> bool:
+    """Wait for the watched FIFO's last reader to close (the owner exited)."""
+    poller = select.poll()
+    poller.register(fd, 0)
+    return bool(poller.poll(max(0, int(timeout_s * 1000))))

@@ -1,0 +1,177 @@
+"""``gpulock run``: hold a GPU for exactly as long as a command and its children run.
+
+* The command starts without a shell, with ``CUDA_VISIBLE_DEVICES`` set to the granted GPU,
+  ``GPULOCK_TICKET`` (so a nested ``gpulock.acquire`` or ``gpulock run`` on that GPU is
+  satisfied by this lease instead of queueing behind it) and ``GPULOCK_STATE_DIR``.
+* It inherits the ticket's FIFO descriptor: the kernel keeps the GPU claimed while the command
+  lives, even if this ``gpulock run`` process is SIGKILLed.
+* This process becomes a child subreaper, so grandchildren that outlive the command are
+  re-parented here and waited for before the GPU is released.
+* SIGTERM, SIGHUP, SIGUSR1/2 are forwarded to the command; SIGINT and SIGQUIT too, except when
+  they come from the terminal, which already delivered them to the whole foreground group.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any
+
+from gpulock.errors import GpulockError
+from gpulock.lock import ENV_STATE, ENV_TICKET, acquire
+from gpulock.settings import Settings
+
+FORWARDED = (
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class RunError(GpulockError):
+    """The command could not be started; ``exit_code`` follows the shell's convention."""
+
+    def __init__(self, message: str, exit_code: int, *, hint: str | None = None) -> None:
+        self.exit_code = exit_code
+        super().__init__(message, hint=hint)
+
+
+class _Signalled(BaseException):
+    """SIGTERM/SIGHUP while waiting in line: leave the queue cleanly, then exit 128+N."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def resolve(command: Sequence[str]) -> str:
+    """The executable for command[0], or RunError(127/126) before we queue for nothing."""
+    prog = command[0]
+    found = shutil.which(prog)
+    if found is not None:
+        return found
+    if "/" in prog and os.path.exists(prog):
+        raise RunError(f"not executable: {prog}", 126)
+    raise RunError(
+        f"command not found: {prog}",
+        127,
+        hint="cron runs with a short PATH: give the absolute path",
+    )
+
+
+def run(
+    settings: Settings,
+    command: Sequence[str],
+    *,
+    gpu: int | None = None,
+    need: int | str | None = None,
+    timeout: float | str | None = None,
+    name: str | None = None,
+    lease: float | str | None = None,
+) -> int:
+    resolve(command)
+
+    def leave(signum: int, _frame: FrameType | None) -> None:
+        raise _Signalled(signum)
+
+    previous: dict[int, Any] = {s: signal.signal(s, leave) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        held = acquire(
+            gpu,
+            need,
+            timeout,
+            name or os.path.basename(command[0]),
+            lease,
+            config=settings.config,
+            state_dir=settings.state_dir,
+            command=command,
+        )
+    except _Signalled as stop:
+        return 128 + stop.signum
+    try:
+        env = dict(os.environ)
+        env["CUDA_VISIBLE_DEVICES"] = held.cuda_visible_devices
+        env[ENV_TICKET] = f"{held.gpu}:{held.ticket}"
+        env[ENV_STATE] = str(settings.state_dir)
+        _become_subreaper()
+        try:
+            proc = subprocess.Popen(list(command), env=env, pass_fds=(held.fileno(),))
+        except OSError as e:
+            raise RunError(f"cannot run {command[0]}: {e.strerror}", 126) from None
+        held.set_child(proc.pid)
+        for sig in FORWARDED:
+            previous.setdefault(sig, signal.getsignal(sig))
+            signal.signal(sig, _forwarder(proc.pid))
+        rc = proc.wait()
+        _wait_for_orphans()
+        return rc if rc >= 0 else 128 - rc
+    except _Signalled as stop:  # arrived between the grant and the command's start
+        return 128 + stop.signum
+    finally:
+        held.release()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _forwarder(child: int) -> Callable[[int, FrameType | None], None]:
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        if signum in (signal.SIGINT, signal.SIGQUIT) and _terminal_delivers():
+            return
+        for pid in [child, *_children()]:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    return forward
+
+
+def _terminal_delivers() -> bool:
+    """True when we run in the terminal's foreground group: the tty signalled everyone."""
+    for stream in (sys.stdin, sys.stderr):
+        try:
+            fd = stream.fileno()
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgrp()
+        except (OSError, ValueError, AttributeError):
+            continue
+    return False
+
+
+def _children() -> list[int]:
+    """Our remaining children (re-parented grandchildren), from /proc."""
+    me = str(os.getpid())
+    out = []
+    try:
+        with open(f"/proc/{me}/task/{me}/children") as f:
+            out = [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def _become_subreaper() -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # without it, orphaned grandchildren are not waited for; the FIFO still is
+
+
+def _wait_for_orphans() -> None:
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return

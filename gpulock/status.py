@@ -1,0 +1,191 @@
+"""What every GPU queue looks like now: a JSON-able snapshot and its human rendering.
+
+``snapshot()`` is the documented ``gpulock status --json`` object (``"version": 1``):
+
+* ``gpus``: one object per GPU with ``gpu``, ``total_bytes``, ``reserve_bytes``,
+  ``budget_bytes`` (None when the size is unknown), ``holders`` and ``waiters`` (queue order)
+  and ``ignored`` (files in the queue folder that are not readable tickets, with the reason).
+* every holder/waiter entry: ``ticket``, ``name``, ``pid``, ``state`` (``holding``,
+  ``waiting``, ``hung``: alive past its lease without a heartbeat, ``dead``: its owner is gone
+  and the ticket awaits cleanup), ``stale`` (hung or dead), ``position`` (0 = head), ``user``,
+  ``uid``, ``host``, ``command``, ``need_bytes`` (None = exclusive), ``lease_s``,
+  ``created_wall``, ``granted_wall``, ``waited_s``, ``held_s``, ``heartbeat_age_s``,
+  ``child_pid``.
+* ``devices``: the probed GPUs; ``devices_problem``: why none could be probed, or None.
+
+Reading status never changes the queue.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from gpulock import devices, queue
+from gpulock.lock import QueueDir, TicketFile
+from gpulock.settings import Settings
+from gpulock.units import format_duration, format_size
+
+VERSION = 1
+
+
+def gpu_indices(settings: Settings, report: devices.DeviceReport) -> list[int]:
+    """GPUs to show: those probed plus any with a queue folder."""
+    found = {d.index for d in report.devices}
+    try:
+        for name in os.listdir(settings.state_dir):
+            if name.startswith("gpu") and name[3:].isdigit():
+                found.add(int(name[3:]))
+    except OSError:
+        pass
+    return sorted(found)
+
+
+def entry(qdir: QueueDir, tf: TicketFile, position: int, now_w: float) -> dict[str, Any]:
+    t = tf.ticket
+    alive = qdir.alive(t.seq)
+    hung = alive and queue.is_hung(t, tf.mtime_wall, now_w)
+    if not alive:
+        state = "dead"
+    elif hung:
+        state = "hung"
+    else:
+        state = "holding" if t.holding else "waiting"
+    waited_until = t.granted_wall if t.holding else now_w
+    return {
+        "ticket": t.seq,
+        "name": t.name,
+        "pid": t.pid,
+        "state": state,
+        "stale": state in ("hung", "dead"),
+        "position": position,
+        "user": t.user,
+        "uid": t.uid,
+        "host": t.host,
+        "command": list(t.command),
+        "need_bytes": t.need_bytes,
+        "lease_s": t.lease_s,
+        "created_wall": t.created_wall,
+        "granted_wall": t.granted_wall,
+        "waited_s": round(max(0.0, (waited_until or now_w) - t.created_wall), 3),
+        "held_s": round(now_w - t.granted_wall, 3) if t.granted_wall else None,
+        "heartbeat_age_s": (
+            round(now_w - queue.heartbeat_wall(t, tf.mtime_wall), 3) if t.holding else None
+        ),
+        "child_pid": t.child_pid,
+    }
+
+
+def gpu_snapshot(
+    settings: Settings, gpu: int, dev: devices.Device | None, now_w: float
+) -> dict[str, Any]:
+    qdir = QueueDir(settings, gpu, create=False)
+    holders: list[dict[str, Any]] = []
+    waiters: list[dict[str, Any]] = []
+    ignored: list[dict[str, Any]] = []
+    position = 0
+    for seq, tf, why in qdir.scan():
+        if tf is None:
+            ignored.append({"file": qdir.ticket_path(seq).name, "reason": why})
+            continue
+        e = entry(qdir, tf, position, now_w)
+        position += 1
+        (holders if tf.ticket.holding else waiters).append(e)
+    total = dev.total_bytes if dev else None
+    reserve = settings.config.reserve_bytes(total) if total is not None else None
+    return {
+        "gpu": gpu,
+        "name": dev.name if dev else None,
+        "source": dev.source if dev else None,
+        "total_bytes": total,
+        "reserve_bytes": reserve,
+        "budget_bytes": total - reserve if total is not None and reserve is not None else None,
+        "holders": holders,
+        "waiters": waiters,
+        "ignored": ignored,
+    }
+
+
+def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, Any]:
+    now_w = time.time() if now_wall is None else now_wall
+    report = devices.probe(settings.config)
+    return {
+        "version": VERSION,
+        "state_dir": str(settings.state_dir),
+        "generated_wall": now_w,
+        "devices": [
+            {
+                "index": d.index,
+                "name": d.name,
+                "source": d.source,
+                "total_bytes": d.total_bytes,
+                "used_bytes": d.used_bytes,
+                "free_bytes": d.free_bytes,
+            }
+            for d in report.devices
+        ],
+        "devices_problem": report.problem,
+        "gpus": [
+            gpu_snapshot(settings, i, report.get(i), now_w) for i in gpu_indices(settings, report)
+        ],
+    }
+
+
+_COLUMNS = ("#", "TICKET", "STATE", "NAME", "PID", "USER", "NEED", "WAITED", "HELD", "LEASE")
+
+
+def render(snap: dict[str, Any]) -> str:
+    """The snapshot as the table ``gpulock status`` prints."""
+    lines: list[str] = []
+    if snap.get("devices_problem"):
+        lines.append(f"devices: {snap['devices_problem']}")
+    if not snap["gpus"]:
+        lines.append(f"no GPU queues yet (state folder {snap['state_dir']})")
+        return "\n".join(lines)
+    for g in snap["gpus"]:
+        entries = g["holders"] + g["waiters"]
+        head = f"gpu{g['gpu']}"
+        if g["total_bytes"] is not None:
+            head += (
+                f"  {g['source']} {format_size(g['total_bytes'])}"
+                f", reserve {format_size(g['reserve_bytes'])}"
+            )
+        n_wait = sum(1 for e in g["waiters"] if e["state"] == "waiting")
+        n_hold = sum(1 for e in g["holders"] if e["state"] in ("holding", "hung"))
+        head += f"  -  {n_hold} holding, {n_wait} waiting" if entries else "  -  idle"
+        lines.append(head)
+        if entries:
+            rows = [(*_COLUMNS, "COMMAND")]
+            for e in entries:
+                rows.append(
+                    (
+                        str(e["position"] + 1),
+                        str(e["ticket"]),
+                        e["state"] + (" !" if e["stale"] else ""),
+                        e["name"],
+                        str(e["pid"]),
+                        e["user"],
+                        "exclusive" if e["need_bytes"] is None else format_size(e["need_bytes"]),
+                        format_duration(e["waited_s"]),
+                        format_duration(e["held_s"]) if e["held_s"] is not None else "-",
+                        format_duration(e["lease_s"]) if e["lease_s"] is not None else "-",
+                        _short(" ".join(e["command"]), 40),
+                    )
+                )
+            widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
+            for r in rows:
+                cells = [c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)]
+                lines.append("  " + "  ".join(cells) + "  " + r[-1])
+        for ig in g["ignored"]:
+            lines.append(f"  ignored {ig['file']}: {ig['reason']}")
+    stale = [e for g in snap["gpus"] for e in g["holders"] + g["waiters"] if e["stale"]]
+    if stale:
+        lines.append(
+            "! stale entries: 'gpulock break --stale' removes dead ones and ends hung ones"
+        )
+    return "\n".join(lines)
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."

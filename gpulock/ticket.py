@@ -1,0 +1,141 @@
+"""The ticket record: one waiter or holder in a GPU's queue (pure: encode and parse).
+
+On disk a ticket is ``<state>/gpu<N>/<seq>.ticket``, a small JSON object written atomically
+(temp file + rename), next to ``<seq>.fifo``, the FIFO whose open read end is the owner's
+kernel-held claim (see ``gpulock.lock``).  The sequence number is the queue order; it is
+unique in a state folder, so ``gpulock break 12`` names one ticket on any GPU.
+
+Format ``gpulock.ticket/1``.  Readers ignore keys they do not know, so later versions may add
+fields; a file that is not valid JSON, lacks a required field, or carries another major format
+is rejected with ``TicketFormatError`` and skipped by every reader (never a crash).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+FORMAT = "gpulock.ticket/1"
+_FORMAT_MAJOR = "gpulock.ticket/1"
+SEQ_DIGITS = 12
+TICKET_RE = re.compile(r"^(\d{12})\.ticket$")
+
+
+class TicketFormatError(ValueError):
+    """A file in a queue folder that is not a readable ticket."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """One place in a GPU's queue: who asked, for what, and since when."""
+
+    seq: int
+    gpu: int
+    pid: int
+    uid: int
+    user: str
+    host: str
+    name: str
+    created_wall: float
+    start_ticks: int | None = None
+    boot_id: str | None = None
+    pidns: str | None = None
+    command: tuple[str, ...] = ()
+    need_bytes: int | None = None  # None: exclusive, the whole GPU
+    lease_s: float | None = None  # None: may hold for ever
+    granted_wall: float | None = None  # None: still waiting
+    child_pid: int | None = None  # `gpulock run`: the command that holds the GPU
+    child_start_ticks: int | None = None
+
+    @property
+    def exclusive(self) -> bool:
+        return self.need_bytes is None
+
+    @property
+    def holding(self) -> bool:
+        return self.granted_wall is not None
+
+    def granted(self, now_wall: float) -> Ticket:
+        return replace(self, granted_wall=now_wall)
+
+
+def file_name(seq: int) -> str:
+    return f"{seq:0{SEQ_DIGITS}d}.ticket"
+
+
+def fifo_name(seq: int) -> str:
+    # Derived from the sequence number, never read from the ticket: a crafted ticket cannot
+    # point a reader at another path.
+    return f"{seq:0{SEQ_DIGITS}d}.fifo"
+
+
+def seq_of(name: str) -> int | None:
+    m = TICKET_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def encode(t: Ticket) -> bytes:
+    body: dict[str, Any] = {"format": FORMAT}
+    body.update(asdict(t))
+    body["command"] = list(t.command)
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+_REQUIRED: dict[str, type | tuple[type, ...]] = {
+    "seq": int,
+    "gpu": int,
+    "pid": int,
+    "uid": int,
+    "user": str,
+    "host": str,
+    "name": str,
+    "created_wall": (int, float),
+}
+_OPTIONAL: dict[str, type | tuple[type, ...]] = {
+    "start_ticks": int,
+    "boot_id": str,
+    "pidns": str,
+    "need_bytes": int,
+    "lease_s": (int, float),
+    "granted_wall": (int, float),
+    "child_pid": int,
+    "child_start_ticks": int,
+}
+
+
+def parse(data: bytes) -> Ticket:
+    """Parse a ticket file's bytes; raise TicketFormatError saying what is wrong."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise TicketFormatError(f"not JSON ({e.__class__.__name__})") from None
+    if not isinstance(obj, dict):
+        raise TicketFormatError("not a JSON object")
+    fmt = obj.get("format")
+    if not isinstance(fmt, str) or not fmt.startswith(_FORMAT_MAJOR):
+        raise TicketFormatError(f"unknown format {fmt!r}")
+    fields: dict[str, Any] = {}
+    for key, typ in _REQUIRED.items():
+        val = obj.get(key)
+        if not isinstance(val, typ) or isinstance(val, bool):
+            raise TicketFormatError(f"missing or bad {key!r}")
+        fields[key] = val
+    for key, typ in _OPTIONAL.items():
+        val = obj.get(key)
+        if val is None:
+            continue
+        if not isinstance(val, typ) or isinstance(val, bool):
+            raise TicketFormatError(f"bad {key!r}")
+        fields[key] = val
+    if fields["seq"] <= 0 or fields["gpu"] < 0:
+        raise TicketFormatError("bad 'seq' or 'gpu'")
+    need = fields.get("need_bytes")
+    if need is not None and need <= 0:
+        raise TicketFormatError("bad 'need_bytes'")
+    cmd = obj.get("command", [])
+    if not isinstance(cmd, list) or not all(isinstance(a, str) for a in cmd):
+        raise TicketFormatError("bad 'command'")
+    fields["command"] = tuple(cmd)
+    return Ticket(**fields)
