@@ -47,7 +47,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from gpulock import devices, identity, queue
 from gpulock.config import Config
-from gpulock.errors import LockTimeout, NeedTooLarge
+from gpulock.errors import LockError, LockTimeout, NeedTooLarge
 from gpulock.settings import Settings, load
 from gpulock.state import atomic_write
 from gpulock.ticket import Ticket, TicketFormatError, encode, fifo_name, file_name, parse, seq_of
@@ -347,15 +347,17 @@ class Lease:
             del held[self._ticket.gpu]
         if fd is None or os.getpid() != self._owner_pid:
             return
-        self._qdir.remove(self._ticket.seq)
-        granted = self._ticket.granted_wall
-        self.settings.emit(
-            "release",
-            **_who(self._ticket),
-            held_s=round(time.time() - granted, 6) if granted else None,
-        )
-        _owner_fds.discard(fd)
-        os.close(fd)  # wakes whoever watches this ticket
+        try:
+            self._qdir.remove(self._ticket.seq)
+            granted = self._ticket.granted_wall
+            self.settings.emit(
+                "release",
+                **_who(self._ticket),
+                held_s=round(time.time() - granted, 6) if granted else None,
+            )
+        finally:
+            _owner_fds.discard(fd)
+            os.close(fd)  # wakes whoever watches this ticket
 
     def __enter__(self) -> Lease:
         return self
@@ -418,6 +420,13 @@ def acquire(
         held[gpu_i] = inherited
         return inherited
 
+    simulated = devices.simulated_sizes(cfg)
+    if simulated is not None and gpu_i >= len(simulated):
+        raise LockError(
+            f"gpu{gpu_i} does not exist: {len(simulated)} simulated GPU(s), "
+            f"gpu0..gpu{len(simulated) - 1}",
+            hint="check --gpu, default_gpu and GPULOCK_SIMULATE",
+        )
     budget = None
     if need_bytes is not None:
         total = devices.total_bytes(gpu_i, cfg)
@@ -572,7 +581,8 @@ class _Waiter:
                 self._rewatch(d.watch, fds)
                 if not self.announced:
                     self.announced = True
-                    self.settings.emit("wait", **_who(self.me), ahead=len(ahead), reason=d.reason)
+                    n_ahead = sum(1 for q in self.qdir.seqs() if q < self.me.seq)
+                    self.settings.emit("wait", **_who(self.me), ahead=n_ahead, reason=d.reason)
             now = time.monotonic()
             if self.deadline is not None and now >= self.deadline:
                 raise self._timeout(ahead)

@@ -1,0 +1,597 @@
+"""The one YAML config file shared by gpulock and the packages built on it.
+
+Where it is looked for, first found wins:
+
+1. the path given with ``--config`` (an error when it does not exist);
+2. ``$GPULOCK_CONFIG`` (an error when it does not exist);
+3. ``./gpulock.yaml`` in the current folder;
+4. ``~/.config/gpulock/config.yaml`` (``~`` is ``$HOME``, or the passwd entry when HOME is unset;
+   ``$XDG_CONFIG_HOME`` is ignored on purpose, because cron does not set it and a cron job must
+   find the same file as an interactive shell);
+5. ``/etc/gpulock/config.yaml``.
+
+No file at all means every default below.  An empty file, or one holding only comments, does too.
+
+Keys owned by gpulock (the defaults live in ``DEFAULTS``, written as they would be in the file):
+
+``state_dir`` (path, default: ``$GPULOCK_STATE_DIR``, else ``~/.local/state/gpulock``)
+    The folder through which all processes coordinate.  ``~`` is expanded; a relative path is
+    relative to the config file's own folder, so cron and a shell agree.  ``$GPULOCK_STATE_DIR``
+    overrides it.  It must be on a local filesystem (not NFS, CIFS, sshfs...).
+``group`` (group name, default: none)
+    Share the state folder between the users of this group: it is created with mode 2770 and
+    the group, and files in it 0660.  Without it the folder is private (0700).  The group must
+    exist.
+``default_gpu`` (whole number >= 0, default ``0``)
+    The GPU index used when a caller names none.
+``simulate`` (sizes, default: none)
+    Pretend there are GPUs of these memory sizes instead of asking the driver, for machines
+    without one and for tests: ``24GiB``, ``"24GiB,12GiB"`` or a YAML list of sizes.
+``reserve`` (size or percentage, default ``10%``)
+    Memory of each GPU that is never handed out (driver, CUDA context, fragmentation): a size
+    such as ``2GiB`` or a share of the GPU's memory such as ``10%``.
+``on_hung`` (``report`` or ``kill``, default ``report``)
+    What to do with a holder whose process is alive but stopped answering: only report it, or
+    kill it and hand the GPU on.
+``hung_grace`` (duration, default ``10s``)
+    How long a kill waits after SIGTERM before SIGKILL.
+``events_max_bytes`` (size, default ``10MiB``)
+    The events log is rotated when it grows past this.
+
+Sizes read like ``6GiB``, ``800MiB``, ``2GB`` or ``512M``; durations like ``30s``, ``5m``, ``1h30m``
+(see ``gpulock.units``).
+
+Sections owned by the other packages (``watchdog``, ``governor``, ``routes``, ``router``,
+``defaults``, ``agents``, ``fleet``, ``residents``, ``devices``) are kept as read, in
+``Config.sections``, and validated by their owners; ``Config.error`` lets them report a bad value
+with this file's name and the value's line.  Any other top-level key is an error, so that a typo
+is not silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from gpulock.errors import ConfigError, StateDirError
+from gpulock.state import expand_path, home_dir
+from gpulock.units import parse_duration, parse_size
+
+if TYPE_CHECKING:
+    import yaml
+
+__all__ = [
+    "DEFAULTS",
+    "ENV_CONFIG",
+    "SECTIONS",
+    "Config",
+    "find_config",
+    "load_config",
+    "parse_config",
+]
+
+ENV_CONFIG: Final = "GPULOCK_CONFIG"
+LOCAL_CONFIG: Final = "gpulock.yaml"
+USER_CONFIG: Final = pathlib.PurePosixPath(".config/gpulock/config.yaml")  # under the home folder
+# Module-level so that tests can point it elsewhere instead of writing to /etc.
+SYSTEM_CONFIG = pathlib.Path("/etc/gpulock/config.yaml")
+
+OnHung = Literal["report", "kill"]
+ON_HUNG_CHOICES: Final[tuple[OnHung, ...]] = ("report", "kill")
+
+# The one place the defaults are written, in the file's own syntax; Config's field defaults are
+# parsed from it below.
+DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
+    {
+        "state_dir": None,
+        "group": None,
+        "default_gpu": 0,
+        "simulate": None,
+        "reserve": "10%",
+        "on_hung": "report",
+        "hung_grace": "10s",
+        "events_max_bytes": "10MiB",
+    }
+)
+
+SECTIONS: Final[frozenset[str]] = frozenset(
+    {
+        "watchdog",
+        "governor",
+        "routes",
+        "router",
+        "defaults",
+        "agents",
+        "fleet",
+        "residents",
+        "devices",
+    }
+)
+
+# Aliases can make a small file expand into a huge tree ("billion laughs"); a config never needs
+# anywhere near this many values.
+_MAX_NODES: Final = 100_000
+_MERGE_TAG: Final = "tag:yaml.org,2002:merge"
+_PLAIN_COLLECTION_TAGS: Final = frozenset({"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"})
+
+
+def _empty() -> Mapping[str, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The validated config: gpulock's own keys parsed, the other sections kept raw.
+
+    ``path`` is None when no file was found.  ``lines`` maps dotted key paths of the whole
+    document (``routes.summarize[0].model``) to 1-based line numbers.
+    """
+
+    path: pathlib.Path | None = None
+    state_dir: pathlib.Path | None = DEFAULTS["state_dir"]
+    group: str | None = DEFAULTS["group"]
+    default_gpu: int = DEFAULTS["default_gpu"]
+    simulate_bytes: tuple[int, ...] | None = DEFAULTS["simulate"]
+    # Kept as written: a percentage can only be resolved once the GPU's memory is known.
+    reserve: str | int = DEFAULTS["reserve"]
+    on_hung: OnHung = DEFAULTS["on_hung"]
+    hung_grace_s: float = parse_duration(DEFAULTS["hung_grace"])
+    events_max_bytes: int = parse_size(DEFAULTS["events_max_bytes"])
+    sections: Mapping[str, Any] = field(default_factory=_empty)
+    lines: Mapping[str, int] = field(default_factory=_empty)
+
+    def reserve_bytes(self, total_bytes: int) -> int:
+        """The reserve for a GPU of ``total_bytes``, never more than ``total_bytes`` itself."""
+        try:
+            reserve = parse_size(self.reserve, total_bytes=total_bytes)
+        except ValueError as exc:
+            raise self.error("reserve", str(exc)) from None
+        return min(reserve, total_bytes)
+
+    def section(self, name: str) -> Any:
+        """The raw value of another package's section, None when the file has none."""
+        return self.sections.get(name)
+
+    def line_of(self, key: str) -> int | None:
+        """The line of ``key`` (a dotted path), else of its nearest parent that has one."""
+        while key:
+            line = self.lines.get(key)
+            if line is not None:
+                return line
+            key = _parent(key)
+        return None
+
+    def error(self, key: str, problem: str, hint: str | None = None) -> ConfigError:
+        """Build (not raise) a ConfigError naming this config's file, the key's line and the key.
+
+        For the packages that validate their own sections: ``raise config.error(
+        "routes.summarize[0].model", "expected a model name, got 3")``.
+        """
+        file = str(self.path) if self.path is not None else None
+        return ConfigError(problem, file=file, line=self.line_of(key), key=key, hint=hint)
+
+
+def _parent(key: str) -> str:
+    """``a.b[2]`` -> ``a.b`` -> ``a`` -> ``""``."""
+    if key.endswith("]"):
+        start = key.rfind("[")
+        if start > 0:
+            return key[:start]
+    dot = key.rfind(".")
+    return key[:dot] if dot > 0 else ""
+
+
+# --- finding the file ------------------------------------------------------------------------
+
+
+def find_config(
+    explicit: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> pathlib.Path | None:
+    """The config file to read, or None when there is none (every default applies).
+
+    ``environ`` defaults to ``os.environ`` and ``cwd`` to the current folder.  A path given
+    explicitly or through ``$GPULOCK_CONFIG`` must exist: a typo there must not silently fall
+    back to another file.
+    """
+    env = os.environ if environ is None else environ
+    if explicit:
+        return _named(explicit, env, cwd, "given with --config", "check the path given to --config")
+    named = env.get(ENV_CONFIG)
+    if named:
+        return _named(
+            named,
+            env,
+            cwd,
+            f"named by ${ENV_CONFIG}",
+            f"fix ${ENV_CONFIG}, or unset it to use the usual lookup",
+        )
+    candidates: list[pathlib.Path] = []
+    try:
+        candidates.append((pathlib.Path(cwd) if cwd else pathlib.Path.cwd()) / LOCAL_CONFIG)
+    except OSError:
+        pass  # the current folder was deleted under us: there is no ./gpulock.yaml to read
+    try:
+        candidates.append(home_dir(env) / USER_CONFIG)
+    except StateDirError:
+        pass  # no home folder to look in (HOME unset, no passwd entry)
+    candidates.append(SYSTEM_CONFIG)
+    for candidate in candidates:
+        # lexists: a dangling symlink or an unreadable file is found, then reported when read,
+        # rather than silently skipped in favour of the next file.
+        if os.path.lexists(candidate):
+            return candidate
+    return None
+
+
+def _named(
+    value: str, env: Mapping[str, str], cwd: str | None, origin: str, hint: str
+) -> pathlib.Path:
+    path = expand_path(value, env)
+    if cwd and not path.is_absolute():
+        path = pathlib.Path(cwd) / path
+    if not os.path.lexists(path):
+        raise ConfigError(f"no such config file ({origin})", file=str(path), hint=hint)
+    if path.is_dir():
+        raise ConfigError(f"is a folder, not a config file ({origin})", file=str(path), hint=hint)
+    return path
+
+
+def load_config(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Find (see ``find_config``), read and validate the config; defaults when there is none."""
+    path = find_config(explicit, environ)
+    if path is None:
+        return Config()
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read it: {exc.strerror or exc}",
+            file=str(path),
+            hint="check the file's permissions",
+        ) from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            "is not UTF-8 text", file=str(path), line=raw[: exc.start].count(b"\n") + 1
+        ) from None
+    return parse_config(text, str(path))
+
+
+# --- reading the YAML ------------------------------------------------------------------------
+
+
+def parse_config(text: str, file: str) -> Config:
+    """Validate config ``text``; ``file`` names it in errors and anchors a relative state_dir.
+
+    Pure but for the group lookup (``grp``) behind ``group``.
+    """
+    # Imported here so that a process without a config file never pays for PyYAML.
+    import yaml
+
+    try:
+        loader = yaml.SafeLoader(text)
+        try:
+            root = loader.get_single_node()
+            if root is None or root.tag == "tag:yaml.org,2002:null":
+                return Config(path=pathlib.Path(file))
+            if not isinstance(root, yaml.MappingNode):
+                kind = "a list" if isinstance(root, yaml.SequenceNode) else "a single value"
+                raise ConfigError(
+                    f"the top level must be a mapping of keys to values, not {kind}",
+                    file=file,
+                    line=root.start_mark.line + 1,
+                    hint="write one 'key: value' per line, e.g. 'default_gpu: 0'",
+                )
+            builder = _Builder(loader, file)
+            document = builder.build(root, "")
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        raise _syntax_error(exc, file) from None
+    except yaml.reader.ReaderError as exc:
+        line = text[: exc.position].count("\n") + 1
+        character = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise ConfigError(
+            f"invalid YAML: {exc.reason} (character #x{character:04x})", file=file, line=line
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"invalid YAML: {exc}", file=file) from None
+    except RecursionError:
+        raise ConfigError("invalid YAML: nested too deeply", file=file) from None
+    return _validate(document, builder.lines, file)
+
+
+def _syntax_error(exc: yaml.MarkedYAMLError, file: str) -> ConfigError:
+    mark = exc.problem_mark or exc.context_mark
+    problem = exc.problem or exc.context or "malformed"
+    message = f"invalid YAML: {problem}"
+    if exc.problem and exc.context:
+        message += f" ({exc.context}"
+        if exc.context_mark is not None and (mark is None or exc.context_mark.line != mark.line):
+            message += f" that starts on line {exc.context_mark.line + 1}"
+        message += ")"
+    hint = None
+    if "\\t" in message or "\t" in message:
+        hint = "YAML indents with spaces, never tabs"
+    elif "another document" in message:
+        message = "invalid YAML: a second document starts here; a config file holds only one"
+        hint = "remove this '---' line and what follows it, or merge the two"
+    return ConfigError(
+        message, file=file, line=mark.line + 1 if mark is not None else None, hint=hint
+    )
+
+
+class _Builder:
+    """Turn composed nodes into plain Python values, noting every key's line on the way.
+
+    Walking the nodes ourselves (rather than ``yaml.safe_load``) is what gives each value its
+    line and catches duplicate keys, which PyYAML would silently resolve to the last one.
+    """
+
+    def __init__(self, loader: yaml.SafeLoader, file: str) -> None:
+        self.loader = loader
+        self.file = file
+        self.lines: dict[str, int] = {}
+        self._count = 0
+        self._active: set[int] = set()
+
+    def _error(self, node: yaml.Node, problem: str, key: str | None = None) -> ConfigError:
+        return ConfigError(problem, file=self.file, line=node.start_mark.line + 1, key=key or None)
+
+    def build(self, node: yaml.Node, path: str) -> Any:
+        import yaml
+
+        self._count += 1
+        if self._count > _MAX_NODES:
+            raise self._error(
+                node, f"the document holds more than {_MAX_NODES} values once aliases are expanded"
+            )
+        if isinstance(node, yaml.ScalarNode):
+            return self.loader.construct_object(node)
+        if node.tag not in _PLAIN_COLLECTION_TAGS:
+            raise self._error(node, f"unsupported YAML tag {node.tag!r}", path)
+        if id(node) in self._active:
+            raise self._error(node, "an alias refers to a collection that contains it", path)
+        self._active.add(id(node))
+        try:
+            if isinstance(node, yaml.SequenceNode):
+                items = []
+                for index, item in enumerate(node.value):
+                    child = f"{path}[{index}]"
+                    self.lines[child] = item.start_mark.line + 1
+                    items.append(self.build(item, child))
+                return items
+            assert isinstance(node, yaml.MappingNode)
+            return self._mapping(node, path)
+        finally:
+            self._active.discard(id(node))
+
+    def _mapping(self, node: yaml.MappingNode, path: str) -> dict[Any, Any]:
+        import yaml
+
+        result: dict[Any, Any] = {}
+        first_line: dict[Any, int] = {}
+        explicit: list[tuple[Any, str, yaml.Node]] = []
+        merged: list[yaml.MappingNode] = []
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                merged.extend(self._merge_sources(value_node, path))
+                continue
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise self._error(key_node, "a key must be a plain value, not a list or mapping")
+            key = self.loader.construct_object(key_node)
+            child = f"{path}.{key}" if path else str(key)
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                raise ConfigError(
+                    f"duplicate key (first set on line {first_line[key]})",
+                    file=self.file,
+                    line=line,
+                    key=child,
+                    hint="keep only one of them: YAML would silently use the last",
+                )
+            first_line[key] = line
+            explicit.append((key, child, value_node))
+        # '<<' merges: earlier sources win over later ones and explicit keys over all of them,
+        # so build the sources last-first and let each overwrite.
+        for source in reversed(merged):
+            result.update(self._mapping(source, path))
+        for key, child, value_node in explicit:
+            if key in result:
+                self._forget(child)  # lines noted for the merged value being overridden
+            self.lines[child] = first_line[key]
+            result[key] = self.build(value_node, child)
+        return result
+
+    def _merge_sources(self, value: yaml.Node, path: str) -> list[yaml.MappingNode]:
+        import yaml
+
+        if isinstance(value, yaml.MappingNode):
+            return [value]
+        if isinstance(value, yaml.SequenceNode) and all(
+            isinstance(item, yaml.MappingNode) for item in value.value
+        ):
+            return list(value.value)
+        raise self._error(value, "'<<' must merge a mapping or a list of mappings", path)
+
+    def _forget(self, key: str) -> None:
+        stale = [k for k in self.lines if k == key or k.startswith((f"{key}.", f"{key}["))]
+        for k in stale:
+            del self.lines[k]
+
+
+# --- validating gpulock's keys ---------------------------------------------------------------
+
+
+def _show(value: Any) -> str:
+    """A value as the user wrote it in YAML, for 'got ...' in error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return repr(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _validate(document: dict[Any, Any], lines: dict[str, int], file: str) -> Config:
+    base = Config(path=pathlib.Path(file), lines=MappingProxyType(lines))
+    sections: dict[str, Any] = {}
+    values: dict[str, Any] = {}
+    known = sorted([*DEFAULTS, *SECTIONS])
+    for key, value in document.items():
+        if isinstance(key, str) and key in SECTIONS:
+            sections[key] = value
+        elif isinstance(key, str) and key in DEFAULTS:
+            values[key] = value
+        else:
+            import difflib
+
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            # The problem names the key already: pass it as an attribute, not twice in the text.
+            error = ConfigError(
+                f"unknown key {key!r}",
+                file=file,
+                line=base.line_of(str(key)),
+                hint=hint + "known keys: " + ", ".join(known),
+            )
+            error.key = str(key)
+            raise error
+
+    changes: dict[str, Any] = {"sections": MappingProxyType(sections)}
+    for key, value in values.items():
+        check = _CHECKS[key]
+        field_name, parsed = check(base, value, file)
+        changes[field_name] = parsed
+    return dataclasses.replace(base, **changes)
+
+
+def _check_state_dir(base: Config, value: Any, file: str) -> tuple[str, Any]:
+    if value is None:
+        return "state_dir", None
+    if not isinstance(value, str) or not value.strip():
+        raise base.error("state_dir", f"expected a folder path, got {_show(value)}")
+    path = pathlib.Path(os.path.expanduser(value))
+    if not path.is_absolute():
+        # Relative to the file, not to the current folder, which differs between cron and a shell.
+        path = pathlib.Path(file).parent.absolute() / path
+    return "state_dir", path
+
+
+def _check_group(base: Config, value: Any, file: str) -> tuple[str, Any]:
+    if value is None:
+        return "group", None
+    if not isinstance(value, str) or not value.strip():
+        raise base.error("group", f"expected a group name, got {_show(value)}")
+    import grp
+
+    try:
+        grp.getgrnam(value)
+    except KeyError:
+        raise base.error(
+            "group",
+            f"unknown group {value!r}",
+            f"create it (groupadd {value}) and add the fleet's users to it, or remove 'group' "
+            "for a private state folder",
+        ) from None
+    return "group", value
+
+
+def _check_default_gpu(base: Config, value: Any, file: str) -> tuple[str, Any]:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise base.error("default_gpu", f"expected a whole number >= 0, got {_show(value)}")
+    return "default_gpu", value
+
+
+def _positive_size(base: Config, key: str, value: Any, example: str) -> int:
+    if not (isinstance(value, str) or _is_number(value)):
+        raise base.error(key, f"expected a size like {example}, got {_show(value)}")
+    try:
+        size = parse_size(value)
+    except ValueError as exc:
+        raise base.error(key, str(exc)) from None
+    if size <= 0:
+        raise base.error(key, f"expected a size above zero, got {_show(value)}")
+    return size
+
+
+def _check_simulate(base: Config, value: Any, file: str) -> tuple[str, Any]:
+    if value is None:
+        return "simulate_bytes", None
+    if isinstance(value, str) and "," in value:
+        parts = [part.strip() for part in value.split(",")]
+        return "simulate_bytes", tuple(
+            _positive_size(base, "simulate", part, "24GiB") for part in parts
+        )
+    if isinstance(value, str) or _is_number(value):
+        return "simulate_bytes", (_positive_size(base, "simulate", value, "24GiB"),)
+    if isinstance(value, list) and value:
+        sizes = tuple(
+            _positive_size(base, f"simulate[{index}]", item, "24GiB")
+            for index, item in enumerate(value)
+        )
+        return "simulate_bytes", sizes
+    raise base.error(
+        "simulate",
+        f"expected one size per GPU, like 24GiB, '24GiB,12GiB' or a list, got {_show(value)}",
+    )
+
+
+def _check_reserve(base: Config, value: Any, file: str) -> tuple[str, Any]:
+    if not (isinstance(value, str) or _is_number(value)):
+        raise base.error(
+            "reserve", f"expected a size like 2GiB or a share like 10%, got {_show(value)}"
+        )
+    try:
+        # Any total will do to check the syntax; the real one is known only per GPU.
+        parse_size(value, total_bytes=1 << 40)
+    except ValueError as exc:
+        raise base.error("reserve", str(exc)) from None
+    return "reserve", value if isinstance(value, str | int) else parse_size(value)
+
+
+def _check_on_hung(base: Config, value: Any, file: str) -> tuple[str, Any]:
+    if value not in ON_HUNG_CHOICES or not isinstance(value, str):
+        choices = " or ".join(repr(choice) for choice in ON_HUNG_CHOICES)
+        raise base.error("on_hung", f"expected {choices}, got {_show(value)}")
+    return "on_hung", value
+
+
+def _check_hung_grace(base: Config, value: Any, file: str) -> tuple[str, Any]:
+    if not (isinstance(value, str) or _is_number(value)):
+        raise base.error("hung_grace", f"expected a duration like 10s, got {_show(value)}")
+    try:
+        return "hung_grace_s", parse_duration(value)
+    except ValueError as exc:
+        raise base.error("hung_grace", str(exc)) from None
+
+
+def _check_events_max_bytes(base: Config, value: Any, file: str) -> tuple[str, Any]:
+    return "events_max_bytes", _positive_size(base, "events_max_bytes", value, "10MiB")
+
+
+_CHECKS: Final = {
+    "state_dir": _check_state_dir,
+    "group": _check_group,
+    "default_gpu": _check_default_gpu,
+    "simulate": _check_simulate,
+    "reserve": _check_reserve,
+    "on_hung": _check_on_hung,
+    "hung_grace": _check_hung_grace,
+    "events_max_bytes": _check_events_max_bytes,
+}

@@ -1,0 +1,260 @@
+"""Sizes, durations and clock times as people write them, and back.
+
+Pure functions, no I/O.  Parsers raise ``ValueError`` whose message quotes the bad value and shows
+a good one; with ``key`` the message starts with ``key: `` so a command-line flag or a config key
+can be named.  The config loader leaves ``key`` out and wraps the message in a ``ConfigError`` that
+also carries the file and line.
+
+Sizes: a bare number is bytes.  ``K M G T P`` alone and ``KiB MiB GiB TiB PiB`` are binary (as
+``ls -h`` prints them), ``kB MB GB TB PB`` are decimal (as disks are sold); units are
+case-insensitive.  ``10%`` is a share of a known total.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from decimal import Decimal, InvalidOperation
+
+__all__ = [
+    "format_duration",
+    "format_size",
+    "parse_clock",
+    "parse_duration",
+    "parse_size",
+]
+
+_SIZE_EXAMPLE = "expected a size like 6GiB, 800MiB or 10%"
+_DURATION_EXAMPLE = "expected a duration like 30s, 5m or 1h"
+_CLOCK_EXAMPLE = "expected a time of day like 22:00 or 07:30"
+
+_KIB = 1024
+_SIZE_UNITS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "byte": 1,
+    "bytes": 1,
+    "k": _KIB,
+    "ki": _KIB,
+    "kib": _KIB,
+    "m": _KIB**2,
+    "mi": _KIB**2,
+    "mib": _KIB**2,
+    "g": _KIB**3,
+    "gi": _KIB**3,
+    "gib": _KIB**3,
+    "t": _KIB**4,
+    "ti": _KIB**4,
+    "tib": _KIB**4,
+    "p": _KIB**5,
+    "pi": _KIB**5,
+    "pib": _KIB**5,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "pb": 10**15,
+}
+
+# Smallest first: format_size walks up until the number is below 1024 of the unit.
+_SIZE_NAMES: tuple[tuple[str, int], ...] = (
+    ("KiB", _KIB),
+    ("MiB", _KIB**2),
+    ("GiB", _KIB**3),
+    ("TiB", _KIB**4),
+    ("PiB", _KIB**5),
+)
+
+_DURATION_UNITS: dict[str, Decimal] = {
+    "ms": Decimal("0.001"),
+    "s": Decimal(1),
+    "sec": Decimal(1),
+    "secs": Decimal(1),
+    "m": Decimal(60),
+    "min": Decimal(60),
+    "mins": Decimal(60),
+    "h": Decimal(3600),
+    "hr": Decimal(3600),
+    "hrs": Decimal(3600),
+    "d": Decimal(86400),
+    "w": Decimal(7 * 86400),
+}
+
+_NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)"
+_SIZE_RE = re.compile(rf"\s*({_NUMBER})\s*([A-Za-z]*|%)\s*")
+_DURATION_PART_RE = re.compile(rf"\s*({_NUMBER})\s*([A-Za-z]+)")
+_CLOCK_RE = re.compile(r"\s*(\d{1,2}):(\d{2})\s*")
+
+
+def _fail(key: str | None, value: object, problem: str, example: str) -> ValueError:
+    prefix = f"{key}: " if key else ""
+    return ValueError(f"{prefix}{value!r} {problem}: {example}")
+
+
+def _number(value: str | int | float, key: str | None, example: str, what: str) -> Decimal | None:
+    """Return a plain number as a Decimal, or None when ``value`` is a string with a unit.
+
+    Decimal keeps "1.1GB" exact (float would give 1099999999.9999998).  bool is refused even
+    though it is an int: ``reserve: yes`` is a mistake, not one byte.
+    """
+    if isinstance(value, bool):
+        raise _fail(key, value, f"is not {what}", example)
+    if isinstance(value, int):
+        number = Decimal(value)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise _fail(key, value, f"is not {what}", example)
+        number = Decimal(value)
+    elif isinstance(value, str):
+        try:
+            number = Decimal(value.strip())
+        except InvalidOperation:
+            return None
+        if not number.is_finite():
+            raise _fail(key, value, f"is not {what}", example)
+    else:
+        raise _fail(key, value, f"is not {what}", example)
+    if number < 0:
+        raise _fail(key, value, "is negative", example)
+    return number
+
+
+def parse_size(
+    value: str | int | float, *, total_bytes: int | None = None, key: str | None = None
+) -> int:
+    """Parse a size such as ``6GiB``, ``800 MiB``, ``2GB``, ``512M`` or ``10%`` into bytes.
+
+    A percentage is of ``total_bytes`` (refused when it is None) and must be within 0-100%.
+    Fractions of a byte are rounded to the nearest byte.
+    """
+    number = _number(value, key, _SIZE_EXAMPLE, "a size")
+    if number is not None:
+        return round(number)
+    assert isinstance(value, str)  # _number returns None only for strings
+    match = _SIZE_RE.fullmatch(value)
+    if match is None:
+        raise _fail(key, value, "is not a size", _SIZE_EXAMPLE)
+    amount = Decimal(match.group(1))
+    unit = match.group(2).lower()
+    if amount < 0:
+        raise _fail(key, value, "is negative", _SIZE_EXAMPLE)
+    if unit == "%":
+        if total_bytes is None:
+            raise _fail(
+                key,
+                value,
+                "is a percentage, which needs a known total (the GPU's memory) and there is none "
+                "here",
+                "expected an absolute size like 6GiB or 800MiB",
+            )
+        if amount > 100:
+            raise _fail(key, value, "is more than 100%", _SIZE_EXAMPLE)
+        return round(Decimal(total_bytes) * amount / 100)
+    factor = _SIZE_UNITS.get(unit)
+    if factor is None:
+        raise _fail(key, value, f"has an unknown unit {match.group(2)!r}", _SIZE_EXAMPLE)
+    return round(amount * factor)
+
+
+def format_size(n: int | None) -> str:
+    """Format bytes for people: ``512 B``, ``800 MiB``, ``6.0 GiB``, ``1.5 TiB``; None is ``?``.
+
+    Three significant digits at most; below 100 of a unit one decimal is shown so that ``6.0 GiB``
+    and ``6.4 GiB`` can be told apart.
+    """
+    if n is None:
+        return "?"
+    sign = "-" if n < 0 else ""
+    size = abs(n)
+    if size < _KIB:
+        return f"{sign}{size} B"
+    for index, (name, factor) in enumerate(_SIZE_NAMES):
+        value = size / factor
+        # Step up when rounding would print "1024 MiB" instead of "1.0 GiB".
+        if round(value) >= _KIB and index + 1 < len(_SIZE_NAMES):
+            continue
+        if round(value, 1) < 100:
+            return f"{sign}{value:.1f} {name}"
+        return f"{sign}{value:.0f} {name}"
+    raise AssertionError("unreachable: the last unit always returns")
+
+
+def parse_duration(value: str | int | float, *, key: str | None = None) -> float:
+    """Parse a duration such as ``10``, ``2.5``, ``250ms``, ``5m`` or ``1h30m`` into seconds.
+
+    A bare number is seconds.  Parts add up (``1h30m``); units are ``ms s m h d w`` (also ``sec``,
+    ``min``, ``hr``) and case-insensitive, so ``5M`` is five minutes, never months.
+    """
+    number = _number(value, key, _DURATION_EXAMPLE, "a duration")
+    if number is not None:
+        if not math.isfinite(float(number)):  # "1e999" is a Decimal but not a float
+            raise _fail(key, value, "is too large", _DURATION_EXAMPLE)
+        return float(number)
+    assert isinstance(value, str)  # _number returns None only for strings
+    text = value.strip()
+    total = Decimal(0)
+    position = 0
+    if not text:
+        raise _fail(key, value, "is not a duration", _DURATION_EXAMPLE)
+    while position < len(text):
+        match = _DURATION_PART_RE.match(text, position)
+        if match is None:
+            raise _fail(key, value, "is not a duration", _DURATION_EXAMPLE)
+        if position > 0 and match.group(1)[0] in "+-":
+            raise _fail(key, value, "is not a duration", _DURATION_EXAMPLE)  # "1h-30m"
+        amount = Decimal(match.group(1))
+        if amount < 0:
+            raise _fail(key, value, "is negative", _DURATION_EXAMPLE)
+        unit = _DURATION_UNITS.get(match.group(2).lower())
+        if unit is None:
+            raise _fail(key, value, f"has an unknown unit {match.group(2)!r}", _DURATION_EXAMPLE)
+        total += amount * unit
+        position = match.end()
+    return float(total)
+
+
+def format_duration(s: float | None) -> str:
+    """Format seconds for people: ``12 ms``, ``4.2 s``, ``3m05s``, ``2h10m``, ``1d02h``.
+
+    None, NaN and infinity are ``?``.  Each form rounds to its last digit and moves to the next
+    form when rounding reaches it (59.97 s is ``1m00s``, not ``60.0 s``).
+    """
+    if s is None or not math.isfinite(s):
+        return "?"
+    sign = "-" if s < 0 else ""
+    s = abs(s)
+    if round(s * 1000) < 1000:
+        return f"{sign}{round(s * 1000)} ms"
+    if round(s, 1) < 60:
+        return f"{sign}{s:.1f} s"
+    whole_s = round(s)
+    if whole_s < 3600:
+        return f"{sign}{whole_s // 60}m{whole_s % 60:02d}s"
+    whole_m = round(s / 60)
+    if whole_m < 24 * 60:
+        return f"{sign}{whole_m // 60}h{whole_m % 60:02d}m"
+    whole_h = round(s / 3600)
+    return f"{sign}{whole_h // 24}d{whole_h % 24:02d}h"
+
+
+def parse_clock(value: str, *, key: str | None = None) -> tuple[int, int]:
+    """Parse a time of day ``HH:MM`` (24-hour) into ``(hour, minute)``.
+
+    Unquoted ``22:00`` in YAML 1.1 is the sexagesimal number 1320, so an int gets a hint to quote
+    the value instead of a guess at what was meant.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        prefix = f"{key}: " if key else ""
+        raise ValueError(
+            f"{prefix}{value!r} is a number, not a time of day: {_CLOCK_EXAMPLE} "
+            '(in YAML write it in quotes, "22:00": unquoted, 22:00 reads as the number 1320)'
+        )
+    if not isinstance(value, str):
+        raise _fail(key, value, "is not a time of day", _CLOCK_EXAMPLE)
+    match = _CLOCK_RE.fullmatch(value)
+    if match is None:
+        raise _fail(key, value, "is not a time of day", _CLOCK_EXAMPLE)
+    hour, minute = int(match.group(1)), int(match.group(2))
+    if hour > 23 or minute > 59:
+        raise _fail(key, value, "is not a time of day", _CLOCK_EXAMPLE)
+    return hour, minute
