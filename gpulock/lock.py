@@ -316,11 +316,16 @@ class Lease:
     def cuda_visible_devices(self) -> str:
         return str(self._ticket.gpu)
 
+    @property
+    def claim_fd(self) -> int | None:
+        """The claim's descriptor, if this process has one (an inherited lease may not)."""
+        return self._fd if self.held else None
+
     def fileno(self) -> int:
         """The claim's descriptor; a child that inherits it keeps the GPU claimed until it exits."""
-        if self._fd is None:
-            raise ValueError("this lease holds no descriptor (released or inherited)")
-        return self._fd
+        if self.claim_fd is None:
+            raise ValueError("this lease holds no descriptor (released, or inherited without one)")
+        return self.claim_fd
 
     def heartbeat(self) -> None:
         """Show that the holder is alive and working: renews the lease (touches the ticket)."""
@@ -409,6 +414,14 @@ def acquire(
     if need_bytes is not None and need_bytes <= 0:
         raise ValueError(f"need must be above 0, got {need!r}")
 
+    # Before QueueDir() creates gpu<N>/: a refused GPU must leave no queue folder behind.
+    simulated = devices.simulated_sizes(cfg)
+    if simulated is not None and gpu_i >= len(simulated):
+        raise LockError(
+            f"gpu{gpu_i} does not exist: {len(simulated)} simulated GPU(s), "
+            f"gpu0..gpu{len(simulated) - 1}",
+            hint="check --gpu, default_gpu and GPULOCK_SIMULATE",
+        )
     held: dict[int, Lease] = _held.__dict__.setdefault("leases", {})
     mine = held.get(gpu_i)
     if mine is not None and mine.held:
@@ -420,13 +433,6 @@ def acquire(
         held[gpu_i] = inherited
         return inherited
 
-    simulated = devices.simulated_sizes(cfg)
-    if simulated is not None and gpu_i >= len(simulated):
-        raise LockError(
-            f"gpu{gpu_i} does not exist: {len(simulated)} simulated GPU(s), "
-            f"gpu0..gpu{len(simulated) - 1}",
-            hint="check --gpu, default_gpu and GPULOCK_SIMULATE",
-        )
     budget = None
     if need_bytes is not None:
         total = devices.total_bytes(gpu_i, cfg)
@@ -531,7 +537,23 @@ def _inherited_lease(settings: Settings, qdir: QueueDir) -> Lease | None:
     family = set(identity.ancestors()) | {os.getpid()}
     if not ({t.pid, t.child_pid} & family):
         return None
-    return Lease(settings, qdir, t, None, 0.0, inherited=True)
+    return Lease(settings, qdir, t, _open_fd_of(qdir.fifo_path(t.seq)), 0.0, inherited=True)
+
+
+def _open_fd_of(path: Path) -> int | None:
+    """Our descriptor of ``path`` if we inherited one (``gpulock run`` passes its claim on)."""
+    target = str(path)
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    for name in names:
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == target:
+                return int(name)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 class _Waiter:
@@ -605,7 +627,8 @@ class _Waiter:
             if not self.qdir.ticket_path(tf.ticket.seq).exists():
                 return True  # the guard: released while a stray fork kept its FIFO open
             expiry = queue.lease_expiry_wall(tf.ticket, tf.mtime_wall)
-            if expiry is not None and now_w >= expiry:
+            reported = (tf.ticket.seq, tf.mtime_wall) in self.reported
+            if expiry is not None and now_w >= expiry and not reported:
                 return True
         return bool(self.kills)
 

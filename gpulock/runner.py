@@ -103,14 +103,29 @@ def run(
         env[ENV_TICKET] = f"{held.gpu}:{held.ticket}"
         env[ENV_STATE] = str(settings.state_dir)
         _become_subreaper()
-        try:
-            proc = subprocess.Popen(list(command), env=env, pass_fds=(held.fileno(),))
-        except OSError as e:
-            raise RunError(f"cannot run {command[0]}: {e.strerror}", 126) from None
-        held.set_child(proc.pid)
+        child: list[int] = []  # the command's pid, once it runs
+        caught: list[int] = []  # signals that came before it did
+        forward = _forwarder(child, caught)
+        # From here on no handler raises, so nothing can interrupt Popen or set_child and
+        # leave the command running after we released the GPU.
         for sig in FORWARDED:
             previous.setdefault(sig, signal.getsignal(sig))
-            signal.signal(sig, _forwarder(proc.pid))
+            signal.signal(sig, forward)
+        if caught:  # came between the grant and now: do not start the command at all
+            return 128 + caught[0]
+        # The command inherits the claim, so the GPU stays claimed while it runs even if this
+        # process dies.  A nested run passes on the descriptor it inherited, when it has one;
+        # the outer ticket keeps its child_pid.
+        fds = () if held.claim_fd is None else (held.claim_fd,)
+        try:
+            proc = subprocess.Popen(list(command), env=env, pass_fds=fds)
+        except OSError as e:
+            raise RunError(f"cannot run {command[0]}: {e.strerror}", 126) from None
+        child.append(proc.pid)
+        for signum in caught:  # came while it started: it gets them now
+            forward(signum, None)
+        if not held.inherited:
+            held.set_child(proc.pid)
         rc = proc.wait()
         _wait_for_orphans()
         return rc if rc >= 0 else 128 - rc
@@ -122,11 +137,14 @@ def run(
             signal.signal(signum, handler)
 
 
-def _forwarder(child: int) -> Callable[[int, FrameType | None], None]:
+def _forwarder(child: list[int], caught: list[int]) -> Callable[[int, FrameType | None], None]:
     def forward(signum: int, _frame: FrameType | None) -> None:
+        if not child:  # the command is not running yet: remember, never raise
+            caught.append(signum)
+            return
         if signum in (signal.SIGINT, signal.SIGQUIT) and _terminal_delivers():
             return
-        for pid in [child, *_children()]:
+        for pid in [child[0], *_children()]:
             try:
                 os.kill(pid, signum)
             except ProcessLookupError:
