@@ -136,7 +136,10 @@ class QueueDir:
             raise
 
     def alive(self, seq: int) -> bool:
-        fd = self.watch(seq)
+        try:
+            fd = self.watch(seq)
+        except TicketFormatError:
+            return False  # a .fifo that is not a FIFO: nobody can prove to hold it
         if fd is None:
             return False
         os.close(fd)

@@ -13,6 +13,7 @@ from gpulock.errors import LockError, NotPermitted
 from gpulock.lock import QueueDir, TicketFile, _evidence, _signal_holder
 from gpulock.settings import Settings
 from gpulock.status import gpu_indices
+from gpulock.ticket import TicketFormatError
 
 KILL_WAIT_S = 5.0  # after SIGKILL the kernel frees a process in well under this
 
@@ -80,7 +81,10 @@ def _break(
         raise NotPermitted(t.seq, t.uid)
     now_w = time.time()
     evidence = _evidence(tf, now_w)
-    fd = qdir.watch(t.seq)
+    try:
+        fd = qdir.watch(t.seq)
+    except TicketFormatError:
+        fd = None  # its .fifo is not a FIFO: no process can be holding it
     if fd is None:
         qdir.remove(t.seq)
         settings.emit(

@@ -20,7 +20,8 @@ from typing import Any
 FORMAT = "gpulock.ticket/1"
 _FORMAT_MAJOR = "gpulock.ticket/1"
 SEQ_DIGITS = 12
-TICKET_RE = re.compile(r"^(\d{12})\.ticket$")
+# 12 digits or more (a number past 10**12 must not vanish from the queue), ASCII only.
+TICKET_RE = re.compile(r"^([0-9]{12,})\.ticket$")
 
 
 class TicketFormatError(ValueError):
