@@ -191,12 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    try:
-        from importlib.metadata import version
+    from gpulock import __version__  # not importlib.metadata: 20 ms on every command
 
-        return version("gpulock")
-    except Exception:
-        return "unknown"
+    return __version__
 
 
 def _plugins() -> dict[str, Any]:

@@ -53,9 +53,11 @@ from gpulock.state import atomic_write
 from gpulock.ticket import Ticket, TicketFormatError, encode, fifo_name, file_name, parse, seq_of
 from gpulock.units import parse_duration, parse_size
 
-SAFETY_RECHECK_S = 2.0
+SAFETY_RECHECK_S = 2.0  # first guard re-check; doubles while nothing happens...
+SAFETY_RECHECK_MAX_S = 30.0  # ...up to this, so hundreds of idle waiters cost ~nothing
 PIPE_BYTES = 4096  # a FIFO carries no data but doorbells: one page is plenty
 DOORBELL = b"\x01"
+RING_PROBES = 64  # successors probed by number before the folder is listed
 ENV_TICKET = "GPULOCK_TICKET"  # set by `gpulock run` for its command: "<gpu>:<seq>"
 ENV_STATE = "GPULOCK_STATE_DIR"
 
@@ -160,6 +162,31 @@ class QueueDir:
         finally:
             os.close(fd)
         return True
+
+    def ring_successor(self, seq: int) -> bool:
+        """Ring the nearest live ticket after ``seq``; False if there is none.
+
+        Usually that is ``seq + 1``: the numbers are probed one by one (up to the last one
+        issued, read from ``.seq`` without its lock: a ticket published after this read
+        scans the queue itself, after my grant was written), and the folder is listed only
+        past RING_PROBES numbers without a live ticket (many left, or other GPUs' numbers).
+        """
+        try:
+            fd = os.open(self.settings.state_dir / ".seq", os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                raw = os.pread(fd, 32, 0).strip()
+            finally:
+                os.close(fd)
+            last = int(raw) if raw.isdigit() else None
+        except OSError:
+            last = None
+        probe_to = seq + RING_PROBES if last is None else min(last, seq + RING_PROBES)
+        for s in range(seq + 1, probe_to + 1):
+            if self.ring(s):
+                return True
+        if last is not None and last <= probe_to:
+            return False
+        return any(self.ring(s) for s in self.seqs() if s > probe_to)
 
     def remove(self, seq: int) -> bool:
         """Remove a ticket's files; True if this call removed the ticket."""
@@ -355,17 +382,21 @@ class Lease:
             del held[self._ticket.gpu]
         if fd is None or os.getpid() != self._owner_pid:
             return
+        seq = self._ticket.seq
         try:
-            self._qdir.remove(self._ticket.seq)
-            granted = self._ticket.granted_wall
-            self.settings.emit(
-                "release",
-                **_who(self._ticket),
-                held_s=round(time.time() - granted, 6) if granted else None,
-            )
+            _unlink_quietly(self._qdir.ticket_path(seq))  # new scans no longer see it...
+            now_w = time.time()
         finally:
             _owner_fds.discard(fd)
-            os.close(fd)  # wakes whoever watches this ticket
+            os.close(fd)  # ...and this wakes whoever watches it: the handoff happens here
+        _unlink_quietly(self._qdir.fifo_path(seq))  # tidying, off the handoff's path
+        granted = self._ticket.granted_wall
+        self.settings.emit(
+            "release",
+            **_who(self._ticket),
+            held_s=round(now_w - granted, 6) if granted else None,
+            now_wall=now_w,
+        )
 
     def __enter__(self) -> Lease:
         return self
@@ -585,6 +616,8 @@ class _Waiter:
         self.reported: set[tuple[int, float]] = set()
         self.kills: dict[int, tuple[float, bool]] = {}  # seq -> (SIGTERM sent at, SIGKILL sent)
         self.announced = False
+        self.safety_s = SAFETY_RECHECK_S
+        self.ahead_seqs: list[int] | None = None
 
     def wait(self) -> Ticket:
         try:
@@ -611,12 +644,15 @@ class _Waiter:
             now = time.monotonic()
             if self.deadline is not None and now >= self.deadline:
                 raise self._timeout(ahead)
-            wake = now + SAFETY_RECHECK_S
+            wake = now + self.safety_s
             if self.deadline is not None:
                 wake = min(wake, self.deadline)
             wake = min(wake, self._hung_holders(ahead, now))
             ready = self.poller.poll(max(0, math.ceil((wake - time.monotonic()) * 1000)))
             rescan = bool(ready) or self._due(ahead)
+            self.safety_s = (
+                SAFETY_RECHECK_S if rescan else min(self.safety_s * 2, SAFETY_RECHECK_MAX_S)
+            )
             for fd, _ in ready:
                 if fd == self.fd:
                     _drain(self.fd)
@@ -639,22 +675,31 @@ class _Waiter:
         """Live tickets ahead of me, nearest waiter only if one is ahead; with watch fds."""
         live: list[TicketFile] = []
         fds: dict[int, int] = {}
-        for seq in reversed([s for s in self.qdir.seqs() if s < self.me.seq]):
+        if self.ahead_seqs is None:
+            # Listed once per wait: nobody is ever inserted ahead of a ticket, so later scans
+            # only drop the ones that left (O(1) per handoff instead of O(queue length)).
+            self.ahead_seqs = [s for s in self.qdir.seqs() if s < self.me.seq]
+        gone: set[int] = set()
+        for seq in reversed(self.ahead_seqs):
             try:
                 tf = self.qdir.read(seq)
                 if tf is None:
+                    gone.add(seq)
                     continue
                 fd = self.qdir.watch(seq)
             except TicketFormatError:
                 continue  # garbage is skipped: it never holds the GPU
             if fd is None:
                 self._clean_dead(tf)
+                gone.add(seq)
                 continue
             live.append(tf)
             fds[seq] = fd
             if not tf.ticket.holding and len(live) == 1:
                 break  # a waiter ahead: it is all that can change my answer
         live.reverse()
+        if gone:
+            self.ahead_seqs = [s for s in self.ahead_seqs if s not in gone]
         return live, fds
 
     def _clean_dead(self, tf: TicketFile) -> None:
@@ -694,10 +739,9 @@ class _Waiter:
             "acquire", **_who(granted), waited_s=round(time.monotonic() - self.start, 6)
         )
         # The one behind me may share the GPU with me, or now watches a holder with a lease:
-        # ring it so it looks again.  Only the nearest live one: no herd.
-        for seq in self.qdir.seqs():
-            if seq > granted.seq and self.qdir.ring(seq):
-                break
+        # ring it so it looks again.  Only the nearest live one: no herd.  (Its look also
+        # prunes the tickets that left ahead of it now, while I hold, not at my release.)
+        self.qdir.ring_successor(granted.seq)
         return granted
 
     def _timeout(self, ahead: list[TicketFile]) -> LockTimeout:

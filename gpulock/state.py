@@ -336,20 +336,28 @@ def fs_type_of(path: str | os.PathLike[str], mountinfo_text: str) -> str | None:
     return best
 
 
+_LOCAL_FS: set[str] = set()  # folders already found local in this process: mounts rarely move
+
+
 def _check_filesystem(path: pathlib.Path) -> None:
+    real = os.path.realpath(path)
+    if real in _LOCAL_FS:
+        return
     try:
         with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as file:
             text = file.read()
     except OSError:
         return  # cannot tell (no /proc): allow rather than refuse every machine without it
-    fs_type = fs_type_of(os.path.realpath(path), text)
-    if fs_type in NETWORK_FS:
-        raise StateDirError(
-            str(path),
-            f"is on a network filesystem ({fs_type}); the lock relies on FIFOs and flock, "
-            "which do not work between machines",
-            hint=f"set {ENV_STATE_DIR} or 'state_dir' in the config to a folder on a local disk",
-        )
+    fs_type = fs_type_of(real, text)
+    if fs_type not in NETWORK_FS:
+        _LOCAL_FS.add(real)
+        return
+    raise StateDirError(
+        str(path),
+        f"is on a network filesystem ({fs_type}); the lock relies on FIFOs and flock, "
+        "which do not work between machines",
+        hint=f"set {ENV_STATE_DIR} or 'state_dir' in the config to a folder on a local disk",
+    )
 
 
 # --- files -----------------------------------------------------------------------------------
