@@ -206,20 +206,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
         return _dispatch(args_list)
-    except UsageError as e:
+    except (UsageError, GpulockError) as e:
         _say("error", str(e))
         if e.hint:
             _say("hint", e.hint)
-        return EX_USAGE
-    except LockTimeout as e:
-        _say("error", str(e))
-        if e.hint:
-            _say("hint", e.hint)
-        return EX_TEMPFAIL
-    except GpulockError as e:
-        _say("error", str(e))
-        if e.hint:
-            _say("hint", e.hint)
+        if isinstance(e, UsageError):
+            return EX_USAGE
+        if isinstance(e, LockTimeout):
+            return EX_TEMPFAIL
         code: int = getattr(e, "exit_code", EX_ERROR)  # RunError: 126/127, like a shell
         return code
     except KeyboardInterrupt:

@@ -11,7 +11,6 @@ number psutil reads, without psutil's 20 ms import on the path of every ``gpuloc
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -32,33 +31,33 @@ class Identity:
     host: str
 
 
-def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot, or None if it does not exist."""
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """Fields 3.. of ``/proc/<pid>/stat``, or None if the process does not exist."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
     # comm (field 2) may hold spaces and parentheses: split after the last ')'.
-    rest = data[data.rfind(b")") + 2 :].split()
+    return data[data.rfind(b")") + 2 :].split()
+
+
+def _stat_int(pid: int, index: int) -> int | None:
+    fields = _stat_fields(pid)
     try:
-        return int(rest[19])  # field 22 overall; rest starts at field 3
+        return int(fields[index]) if fields is not None else None
     except (IndexError, ValueError):
         return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, or None if it does not exist."""
+    return _stat_int(pid, 19)  # field 22 overall
 
 
 def parent_pid(pid: int) -> int | None:
     """The parent of ``pid`` (0 for init), or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    rest = data[data.rfind(b")") + 2 :].split()
-    try:
-        return int(rest[1])
-    except (IndexError, ValueError):
-        return None
+    return _stat_int(pid, 1)  # field 4 overall
 
 
 def ancestors(pid: int | None = None, limit: int = 256) -> list[int]:
@@ -81,23 +80,6 @@ def boot_id() -> str | None:
             return f.read().strip() or None
     except OSError:
         return None
-
-
-@cache
-def clock_ticks_per_s() -> int:
-    return os.sysconf("SC_CLK_TCK")
-
-
-@cache
-def boot_time_wall() -> float | None:
-    try:
-        with open("/proc/stat") as f:
-            for line in f:
-                if line.startswith("btime "):
-                    return float(line.split()[1])
-    except OSError:
-        pass
-    return None
 
 
 def pid_namespace(pid: int | str = "self") -> str | None:
@@ -173,9 +155,3 @@ def signal_exact(pid: int, ticks: int | None, pidns: str | None, sig: int) -> bo
         return True
     finally:
         os.close(pidfd)
-
-
-def reap_quietly(pid: int) -> None:
-    """Collect ``pid`` if it is our child, so a killed child does not linger as a zombie."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)

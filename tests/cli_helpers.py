@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import procs
+
 T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,16 +70,8 @@ sys.stdin.read()
 def wait_until(
     predicate: Callable[[], T], what: str | Callable[[], str], timeout_s: float = WAIT_S
 ) -> T:
-    """Poll ``predicate`` every 10 ms until it is truthy and return its value, or fail."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            text = what() if callable(what) else what
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {text}")
-        time.sleep(POLL_S)
+    """``procs.wait_until`` with the CLI tests' argument order and default deadline."""
+    return procs.wait_until(predicate, timeout_s, what)
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -367,11 +361,4 @@ class Cli:
         return "\n".join(lines)
 
 
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return False
-    return data[data.rfind(b")") + 2 :].split()[0] != b"Z"
+pid_alive = procs.alive  # True while a pid exists and is not a zombie

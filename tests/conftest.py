@@ -4,6 +4,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_helpers import Cli
 from procs import World  # tests/ is on sys.path: pytest puts a conftest's folder there
 
 # Variables that would make a test depend on the shell it was started from: a lease inherited
@@ -32,3 +33,13 @@ def world(isolated_env: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         yield w
     finally:
         w.cleanup()
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Iterator[Cli]:
+    """Drives the real `gpulock` command in a private state folder; kills what it started."""
+    c = Cli(tmp_path)
+    try:
+        yield c
+    finally:
+        c.cleanup()

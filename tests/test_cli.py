@@ -8,21 +8,10 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 from cli_helpers import REPO, Cli, Result, assert_clean_error, error_lines, wait_until
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> Iterator[Cli]:
-    c = Cli(tmp_path)
-    try:
-        yield c
-    finally:
-        c.cleanup()
 
 
 def hint_lines(r: Result) -> list[str]:

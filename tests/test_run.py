@@ -6,8 +6,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from cli_helpers import (
@@ -20,15 +18,6 @@ from cli_helpers import (
     pid_alive,
     wait_until,
 )
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> Iterator[Cli]:
-    c = Cli(tmp_path)
-    try:
-        yield c
-    finally:
-        c.cleanup()
 
 
 def no_ticket_taken(cli: Cli) -> None:
