@@ -1,0 +1,96 @@
+"""The error tree travels between processes; the event log appends, rotates, and skips junk."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import pickle
+from pathlib import Path
+
+import pytest
+
+import gpulock
+from gpulock import errors, events
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        gpulock.LockTimeout(0, 30.0, 4711, "digest", queue_ahead=2),
+        gpulock.LockTimeout(1, 0.5),
+        gpulock.NeedTooLarge(0, 30 * 2**30, 20 * 2**30),
+        gpulock.NotPermitted(12, 1000),
+        gpulock.ConfigError("expected one of report, kill", file="g.yaml", line=4, key="on_hung"),
+        gpulock.StateDirError("/tmp/x", "is a symlink", hint="use a real folder"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_errors_pickle_with_their_fields(exc: errors.GpulockError) -> None:
+    back = pickle.loads(pickle.dumps(exc))  # noqa: S301 - our own bytes, just made
+    assert type(back) is type(exc)
+    assert str(back) == str(exc)
+    assert back.__dict__ == exc.__dict__
+    assert back.hint == exc.hint
+
+
+def test_lock_timeout_is_a_timeout_error_that_names_the_holder() -> None:
+    exc = gpulock.LockTimeout(0, 30.0, 4711, "digest")
+    assert isinstance(exc, TimeoutError)
+    assert isinstance(exc, gpulock.LockError)
+    assert str(exc) == "gpu0 busy after 30.0 s (held by pid 4711, 'digest')"
+    assert (exc.gpu, exc.waited_s, exc.holder_pid, exc.holder_name) == (0, 30.0, 4711, "digest")
+
+
+def _raise_timeout() -> None:
+    raise gpulock.LockTimeout(0, 1.5, 99, "tts")
+
+
+def test_lock_timeout_crosses_a_process_boundary() -> None:
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        result = pool.apply_async(_raise_timeout)
+        with pytest.raises(gpulock.LockTimeout) as info:
+            result.get(timeout=60)
+    assert (info.value.holder_pid, info.value.holder_name, info.value.waited_s) == (99, "tts", 1.5)
+
+
+def test_config_error_reads_file_line_key() -> None:
+    exc = gpulock.ConfigError("expected a whole number", file="g.yaml", line=3, key="default_gpu")
+    assert str(exc) == "g.yaml:3: default_gpu: expected a whole number"
+
+
+def test_events_append_one_json_line_each(tmp_path: Path) -> None:
+    events.emit(tmp_path, "acquire", gpu=0, ticket=1, waited_s=0.25)
+    events.emit(tmp_path, "release", gpu=0, ticket=1, held_s=3.0)
+    lines = (tmp_path / "events.jsonl").read_text().splitlines()
+    assert [json.loads(x)["event"] for x in lines] == ["acquire", "release"]
+    got = list(events.read(tmp_path))
+    assert got[0]["waited_s"] == 0.25 and got[1]["held_s"] == 3.0
+    assert all(isinstance(e["ts"], float) for e in got)
+
+
+def test_events_rotate_past_max_bytes_keeping_one_generation(tmp_path: Path) -> None:
+    for i in range(200):
+        events.emit(tmp_path, "wait", max_bytes=2000, ticket=i, pad="x" * 40)
+    current = tmp_path / "events.jsonl"
+    rotated = tmp_path / "events.jsonl.1"
+    assert rotated.exists()
+    events.emit(tmp_path, "wait", max_bytes=2000, ticket=200, pad="x" * 40)
+    assert current.stat().st_size <= 2000 + 200  # at most one line past the limit
+    assert rotated.stat().st_size <= 2000 + 200
+    tickets = [e["ticket"] for e in events.read(tmp_path)]
+    assert tickets == sorted(tickets)  # the old generation is read first
+    assert tickets[-1] == 200
+
+
+def test_events_reader_skips_junk_and_since_filters(tmp_path: Path) -> None:
+    events.emit(tmp_path, "acquire", now_wall=100.0, ticket=1)
+    with open(tmp_path / "events.jsonl", "a") as f:
+        f.write('not json\n[1, 2]\n{"event": 3, "ts": 1}\n{"event": "x"}\n\n')
+    events.emit(tmp_path, "release", now_wall=200.0, ticket=1)
+    assert [e["event"] for e in events.read(tmp_path)] == ["acquire", "release"]
+    assert [e["event"] for e in events.read(tmp_path, since_wall=150.0)] == ["release"]
+
+
+def test_emit_never_raises_when_the_folder_is_gone(tmp_path: Path) -> None:
+    events.emit(tmp_path / "missing", "acquire", ticket=1)  # no exception: the lock goes on
