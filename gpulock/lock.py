@@ -45,7 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from gpulock import devices, identity, queue
+from gpulock import claim, devices, identity, queue
 from gpulock.config import Config
 from gpulock.errors import LockError, LockTimeout, NeedTooLarge
 from gpulock.settings import Settings, load
@@ -55,8 +55,6 @@ from gpulock.units import parse_duration, parse_size
 
 SAFETY_RECHECK_S = 2.0  # first guard re-check; doubles while nothing happens...
 SAFETY_RECHECK_MAX_S = 30.0  # ...up to this, so hundreds of idle waiters cost ~nothing
-PIPE_BYTES = 4096  # a FIFO carries no data but doorbells: one page is plenty
-DOORBELL = b"\x01"
 RING_PROBES = 64  # successors probed by number before the folder is listed
 ENV_TICKET = "GPULOCK_TICKET"  # set by `gpulock run` for its command: "<gpu>:<seq>"
 ENV_STATE = "GPULOCK_STATE_DIR"
@@ -118,50 +116,18 @@ class QueueDir:
         return TicketFile(t, st.st_mtime)
 
     def watch(self, seq: int) -> int | None:
-        """A write end of the ticket's FIFO, or None when its owner is gone.
-
-        The descriptor reports POLLERR once every read end has closed: the owner released,
-        left or died.  Nothing is ever written through it except doorbells (``ring``).
-        """
-        path = self.fifo_path(seq)
+        """A write end of the ticket's FIFO (POLLERR once its owner is gone), or None if gone."""
         try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return None
-        if not stat.S_ISFIFO(st.st_mode):
-            raise TicketFormatError(f"{path.name} is not a FIFO")
-        try:
-            return os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-        except OSError as e:
-            if e.errno in (errno.ENXIO, errno.ENOENT):  # ENXIO: no reader, the owner is gone
-                return None
-            raise
+            return claim.watch(self.fifo_path(seq))
+        except claim.NotAClaim as e:
+            raise TicketFormatError(str(e)) from None
 
     def alive(self, seq: int) -> bool:
-        try:
-            fd = self.watch(seq)
-        except TicketFormatError:
-            return False  # a .fifo that is not a FIFO: nobody can prove to hold it
-        if fd is None:
-            return False
-        os.close(fd)
-        return True
+        return claim.held(self.fifo_path(seq))
 
     def ring(self, seq: int) -> bool:
         """Wake the owner of ``seq`` (it re-checks the queue); False if it is gone."""
-        try:
-            fd = self.watch(seq)
-        except TicketFormatError:
-            return False
-        if fd is None:
-            return False
-        try:
-            os.write(fd, DOORBELL)
-        except BlockingIOError:
-            pass  # the pipe is full of doorbells already: it will wake
-        finally:
-            os.close(fd)
-        return True
+        return claim.ring(self.fifo_path(seq))
 
     def ring_successor(self, seq: int) -> bool:
         """Ring the nearest live ticket after ``seq``; False if there is none.
@@ -228,18 +194,8 @@ class QueueDir:
             # number would jump the queue.
             seq = max(counter, present[-1] if present else 0) + 1
             fifo = self.fifo_path(seq)
+            fd = claim.create(fifo, mode)
             try:
-                os.unlink(fifo)  # debris of a crash between mkfifo and publishing
-            except FileNotFoundError:
-                pass
-            os.mkfifo(fifo, mode)
-            fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW)
-            try:
-                os.fchmod(fd, mode)
-                try:
-                    fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-                except OSError:
-                    pass
                 ticket = make(seq)
                 atomic_write(self.ticket_path(seq), encode(ticket), mode=mode)
             except BaseException:
@@ -655,7 +611,7 @@ class _Waiter:
             )
             for fd, _ in ready:
                 if fd == self.fd:
-                    _drain(self.fd)
+                    claim.drain(self.fd)
 
     def _due(self, ahead: list[TicketFile]) -> bool:
         """After a timed wake: does anything need a fresh look?"""
@@ -842,11 +798,3 @@ def _head_holder(qdir: QueueDir) -> Ticket | None:
         if tf is not None and tf.ticket.holding and qdir.alive(tf.ticket.seq):
             return tf.ticket
     return None
-
-
-def _drain(fd: int) -> None:
-    try:
-        while os.read(fd, PIPE_BYTES):
-            pass
-    except BlockingIOError:
-        pass

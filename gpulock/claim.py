@@ -1,0 +1,105 @@
+"""A kernel-held claim: a FIFO whose read end its owner keeps open for as long as it lives.
+
+The kernel closes the owner's descriptor when the owner exits, however it exits (SIGKILL too),
+so ``open(fifo, O_WRONLY | O_NONBLOCK)`` failing with ``ENXIO`` ("no reader") is proof that no
+process holds the claim any more, and a write end held by a watcher reports ``POLLERR`` the
+moment the last read end closes.  Tickets (``gpulock.lock``) and resident records
+(``gpulock.residents``) both stand on this.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+from pathlib import Path
+
+PIPE_BYTES = 4096  # a claim carries no data but one-byte doorbells: one page is plenty
+DOORBELL = b"\x01"
+
+
+class NotAClaim(ValueError):
+    """Something sits at the claim's path that is not a FIFO (garbage, or a planted file)."""
+
+
+def create(path: Path, mode: int) -> int:
+    """Make the FIFO and hold it open read-write (non-blocking); return the owner's descriptor.
+
+    Read-write, so that the owner is also a writer: its own poll() never sees POLLHUP when a
+    prober opens and closes a write end.
+    """
+    try:
+        os.unlink(path)  # debris of a crash between mkfifo and publishing
+    except FileNotFoundError:
+        pass
+    os.mkfifo(path, mode)
+    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW)
+    try:
+        os.fchmod(fd, mode)
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:
+            pass
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def watch(path: Path) -> int | None:
+    """A write end of the claim, or None when no process holds it (or it is gone).
+
+    The descriptor reports POLLERR once every read end has closed.  Raises NotAClaim when the
+    path is something other than a FIFO.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISFIFO(st.st_mode):
+        raise NotAClaim(f"{path.name} is not a FIFO")
+    try:
+        return os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as e:
+        if e.errno in (errno.ENXIO, errno.ENOENT):  # ENXIO: no reader, the owner is gone
+            return None
+        raise
+
+
+def held(path: Path) -> bool:
+    """Does a live process hold this claim?  Anything that is not a FIFO holds nothing."""
+    try:
+        fd = watch(path)
+    except NotAClaim:
+        return False
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
+
+
+def ring(path: Path) -> bool:
+    """Write a doorbell byte for the claim's owner (it polls its read end); False if gone."""
+    try:
+        fd = watch(path)
+    except NotAClaim:
+        return False
+    if fd is None:
+        return False
+    try:
+        os.write(fd, DOORBELL)
+    except BlockingIOError:
+        pass  # the pipe is full of doorbells already: it will wake
+    finally:
+        os.close(fd)
+    return True
+
+
+def drain(fd: int) -> None:
+    """Empty the owner's read end of doorbells."""
+    try:
+        while os.read(fd, PIPE_BYTES):
+            pass
+    except BlockingIOError:
+        pass
