@@ -186,6 +186,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("ticket", nargs="?", type=_ticket_number)
     _common(p)
 
+    p = sub.add_parser(
+        "evict",
+        help="ask the owner of a resident model to unload it",
+        description=(
+            "Ask the process that keeps model NAME (or resident ID) in VRAM to unload it at a "
+            "safe point (never during a call), then check that the GPU's memory came back. "
+            "Pinned models are refused unless --force.  Exit 0 when every match was unloaded."
+        ),
+    )
+    p.add_argument("target", metavar="NAME|ID", help="model name or resident id (see status)")
+    p.add_argument("--gpu", type=_index, help="only residents on this GPU")
+    p.add_argument(
+        "--timeout",
+        type=_duration,
+        default=10.0,
+        metavar="S",
+        help="how long the owner may take to reach a safe point (default 10 s)",
+    )
+    p.add_argument("--force", action="store_true", help="evict pinned models too")
+    p.add_argument("--json", action="store_true", help='print {"results": [...]}')
+    _common(p)
+
     sub.add_parser("help", help="list every command, including those of installed packages")
     return parser
 
@@ -230,7 +252,7 @@ def _say(kind: str, text: str) -> None:
 
 
 def _dispatch(argv: list[str]) -> int:
-    builtin = {"run", "status", "break", "history", "heartbeat", "help"}
+    builtin = {"run", "status", "break", "history", "heartbeat", "evict", "help"}
     if argv and not argv[0].startswith("-") and argv[0] not in builtin:
         plugin = _plugins().get(argv[0])
         if plugin is None:
@@ -417,7 +439,34 @@ def cmd_heartbeat(args: argparse.Namespace) -> int:
     return EX_OK
 
 
+# --- evict ---------------------------------------------------------------------------------
+
+
+def cmd_evict(args: argparse.Namespace) -> int:
+    from gpulock import residents
+
+    settings = _settings(args)
+    matches = residents.find(settings, args.target, gpu=args.gpu)
+    if not matches:
+        known = sorted({r.name for r in residents.Registry(settings).records()})
+        raise GpulockError(
+            f"no resident model {args.target!r}"
+            + (f" on gpu{args.gpu}" if args.gpu is not None else ""),
+            hint=("resident models: " + ", ".join(known)) if known else "none is registered",
+        )
+    results = [
+        residents.evict(settings, r, force=args.force, timeout_s=args.timeout) for r in matches
+    ]
+    if args.json:
+        print(json.dumps({"results": [asdict(r) for r in results]}, indent=2))
+    else:
+        for r in results:
+            print(f"{r.name} ({r.id}, pid {r.pid}, gpu{r.gpu}): {r.outcome}: {r.detail}")
+    return EX_OK if all(r.ok for r in results) else EX_ERROR
+
+
 _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "evict": cmd_evict,
     "run": cmd_run,
     "status": cmd_status,
     "break": cmd_break,

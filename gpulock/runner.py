@@ -1,6 +1,7 @@
 """``gpulock run``: hold a GPU for exactly as long as a command and its children run.
 
-* The command starts without a shell, with ``CUDA_VISIBLE_DEVICES`` set to the granted GPU,
+* The command starts without a shell, with ``CUDA_VISIBLE_DEVICES`` set to the granted GPU
+  (and ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so CUDA counts GPUs as NVML does),
   ``GPULOCK_TICKET`` (so a nested ``gpulock.acquire`` or ``gpulock run`` on that GPU is
   satisfied by this lease instead of queueing behind it) and ``GPULOCK_STATE_DIR``.
 * It inherits the ticket's FIFO descriptor: the kernel keeps the GPU claimed while the command
@@ -100,6 +101,9 @@ def run(
     try:
         env = dict(os.environ)
         env["CUDA_VISIBLE_DEVICES"] = held.cuda_visible_devices
+        # gpulock numbers GPUs as NVML does (PCI bus order); CUDA's default is fastest first,
+        # which on a mixed machine would put the job on a GPU it did not lock.
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         env[ENV_TICKET] = f"{held.gpu}:{held.ticket}"
         env[ENV_STATE] = str(settings.state_dir)
         _become_subreaper()

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from gpulock import devices, queue
+from gpulock import devices, queue, residents
 from gpulock.lock import QueueDir, TicketFile
 from gpulock.settings import Settings
 from gpulock.units import format_duration, format_size
@@ -107,28 +108,71 @@ def gpu_snapshot(
     }
 
 
+def resident_entry(r: residents.Record, now_w: float) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "name": r.name,
+        "pid": r.pid,
+        "user": r.user,
+        "program": r.program,
+        "gpu": r.gpu,
+        "declared_bytes": r.declared_bytes,
+        "measured_bytes": r.measured_bytes,
+        "bytes": r.bytes,
+        "policy": r.policy,
+        "in_use": r.in_use,
+        "uses": r.uses,
+        "loaded_wall": r.loaded_wall,
+        "last_used_wall": r.last_used_wall,
+        "idle_s": None if r.in_use else round(max(0.0, now_w - r.last_used_wall), 3),
+        "torch_allocated_bytes": r.torch_allocated_bytes,
+        "torch_reserved_bytes": r.torch_reserved_bytes,
+    }
+
+
+def device_entry(d: devices.Device, registered: dict[int, str]) -> dict[str, Any]:
+    return {
+        "index": d.index,
+        "name": d.name,
+        "source": d.source,
+        "uuid": d.uuid,
+        "total_bytes": d.total_bytes,
+        "used_bytes": d.used_bytes,
+        "free_bytes": d.free_bytes,
+        "util_gpu_pct": d.util_gpu_pct,
+        "util_mem_pct": d.util_mem_pct,
+        "processes": [
+            {
+                "pid": p.pid,
+                "used_bytes": p.used_bytes,
+                "kind": p.kind,
+                "registered": p.pid in registered,
+                "as": registered.get(p.pid),
+            }
+            for p in d.processes
+        ],
+    }
+
+
 def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, Any]:
     now_w = time.time() if now_wall is None else now_wall
-    report = devices.probe(settings.config)
+    report = residents.probe_devices(settings)
+    recs = residents.Registry(settings, create=False).records(clean=False)
+    gpus = [gpu_snapshot(settings, i, report.get(i), now_w) for i in gpu_indices(settings, report)]
+    registered: dict[int, str] = {r.pid: f"resident {r.name}" for r in recs}
+    for g in gpus:
+        for e in g["holders"]:
+            registered.setdefault(e["pid"], f"holder of ticket {e['ticket']}")
+            if e["child_pid"] is not None:
+                registered.setdefault(e["child_pid"], f"command of ticket {e['ticket']}")
     return {
         "version": VERSION,
         "state_dir": str(settings.state_dir),
         "generated_wall": now_w,
-        "devices": [
-            {
-                "index": d.index,
-                "name": d.name,
-                "source": d.source,
-                "total_bytes": d.total_bytes,
-                "used_bytes": d.used_bytes,
-                "free_bytes": d.free_bytes,
-            }
-            for d in report.devices
-        ],
+        "devices": [device_entry(d, registered) for d in report.devices],
         "devices_problem": report.problem,
-        "gpus": [
-            gpu_snapshot(settings, i, report.get(i), now_w) for i in gpu_indices(settings, report)
-        ],
+        "gpus": gpus,
+        "residents": [resident_entry(r, now_w) for r in recs],
     }
 
 
@@ -151,6 +195,9 @@ def render(snap: dict[str, Any]) -> str:
                 f"  {g['source']} {format_size(g['total_bytes'])}"
                 f", reserve {format_size(g['reserve_bytes'])}"
             )
+            dev = next((d for d in snap["devices"] if d["index"] == g["gpu"]), None)
+            if dev is not None and dev["used_bytes"] is not None:
+                head += f", used {format_size(dev['used_bytes'])}"
         n_wait = sum(1 for e in g["waiters"] if e["state"] == "waiting")
         n_hold = sum(1 for e in g["holders"] if e["state"] in ("holding", "hung"))
         head += f"  -  {n_hold} holding, {n_wait} waiting" if entries else "  -  idle"
@@ -179,6 +226,8 @@ def render(snap: dict[str, Any]) -> str:
                 lines.append("  " + "  ".join(cells) + "  " + r[-1])
         for ig in g["ignored"]:
             lines.append(f"  ignored {ig['file']}: {ig['reason']}")
+    lines += _render_residents(snap.get("residents", []))
+    lines += _render_processes(snap["devices"])
     stale = [e for g in snap["gpus"] for e in g["holders"] + g["waiters"] if e["stale"]]
     if stale:
         lines.append(
@@ -189,3 +238,48 @@ def render(snap: dict[str, Any]) -> str:
 
 def _short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    ]
+
+
+def _render_residents(recs: list[dict[str, Any]]) -> list[str]:
+    if not recs:
+        return []
+    rows = [("NAME", "ID", "PID", "GPU", "SIZE", "POLICY", "IDLE", "IN USE", "USES")]
+    for r in recs:
+        rows.append(
+            (
+                r["name"],
+                r["id"],
+                str(r["pid"]),
+                f"gpu{r['gpu']}",
+                format_size(r["bytes"]),
+                r["policy"],
+                format_duration(r["idle_s"]) if r["idle_s"] is not None else "-",
+                "yes" if r["in_use"] else "no",
+                str(r["uses"]),
+            )
+        )
+    return ["resident models", *_table(rows)]
+
+
+def _render_processes(devs: list[dict[str, Any]]) -> list[str]:
+    procs = [(d, p) for d in devs for p in d["processes"]]
+    if not procs:
+        return []
+    rows = [("GPU", "PID", "USED", "REGISTERED")]
+    for d, p in procs:
+        rows.append(
+            (
+                f"gpu{d['index']}",
+                str(p["pid"]),
+                format_size(p["used_bytes"]),
+                p["as"] or "no (not known to gpulock)",
+            )
+        )
+    return ["processes using GPU memory", *_table(rows)]
