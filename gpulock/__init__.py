@@ -25,6 +25,7 @@ from gpulock.errors import (
 from gpulock.lock import Lease, acquire, locked
 
 __all__ = [
+    "AdmissionRefused",
     "ConfigError",
     "GpulockError",
     "Lease",
@@ -32,8 +33,36 @@ __all__ = [
     "LockTimeout",
     "NeedTooLarge",
     "NotPermitted",
+    "Resident",
     "StateDirError",
     "acquire",
+    "adapters",
+    "admit",
+    "evict",
     "locked",
+    "resident",
 ]
 __version__ = "0.1.0"
+
+# Resident models need sockets and threads; load them only when first used, so the cron job
+# that only takes the lock does not pay for them.
+_LAZY = {
+    "resident": ("gpulock.residents", "resident"),
+    "admit": ("gpulock.residents", "admit"),
+    "evict": ("gpulock.residents", "evict_named"),
+    "Resident": ("gpulock.residents", "Resident"),
+    "AdmissionRefused": ("gpulock.residents", "AdmissionRefused"),
+    "adapters": ("gpulock.adapters", None),
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'gpulock' has no attribute {name!r}")
+    import importlib
+
+    module, attr = _LAZY[name]
+    mod = importlib.import_module(module)
+    value = mod if attr is None else getattr(mod, attr)
+    globals()[name] = value
+    return value

@@ -591,6 +591,7 @@ class _Waiter:
                 if d.grant:
                     for fd in fds.values():
                         os.close(fd)
+                    self._make_room()
                     return self._grant()
                 self._rewatch(d.watch, fds)
                 if not self.announced:
@@ -685,6 +686,28 @@ class _Waiter:
             self.poller.unregister(fd)
             os.close(fd)
         self.watched.clear()
+
+    def _make_room(self) -> None:
+        """A holder with a ``need`` asks idle models of other processes to leave first.
+
+        Models kept in VRAM between calls (by processes that do not hold the lock) would
+        otherwise make a granted load fail with a CUDA OOM.
+        """
+        if self.me.need_bytes is None:
+            return
+        if not (self.settings.state_dir / "residents").is_dir():
+            return  # nobody ever registered a model: nothing to ask
+        from gpulock import residents
+
+        left = None if self.deadline is None else self.deadline - time.monotonic()
+        residents.make_room(
+            self.settings,
+            self.me.gpu,
+            self.me.need_bytes,
+            exclude_pid=self.me.pid,
+            timeout_s=10.0 if left is None else max(min(left, 10.0), 0.5),
+            reason=f"room for ticket {self.me.seq} ({self.me.name})",
+        )
 
     def _grant(self) -> Ticket:
         granted = self.me.granted(time.time())

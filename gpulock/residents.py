@@ -645,8 +645,66 @@ def _verify_freed(
         pause = min(pause * 2, 0.2)
 
 
+def make_room(
+    settings: Settings,
+    gpu: int,
+    need_bytes: int,
+    *,
+    exclude_pid: int,
+    timeout_s: float = 10.0,
+    reason: str = "room for a waiter",
+) -> list[EvictResult]:
+    """Evict idle, unpinned models of other processes until ``need_bytes`` are free.
+
+    Victims in order of cost to the fleet: cold-start models before persistent ones (they
+    expect to be reloaded), then least recently used first.  In-use and pinned models are
+    never chosen.  Returns what was tried; nothing when the GPU's free memory is unknown.
+    """
+    dev = probe_devices(settings).get(gpu)
+    if dev is None or dev.free_bytes is None or dev.free_bytes >= need_bytes:
+        return []
+    short = need_bytes - dev.free_bytes
+    victims = sorted(
+        (
+            r
+            for r in Registry(settings).records()
+            if r.gpu == gpu and r.pid != exclude_pid and r.policy != "pinned" and not r.in_use
+        ),
+        key=lambda r: (r.policy != "cold-start", r.last_used_wall),
+    )
+    results = []
+    for r in victims:
+        if short <= 0:
+            break
+        res = evict(settings, r, timeout_s=timeout_s, reason=reason)
+        results.append(res)
+        if res.ok:
+            short -= res.freed_bytes or r.bytes or 0
+    return results
+
+
+def evict_named(
+    target: str,
+    *,
+    gpu: int | None = None,
+    force: bool = False,
+    timeout: float | str = 10.0,
+    config: Config | str | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+) -> list[EvictResult]:
+    """``gpulock evict`` in Python: ask the owners of model ``target`` (a name or an id)."""
+    from gpulock.units import parse_duration
+
+    settings = settings_mod.load(config, state_dir)
+    timeout_s = parse_duration(timeout, key="timeout")
+    return [
+        evict(settings, r, force=force, timeout_s=timeout_s)
+        for r in find(settings, target, gpu=gpu)
+    ]
+
+
 def admit(
-    bytes_: int | str,
+    bytes: int | str,
     gpu: int | None = None,
     *,
     config: Config | str | None = None,
@@ -659,7 +717,7 @@ def admit(
     """
     settings = settings_mod.load(config, state_dir)
     gpu_i = settings.config.default_gpu if gpu is None else gpu
-    size = parse_size(bytes_, key="bytes")
+    size = parse_size(bytes, key="bytes")
     dev = probe_devices(settings).get(gpu_i)
     if dev is None or dev.total_bytes is None or dev.free_bytes is None:
         return None
