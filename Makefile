@@ -31,6 +31,7 @@ pytest: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/lock_handoff.py
+	$(BIN)/python bench/eviction.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
