@@ -41,7 +41,7 @@ def unload_torch(module: Any, device_index: int = 0) -> TorchMemory | None:
         import torch
     except ImportError:
         return None
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         torch.cuda.empty_cache()
     return torch_memory(device_index)
 

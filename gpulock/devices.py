@@ -189,7 +189,7 @@ def torch_memory(device_index: int) -> TorchMemory | None:
     try:
         if not torch.cuda.is_available() or not 0 <= device_index < torch.cuda.device_count():
             return None
-        if not torch.cuda.is_initialized():
+        if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             return TorchMemory(0, 0, 0)
         allocated = int(torch.cuda.memory_allocated(device_index))
         reserved = int(torch.cuda.memory_reserved(device_index))
