@@ -202,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_duration,
         default=10.0,
         metavar="S",
-        help="how long the owner may take to reach a safe point (default 10 s)",
+        help="how long the owner may take to reach a safe point (default 10 s); "
+        "unloading gets 5 s more before the answer counts as missing",
     )
     p.add_argument("--force", action="store_true", help="evict pinned models too")
     p.add_argument("--json", action="store_true", help='print {"results": [...]}')

@@ -341,8 +341,13 @@ class Resident:
             "flush", resident=self.id, name=self.name, gpu=self.gpu, uses=self._record.uses
         )
 
-    def _evict(self, *, force: bool, timeout_s: float) -> dict[str, Any]:
-        """Called by the control thread: unload at a safe point, or say why not."""
+    def _evict(
+        self, *, force: bool, timeout_s: float, abandoned: Callable[[], bool] = lambda: False
+    ) -> dict[str, Any]:
+        """Called by the control thread: unload at a safe point, or say why not.
+
+        ``abandoned()`` says whether the requester gave up meanwhile: then nothing is done.
+        """
         start = time.monotonic()
         with self._cond:
             if not self.loaded:
@@ -357,6 +362,8 @@ class Resident:
                     if left <= 0:
                         return {"ok": False, "outcome": "busy", "detail": "still in use"}
                     self._cond.wait(left)
+                if abandoned():
+                    return {"ok": False, "outcome": "abandoned", "detail": "requester left"}
                 declared = self._record.bytes
                 self._do_unload()
                 self.evictions += 1
@@ -434,7 +441,11 @@ class _Owner:
                     _send(conn, {"ok": False, "outcome": "unknown", "detail": "no such resident"})
                     return
                 timeout_s = float(req.get("timeout_s", 10.0))
-                reply = h._evict(force=bool(req.get("force")), timeout_s=timeout_s)
+                reply = h._evict(
+                    force=bool(req.get("force")),
+                    timeout_s=timeout_s,
+                    abandoned=lambda: _requester_left(conn),
+                )
                 _send(conn, reply)
             except Exception as e:  # an unload that raised: say so, keep serving
                 with contextlib.suppress(OSError):
@@ -573,8 +584,13 @@ def evict(
     timeout_s: float = 10.0,
     verify_s: float = VERIFY_S,
     reason: str = "requested",
+    answer_s: float | None = None,
 ) -> EvictResult:
-    """Ask the owner to unload ``record``; then check the GPU's memory came back."""
+    """Ask the owner to unload ``record``; then check the GPU's memory came back.
+
+    ``answer_s``: how long to wait for the owner's answer (default ``timeout_s`` + 5 s: the
+    owner's own deadline, then time to unload).
+    """
     start = time.monotonic()
     reg = Registry(settings)
 
@@ -598,7 +614,7 @@ def evict(
         reply = _ask(
             reg.socket_path(record.owner),
             {"op": "evict", "id": record.id, "force": force, "timeout_s": timeout_s},
-            timeout_s + 5.0,
+            timeout_s + 5.0 if answer_s is None else answer_s,
         )
     except TimeoutError:
         return result("no-answer", f"owner pid {record.pid} did not answer in {timeout_s:g} s")
@@ -658,7 +674,8 @@ def make_room(
 
     Victims in order of cost to the fleet: cold-start models before persistent ones (they
     expect to be reloaded), then least recently used first.  In-use and pinned models are
-    never chosen.  Returns what was tried; nothing when the GPU's free memory is unknown.
+    never chosen.  ``timeout_s`` bounds the whole attempt, not each eviction.  Returns what
+    was tried; nothing when the GPU's free memory is unknown.
     """
     dev = probe_devices(settings).get(gpu)
     if dev is None or dev.free_bytes is None or dev.free_bytes >= need_bytes:
@@ -672,12 +689,22 @@ def make_room(
         ),
         key=lambda r: (r.policy != "cold-start", r.last_used_wall),
     )
+    deadline = time.monotonic() + timeout_s  # for all of them: the waiter has a deadline
+    silent: set[str] = set()  # owners that did not answer are not asked again
     results = []
     for r in victims:
-        if short <= 0:
+        left = deadline - time.monotonic()
+        if short <= 0 or left <= 0:
             break
-        res = evict(settings, r, timeout_s=timeout_s, reason=reason)
+        if r.owner in silent:
+            continue
+        res = evict(
+            settings, r, timeout_s=left / 2, answer_s=left, verify_s=min(VERIFY_S, left),
+            reason=reason,
+        )  # fmt: skip
         results.append(res)
+        if res.outcome == "no-answer":
+            silent.add(r.owner)
         if res.ok:
             short -= res.freed_bytes or r.bytes or 0
     return results
@@ -783,6 +810,16 @@ def _recv_line(s: socket.socket, limit: int = 1 << 16) -> bytes:
         if len(buf) > limit:
             raise OSError("answer too long")
     return buf.split(b"\n", 1)[0]
+
+
+def _requester_left(conn: socket.socket) -> bool:
+    """True when the requester hung up (it gave up: no-answer); its request is void then."""
+    import select
+
+    poller = select.poll()
+    poller.register(conn, select.POLLIN | select.POLLRDHUP)
+    gone = select.POLLHUP | select.POLLRDHUP | select.POLLERR
+    return any(ev & gone for _, ev in poller.poll(0))
 
 
 def _peer_may_ask(conn: socket.socket, owner_uid: int) -> bool:

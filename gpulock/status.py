@@ -186,6 +186,8 @@ def render(snap: dict[str, Any]) -> str:
         lines.append(f"devices: {snap['devices_problem']}")
     if not snap["gpus"]:
         lines.append(f"no GPU queues yet (state folder {snap['state_dir']})")
+        lines += _render_residents(snap.get("residents", []))
+        lines += _render_processes(snap["devices"])
         return "\n".join(lines)
     for g in snap["gpus"]:
         entries = g["holders"] + g["waiters"]
