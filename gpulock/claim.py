@@ -67,12 +67,17 @@ def watch(path: Path) -> int | None:
         raise
 
 
+def _watch_quietly(path: Path) -> int | None:
+    """``watch``, with anything that is not a FIFO counting as no holder."""
+    try:
+        return watch(path)
+    except NotAClaim:
+        return None
+
+
 def held(path: Path) -> bool:
     """Does a live process hold this claim?  Anything that is not a FIFO holds nothing."""
-    try:
-        fd = watch(path)
-    except NotAClaim:
-        return False
+    fd = _watch_quietly(path)
     if fd is None:
         return False
     os.close(fd)
@@ -81,10 +86,7 @@ def held(path: Path) -> bool:
 
 def ring(path: Path) -> bool:
     """Write a doorbell byte for the claim's owner (it polls its read end); False if gone."""
-    try:
-        fd = watch(path)
-    except NotAClaim:
-        return False
+    fd = _watch_quietly(path)
     if fd is None:
         return False
     try:
