@@ -304,6 +304,20 @@ class Resident:
                     changes[k] = torch_stats[k]
             self._write(**changes)
 
+    def report_torch(self, device_index: int | None = None) -> devices.TorchMemory | None:
+        """Publish this process's torch allocated / reserved bytes on the record's GPU.
+
+        The governor reads them as fragmentation (reserved - allocated).  ``device_index`` is
+        torch's index when it differs from the record's GPU (``CUDA_VISIBLE_DEVICES``).
+        """
+        mem = devices.torch_memory(self.gpu if device_index is None else device_index)
+        if mem is not None:
+            self.update(
+                torch_allocated_bytes=mem.allocated_bytes,
+                torch_reserved_bytes=mem.reserved_bytes,
+            )
+        return mem
+
     def release(self) -> None:
         """Unload the model and remove it from the registry (idempotent)."""
         with self._cond:

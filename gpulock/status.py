@@ -200,6 +200,8 @@ def render(snap: dict[str, Any]) -> str:
             dev = next((d for d in snap["devices"] if d["index"] == g["gpu"]), None)
             if dev is not None and dev["used_bytes"] is not None:
                 head += f", used {format_size(dev['used_bytes'])}"
+            if dev is not None and dev["free_bytes"] is not None:
+                head += f", free {format_size(dev['free_bytes'])}"
         n_wait = sum(1 for e in g["waiters"] if e["state"] == "waiting")
         n_hold = sum(1 for e in g["holders"] if e["state"] in ("holding", "hung"))
         head += f"  -  {n_hold} holding, {n_wait} waiting" if entries else "  -  idle"

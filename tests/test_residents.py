@@ -633,3 +633,13 @@ def test_without_nvml_human_status_still_lists_resident_models(lab: Lab) -> None
     assert r.code == 0, r.describe()
     assert "resident models" in r.stdout, r.describe()
     assert o.ids["qwen"] in r.stdout, r.describe()
+
+
+def test_report_torch_is_a_quiet_no_op_without_cuda(world: Any) -> None:
+    """Without CUDA there is nothing to publish: no error, and the record keeps None."""
+    h = gpulock.resident("t", bytes="1GiB", unload=lambda: None)
+    try:
+        assert h.report_torch() is None
+        assert h.record.torch_reserved_bytes is None
+    finally:
+        h.release()
