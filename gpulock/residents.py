@@ -100,6 +100,7 @@ class Record:
     flush_every: int | None = None
     torch_allocated_bytes: int | None = None
     torch_reserved_bytes: int | None = None
+    ooms: int = 0  # out-of-memory errors the owner reported (a governor signal)
 
     @property
     def bytes(self) -> int | None:
@@ -303,6 +304,12 @@ class Resident:
                 if torch_stats.get(k) is not None:
                     changes[k] = torch_stats[k]
             self._write(**changes)
+
+    def report_oom(self) -> None:
+        """Tell the governor this model's process ran out of GPU memory (it counts them)."""
+        with self._cond:
+            self._write(ooms=self._record.ooms + 1)
+        self._owner.settings.emit("oom", resident=self.id, name=self.name, gpu=self.gpu)
 
     def report_torch(self, device_index: int | None = None) -> devices.TorchMemory | None:
         """Publish this process's torch allocated / reserved bytes on the record's GPU.

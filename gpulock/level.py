@@ -1,0 +1,91 @@
+"""The governor's published level, read by every process with one small file read.
+
+The governor (``governor`` package) writes ``<state>/governor.json`` atomically each pass:
+format ``gpulock.governor/1``, ``level`` (``normal``, ``reduce``, ``evict-idle``,
+``force-evict``, ``freeze``), ``since_wall``, ``updated_wall``, ``interval_s``, ``pid`` and
+the last ``signals`` and ``thresholds``.  It also holds ``<state>/governor.fifo`` open (a
+``gpulock.claim``) for as long as it runs.
+
+A level counts only while its governor lives (the claim is held) and has written within
+three intervals: a governor that died in ``freeze`` never freezes the queue for ever.
+Readers (the lock, the router, residents) live here so that gpulock imports nothing above it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpulock import claim
+from gpulock.settings import Settings
+from gpulock.state import atomic_write
+
+FORMAT = "gpulock.governor/1"
+FILE = "governor.json"
+CLAIM = "governor.fifo"
+LEVELS = ("normal", "reduce", "evict-idle", "force-evict", "freeze")
+STALE_INTERVALS = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    level: str
+    since_wall: float
+    updated_wall: float
+    interval_s: float
+    pid: int
+    signals: dict[str, Any] = field(default_factory=dict)
+    thresholds: dict[str, Any] = field(default_factory=dict)
+
+    def fresh(self, now_wall: float) -> bool:
+        return now_wall - self.updated_wall <= STALE_INTERVALS * max(self.interval_s, 1.0)
+
+
+def claim_path(settings: Settings) -> Path:
+    return settings.state_dir / CLAIM
+
+
+def write(settings: Settings, published: Published) -> None:
+    data = json.dumps({"format": FORMAT, **asdict(published)}, separators=(",", ":"), default=str)
+    atomic_write(settings.state_dir / FILE, data.encode(), mode=settings.file_mode)
+
+
+def read_raw(settings: Settings) -> Published | None:
+    """The file as written, alive governor or not; None when missing or unreadable."""
+    try:
+        with open(settings.state_dir / FILE, "rb") as f:
+            obj = json.loads(f.read(1 << 16))
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+            return None
+        pub = Published(**{k: obj[k] for k in Published.__dataclass_fields__ if k in obj})
+    except (OSError, ValueError, TypeError):
+        return None
+    if pub.level not in LEVELS:
+        return None
+    return pub
+
+
+def read(settings: Settings, *, now_wall: float | None = None) -> Published | None:
+    """The level in force: None when no governor runs or its word is stale."""
+    pub = read_raw(settings)
+    if pub is None:
+        return None
+    if not pub.fresh(time.time() if now_wall is None else now_wall):
+        return None
+    if not claim.held(claim_path(settings)):
+        return None
+    return pub
+
+
+def current(settings: Settings) -> str:
+    """``normal`` unless a live governor says otherwise."""
+    pub = read(settings)
+    return pub.level if pub is not None else "normal"
+
+
+def frozen(settings: Settings) -> bool:
+    """New GPU admissions wait while a live governor is at ``freeze``."""
+    return current(settings) == "freeze"
