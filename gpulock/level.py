@@ -86,6 +86,19 @@ def current(settings: Settings) -> str:
     return pub.level if pub is not None else "normal"
 
 
-def frozen(settings: Settings) -> bool:
-    """New GPU admissions wait while a live governor is at ``freeze``."""
-    return current(settings) == "freeze"
+def freeze(settings: Settings, *, now_wall: float | None = None) -> Published | None:
+    """The live governor's word when it is ``freeze`` (new GPU admissions wait), else None.
+
+    Cheap on the lock's path: one small read, and the claim is probed only when frozen.
+    """
+    pub = read_raw(settings)
+    if pub is None or pub.level != "freeze":
+        return None
+    if not pub.fresh(time.time() if now_wall is None else now_wall):
+        return None
+    return pub if claim.held(claim_path(settings)) else None
+
+
+def stale_at_wall(pub: Published) -> float:
+    """When this word stops counting if the governor writes nothing new."""
+    return pub.updated_wall + STALE_INTERVALS * max(pub.interval_s, 1.0)

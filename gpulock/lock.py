@@ -45,7 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from gpulock import claim, devices, identity, queue
+from gpulock import claim, devices, identity, level, queue
 from gpulock.config import Config
 from gpulock.errors import LockError, LockTimeout, NeedTooLarge
 from gpulock.settings import Settings, load
@@ -58,6 +58,7 @@ SAFETY_RECHECK_MAX_S = 30.0  # ...up to this, so hundreds of idle waiters cost ~
 RING_PROBES = 64  # successors probed by number before the folder is listed
 ENV_TICKET = "GPULOCK_TICKET"  # set by `gpulock run` for its command: "<gpu>:<seq>"
 ENV_STATE = "GPULOCK_STATE_DIR"
+GOVERNOR_WATCH = 0  # the key of the governor's claim among watched FIFOs (tickets start at 1)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -573,6 +574,7 @@ class _Waiter:
         self.kills: dict[int, tuple[float, bool]] = {}  # seq -> (SIGTERM sent at, SIGKILL sent)
         self.announced = False
         self.safety_s = SAFETY_RECHECK_S
+        self.freeze_ends: float | None = None  # monotonic time the governor's freeze goes stale
         self.ahead_seqs: list[int] | None = None
 
     def wait(self) -> Ticket:
@@ -588,12 +590,17 @@ class _Waiter:
             if rescan:
                 ahead, fds = self._scan_ahead()
                 d = queue.decide(self.me, [tf.ticket for tf in ahead], self.budget)
-                if d.grant:
+                frozen = level.freeze(self.settings) if d.grant else None
+                if d.grant and frozen is None:
                     for fd in fds.values():
                         os.close(fd)
                     self._make_room()
                     return self._grant()
                 self._rewatch(d.watch, fds)
+                self.freeze_ends = None
+                if frozen is not None:
+                    d = queue.Decision(False, (), "the governor froze new GPU admissions")
+                    self._watch_governor(frozen)
                 if not self.announced:
                     self.announced = True
                     n_ahead = sum(1 for q in self.qdir.seqs() if q < self.me.seq)
@@ -605,6 +612,8 @@ class _Waiter:
             if self.deadline is not None:
                 wake = min(wake, self.deadline)
             wake = min(wake, self._hung_holders(ahead, now))
+            if self.freeze_ends is not None:
+                wake = min(wake, self.freeze_ends)
             ready = self.poller.poll(max(0, math.ceil((wake - time.monotonic()) * 1000)))
             rescan = bool(ready) or self._due(ahead)
             self.safety_s = (
@@ -614,8 +623,21 @@ class _Waiter:
                 if fd == self.fd:
                     claim.drain(self.fd)
 
+    def _watch_governor(self, word: level.Published) -> None:
+        """While frozen: wake when the governor dies (its claim), rings, or its word goes stale."""
+        self.freeze_ends = time.monotonic() + max(0.0, level.stale_at_wall(word) - time.time())
+        try:
+            fd = claim.watch(level.claim_path(self.settings))
+        except claim.NotAClaim:
+            fd = None
+        if fd is not None:
+            self.watched[GOVERNOR_WATCH] = fd
+            self.poller.register(fd, 0)
+
     def _due(self, ahead: list[TicketFile]) -> bool:
         """After a timed wake: does anything need a fresh look?"""
+        if self.freeze_ends is not None and time.monotonic() >= self.freeze_ends:
+            return True
         now_w = time.time()
         for tf in ahead:
             if tf.ticket.seq not in self.watched:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gpulock import devices, queue, residents
+from gpulock import devices, level, queue, residents
 from gpulock.lock import QueueDir, TicketFile
 from gpulock.settings import Settings
 from gpulock.units import format_duration, format_size
@@ -154,6 +154,25 @@ def device_entry(d: devices.Device, registered: dict[int, str]) -> dict[str, Any
     }
 
 
+def governor_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
+    """The governor's published word, and whether it still counts (None: never ran here)."""
+    pub = level.read_raw(settings)
+    if pub is None:
+        return None
+    live = level.read(settings, now_wall=now_w) is not None
+    return {
+        "level": pub.level if live else "normal",
+        "published_level": pub.level,
+        "live": live,
+        "pid": pub.pid,
+        "since_wall": pub.since_wall,
+        "updated_wall": pub.updated_wall,
+        "interval_s": pub.interval_s,
+        "signals": pub.signals,
+        "thresholds": pub.thresholds,
+    }
+
+
 def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, Any]:
     now_w = time.time() if now_wall is None else now_wall
     report = residents.probe_devices(settings)
@@ -169,6 +188,7 @@ def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, 
         "version": VERSION,
         "state_dir": str(settings.state_dir),
         "generated_wall": now_w,
+        "governor": governor_entry(settings, now_w),
         "devices": [device_entry(d, registered) for d in report.devices],
         "devices_problem": report.problem,
         "gpus": gpus,
@@ -182,6 +202,13 @@ _COLUMNS = ("#", "TICKET", "STATE", "NAME", "PID", "USER", "NEED", "WAITED", "HE
 def render(snap: dict[str, Any]) -> str:
     """The snapshot as the table ``gpulock status`` prints."""
     lines: list[str] = []
+    gov = snap.get("governor")
+    if gov is not None:
+        if gov["live"]:
+            since = time.strftime("%H:%M:%S", time.localtime(gov["since_wall"]))
+            lines.append(f"governor: level {gov['level']} since {since} (pid {gov['pid']})")
+        else:
+            lines.append(f"governor: not running (last word {gov['published_level']!r} ignored)")
     if snap.get("devices_problem"):
         lines.append(f"devices: {snap['devices_problem']}")
     if not snap["gpus"]:

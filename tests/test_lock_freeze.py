@@ -1,0 +1,112 @@
+"""The lock honours a live governor's freeze, and only a live, fresh one.
+
+The governor's side of the protocol is two things in the state folder: governor.json (written
+atomically) and the claim governor.fifo held open for its life.  The test process plays that
+part; the waiters are real processes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from procs import wait_until
+
+from gpulock import claim, level
+from gpulock.lock import QueueDir
+from gpulock.settings import load
+
+WAITER = (
+    "import gpulock, sys, time; t = time.monotonic(); "
+    "l = gpulock.acquire(timeout=float(sys.argv[1])); "
+    "print(round(time.monotonic() - t, 3), flush=True)"
+)
+
+
+@pytest.fixture
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    s = tmp_path / "state"
+    monkeypatch.setenv("GPULOCK_STATE_DIR", str(s))
+    return s
+
+
+def publish(state: Path, lvl: str, *, updated: float | None = None, interval: float = 60) -> None:
+    now = time.time()
+    level.write(
+        load(None, state),
+        level.Published(lvl, now, now if updated is None else updated, interval, os.getpid()),
+    )
+
+
+def waiter(timeout: float) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", WAITER, str(timeout)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def queued(state: Path) -> bool:
+    return bool(QueueDir(load(None, state), 0, create=False).seqs())
+
+
+def test_freeze_holds_new_admissions_until_the_governor_unfreezes_and_rings(state: Path) -> None:
+    settings = load(None, state)
+    fd = claim.create(level.claim_path(settings), 0o600)
+    try:
+        publish(state, "freeze")
+        p = waiter(20)
+        wait_until(lambda: queued(state), 10, "the waiter's ticket")
+        assert p.poll() is None  # frozen: not granted although nobody holds the GPU
+        publish(state, "normal")
+        qdir = QueueDir(settings, 0)
+        for seq in qdir.seqs():
+            qdir.ring(seq)
+        _out, err = p.communicate(timeout=10)
+        assert p.returncode == 0, err
+    finally:
+        os.close(fd)
+
+
+def test_a_dead_governors_freeze_does_not_count(state: Path) -> None:
+    settings = load(None, state)
+    fd = claim.create(level.claim_path(settings), 0o600)
+    publish(state, "freeze")
+    p = waiter(20)
+    wait_until(lambda: queued(state), 10, "the waiter's ticket")
+    t0 = time.monotonic()
+    os.close(fd)  # the governor dies: the kernel drops its claim, the waiter wakes
+    _out, err = p.communicate(timeout=10)
+    assert p.returncode == 0, err
+    assert time.monotonic() - t0 < 1.0
+    assert level.read(settings) is None and level.current(settings) == "normal"
+
+
+def test_a_stale_freeze_does_not_count(state: Path) -> None:
+    settings = load(None, state)
+    fd = claim.create(level.claim_path(settings), 0o600)
+    try:
+        publish(state, "freeze", updated=time.time() - 3600, interval=60)  # a hung governor
+        p = waiter(5)
+        _out, err = p.communicate(timeout=10)
+        assert p.returncode == 0, err
+    finally:
+        os.close(fd)
+
+
+def test_frozen_waiter_times_out_cleanly(state: Path) -> None:
+    settings = load(None, state)
+    fd = claim.create(level.claim_path(settings), 0o600)
+    try:
+        publish(state, "freeze")
+        p = waiter(0.3)
+        _out, err = p.communicate(timeout=10)
+        assert p.returncode != 0 and "LockTimeout" in err
+        assert not queued(state)  # it left the queue
+    finally:
+        os.close(fd)
