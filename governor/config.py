@@ -58,11 +58,14 @@ def fraction(value: Any) -> float:
         raise ValueError(f"expected a percentage like 85%, got {value!r}")
     text = str(value).strip()
     try:
-        number = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        if text.endswith("%"):
+            number = float(text[:-1]) / 100
+        else:
+            number = float(text)
+            if number > 1:
+                number /= 100  # a bare "85" means 85 %
     except ValueError:
         raise ValueError(f"expected a percentage like 85%, got {value!r}") from None
-    if number > 1:
-        number /= 100  # "85" means 85 %
     if not 0 <= number <= 1:
         raise ValueError(f"expected a percentage between 0% and 100%, got {value!r}")
     return number

@@ -57,7 +57,9 @@ class ScheduleWindow:
     threshold: float  # fraction of total memory, 0..1
 
     def contains(self, minutes: int) -> bool:
-        if self.start_minutes <= self.end_minutes:
+        if self.start_minutes == self.end_minutes:
+            return True  # "00:00" to "00:00": the whole day
+        if self.start_minutes < self.end_minutes:
             return self.start_minutes <= minutes < self.end_minutes
         return minutes >= self.start_minutes or minutes < self.end_minutes
 

@@ -94,10 +94,10 @@ def readings(snapshot: Snapshot, config: GovernorConfig) -> list[Reading]:
         frag = sum(frags) if frags else None
         out.append(Reading("fragmentation", frag, config.fragmentation_bytes, g.index))
         if config.unregistered_bytes is not None and g.used_bytes is not None:
-            declared = sum(r.bytes or 0 for r in res)
-            out.append(
-                Reading("unregistered", g.used_bytes - declared, config.unregistered_bytes, g.index)
-            )  # fmt: skip
+            # a resident of unknown size makes "what nobody declared" unknown too
+            sizes = [r.bytes for r in res if r.bytes is not None]
+            unreg = None if len(sizes) < len(res) else g.used_bytes - sum(sizes)
+            out.append(Reading("unregistered", unreg, config.unregistered_bytes, g.index))
     out.append(Reading("psi_some", snapshot.psi_some_avg10, config.psi_some))
     out.append(Reading("psi_full", snapshot.psi_full_avg10, config.psi_full))
     out.append(Reading("swap", snapshot.swap_bytes_per_s, config.swap_bytes_per_s))
@@ -126,6 +126,9 @@ def decide(
     state, level_actions = _ladder(reads, state, config, now_wall, evidence)
     actions: list[Action] = list(level_actions)
     chosen: set[str] = set()
+    # Each GPU's used memory as projected after this pass's evictions; None once a model of
+    # unknown size was taken there (the next pass measures again before going further).
+    projected: dict[int, float | None] = {g.index: g.used_bytes for g in snapshot.gpus}
 
     # The watchdog: thresholds by time of day, idle models only.
     limit = threshold_in_force(config, snapshot.local_minutes)
@@ -142,7 +145,9 @@ def decide(
             f"gpu{g.index} {_pct(g.used_bytes / g.total_bytes)} used > {_pct(limit)} "
             f"threshold in force"
         )
-        actions += _evict_until(g, target, idle, "evict", why, evidence, chosen, now_wall)
+        actions += _evict_until(
+            g, target, idle, "evict", why, evidence, chosen, now_wall, projected
+        )
 
     # The ladder's own evictions, from evict-idle up.
     rank = LEVELS.index(state.level)
@@ -151,12 +156,14 @@ def decide(
         kind = "force-evict" if force else "evict"
         over_gpus = {x.gpu for x in reads if x.gpu is not None and x.over}
         for g in snapshot.gpus:
-            if g.index not in over_gpus:
-                continue
-            target = (config.vram_pressure - config.hysteresis) * (g.total_bytes or 0)
+            if g.index not in over_gpus or g.used_bytes is None or not g.total_bytes:
+                continue  # no target without a known total: missing evidence never evicts
+            target = (config.vram_pressure - config.hysteresis) * g.total_bytes
             why = f"level {state.level}: gpu{g.index} signals over their thresholds"
             cands = _candidates(snapshot, g.index, force=force)
-            actions += _evict_until(g, target, cands, kind, why, evidence, chosen, now_wall)
+            actions += _evict_until(
+                g, target, cands, kind, why, evidence, chosen, now_wall, projected
+            )
         if any(x.over for x in reads if x.gpu is None):
             host = [r for r in _candidates(snapshot, None, force=force) if r.id not in chosen]
             order = victim_order(host, now_wall)
@@ -187,22 +194,27 @@ def _evict_until(
     evidence: dict[str, float | int | str | None],
     chosen: set[str],
     now_wall: float,
+    projected: dict[int, float | None],
 ) -> list[Action]:
     """Victims in cost order until the GPU is projected under ``target_bytes``.
 
     A model of unknown size frees an unknown amount: it is taken, but the projection does not
     move, so the next pass measures again before going further.
     """
-    used = g.used_bytes or 0
-    out = []
+    used = projected.get(g.index)
+    out: list[Action] = []
+    if used is None:
+        return out
     for r in victim_order((c for c in candidates if c.id not in chosen), now_wall):
         if used <= target_bytes:
             break
         out.append(_evict_action(r, kind, why, evidence))
         chosen.add(r.id)
         if r.bytes is None:
-            break
+            projected[g.index] = None
+            return out
         used -= r.bytes
+    projected[g.index] = used
     return out
 
 

@@ -39,6 +39,7 @@ class Published:
     pid: int
     signals: dict[str, Any] = field(default_factory=dict)
     thresholds: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)  # the governor's own, between passes
 
     def fresh(self, now_wall: float) -> bool:
         return now_wall - self.updated_wall <= STALE_INTERVALS * max(self.interval_s, 1.0)

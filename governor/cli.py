@@ -1,0 +1,162 @@
+"""``gpulock governor``: the watchdog and resource governor as a command (or a service).
+
+Found by ``gpulock`` through the ``gpulock.commands`` entry point, and runnable as
+``python -m governor``.  ``main(argv) -> exit code``; errors become ``error:`` / ``hint:``
+lines, never a traceback for a user's mistake.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import NoReturn
+
+from gpulock.errors import GpulockError
+
+EX_OK, EX_ERROR, EX_USAGE = 0, 1, 2
+
+DESCRIPTION = """\
+Keep the GPUs' memory healthy for a fleet of agents.  Each pass (every watchdog.interval) it
+measures every GPU's used memory, the resident models and who uses them, the host's memory
+pressure (PSI), swap traffic and the OOMs residents reported; decides; acts; and publishes its
+level in <state>/governor.json, which the lock, the router and the residents read.
+
+Watchdog: when a GPU's used memory passes the threshold in force (watchdog.threshold, or the
+watchdog.schedule window for this time of day), it asks the owners of idle, unpinned models
+(idle at least watchdog.min_idle) to unload them, cheapest first (cold-start, then longest
+idle, then largest), until used < threshold - hysteresis.  Models in use are never touched.
+
+Ladder: a signal over its governor.* threshold for governor.samples passes in a row climbs one
+step; every signal clear for governor.cooldown walks one step down:
+  normal -> reduce       published: routers and residents shrink contexts and batches
+         -> evict-idle   evict idle models, whatever their idle time
+         -> force-evict  in-use models too, unless their process holds a GPU ticket;
+                         with governor.force_kill, owners that ignore it past governor.grace
+                         get SIGTERM, then SIGKILL
+         -> freeze       new GPU admissions wait until the level comes down
+Every action is an event (gpulock history) carrying the signals and thresholds behind it.
+One governor runs per state folder; its level stops counting the moment it exits."""
+
+EPILOG = """\
+exit codes: 0 stopped by SIGTERM/SIGINT, or --once done; 1 error (bad config, unusable state
+folder, another governor already running); 2 usage.  Run it as a service: see
+contrib/gpulock-governor.service."""
+
+
+class _UsageError(Exception):
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message, hint=f"{self.prog} --help")
+
+
+def build_parser(prog: str = "gpulock governor") -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=prog,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--config", metavar="FILE", help="config file with watchdog: and governor: sections"
+    )
+    p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="state folder (default: $GPULOCK_STATE_DIR, then the config); must be the "
+        "agents' folder",
+    )
+    p.add_argument("--once", action="store_true", help="one pass, then exit (cron, tests)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what would be done, one line per action; evict, signal, publish and log "
+        "nothing (may run beside the real governor)",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(args_list)
+    except (_UsageError, GpulockError) as e:
+        _say("error", str(e))
+        if e.hint:
+            _say("hint", e.hint)
+        return EX_USAGE if isinstance(e, _UsageError) else EX_ERROR
+    except KeyboardInterrupt:  # Ctrl-C before the handlers were set (reading the config)
+        return 128 + signal.SIGINT
+
+
+def _say(kind: str, text: str) -> None:
+    print(f"{kind}: {text}", file=sys.stderr, flush=True)
+
+
+def _main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    from governor import config as gconfig
+    from governor.daemon import Governor
+    from governor.effects import Effects
+    from governor.probes import Probe
+    from gpulock.settings import load
+
+    settings = load(args.config, args.state_dir)
+    config = gconfig.load(settings.config)  # ConfigError names file:line:key
+    governor = Governor(
+        settings,
+        config,
+        probe=Probe(settings, clean=not args.dry_run),
+        effects=Effects(settings, dry_run=args.dry_run, out=sys.stdout),
+    )
+    stop = threading.Event()
+
+    def work() -> None:
+        if args.once:
+            governor.once()
+        else:
+            governor.run(stop)
+
+    with governor:
+        _in_worker(work, stop)
+    return EX_OK
+
+
+def _in_worker(work: Callable[[], None], stop: threading.Event) -> None:
+    """Run ``work`` in a thread while the main thread takes SIGTERM/SIGINT and sets ``stop``.
+
+    The handler runs in the main thread; were the loop waiting on ``stop`` there too, a signal
+    landing while that thread holds the Event's internal lock would deadlock ``stop.set()``.
+    Here the main thread only joins, so the handler never waits on a lock it holds itself.
+    A failure in ``work`` is raised again here, for ``main`` to report.
+    """
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            work()
+        except BaseException as e:
+            failure.append(e)
+            stop.set()
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        worker = threading.Thread(target=target, name="gpulock-governor")
+        worker.start()
+        worker.join()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if failure:
+        raise failure[0]

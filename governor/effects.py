@@ -1,0 +1,301 @@
+"""The governor's hands: carry out the policy's actions and publish its word.
+
+``Effects.apply(actions, snapshot, config)`` does what ``governor.policy.decide`` asked, in
+order, and returns one result per action (a dict, also what ``--once --json`` would show):
+
+* ``evict`` -- ``gpulock.residents.evict`` on the resident's current record (an idle model:
+  the owner gets ``EVICT_TIMEOUT_S`` to reach a safe point and as long again to unload; if it
+  became busy meanwhile it is no longer idle, and the next pass decides again).
+* ``force-evict`` -- the same with ``force=True`` (pinned too) and ``grace`` to comply.  When
+  the owner is busy or silent past the grace and the config says ``force_kill``, and the owner
+  holds no GPU ticket (checked again right before the signal), and we may signal it: SIGTERM
+  (verified by pid + start time), up to ``grace`` for its claim to go, then SIGKILL.  Each
+  signal is a ``kill`` event, as ``gpulock break`` writes them.
+* ``level`` -- an ``escalate`` or ``deescalate`` event with the old and new level.
+
+Events: ``residents.evict`` already writes the ``evict`` event (outcome, freed bytes); its
+``reason`` says ``governor <kind>: <why>`` in words.  The numbers that caused the action (every
+signal and its threshold) go in one ``governor`` event per eviction, next to its outcome, so
+``gpulock history --event governor`` answers "why was my model evicted" with the values.
+
+``publish(level, since_wall, signals, thresholds, interval_s)`` writes ``<state>/governor.json``
+atomically.  When the level leaves ``freeze`` it rings the first waiter of every GPU queue, so
+waiters held back by the freeze look again at once instead of at their next timed check.
+
+With ``dry_run`` nothing is evicted, signalled, published or logged: one line per action goes
+to ``out`` instead, e.g. ``would evict qwen-7b (3f2-1) on gpu0: 11.2 GiB used > 10.2 GiB (85%)
+at 14:05; idle 42m, 6.0 GiB``.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TextIO
+
+from governor.model import LEVELS, Action, GovernorConfig, Snapshot
+from governor.policy import threshold_in_force
+from governor.probes import holder_pids
+from gpulock import claim, identity, level, residents
+from gpulock.lock import QueueDir
+from gpulock.settings import Settings
+from gpulock.status import gpu_indices
+from gpulock.units import format_size
+
+EVICT_TIMEOUT_S = 2.0  # an idle model's owner answers at once; busy means "not idle" now
+KILL_WAIT_S = 5.0  # after SIGKILL the kernel frees a process in well under this
+
+
+class Effects:
+    """Evictions, kills, events and ``governor.json``: everything the governor changes."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        dry_run: bool = False,
+        out: TextIO | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.dry_run = dry_run
+        self.out = sys.stdout if out is None else out
+        self.clock = clock
+        self.level = "normal"  # as the level actions applied so far left it
+        self.published: str | None = None  # the level last written to governor.json
+        self.rung: list[tuple[int, int]] = []  # (gpu, ticket) rung when the freeze last ended
+
+    # --- actions -----------------------------------------------------------------------------
+
+    def apply(
+        self, actions: Iterable[Action], snapshot: Snapshot, config: GovernorConfig
+    ) -> list[dict[str, Any]]:
+        """Carry out ``actions`` in order; one result dict per action."""
+        results: list[dict[str, Any]] = []
+        records: dict[str, residents.Record] | None = None
+        for a in actions:
+            if a.kind == "level":
+                results.append(self._level(a))
+            elif a.kind in ("evict", "force-evict"):
+                if self.dry_run:
+                    print(describe(a, snapshot, config), file=self.out, flush=True)
+                    results.append(_result(a, "dry-run", "nothing done"))
+                    continue
+                if records is None:  # read once per pass, after the level changes
+                    records = {r.id: r for r in residents.Registry(self.settings).records()}
+                results.append(self._evict(a, records.get(a.resident or ""), config))
+            else:
+                results.append(_result(a, "skipped", f"unknown action kind {a.kind!r}"))
+        return results
+
+    def _level(self, a: Action) -> dict[str, Any]:
+        old, new = self.level, a.level or self.level
+        self.level = new
+        up = _rank(new) > _rank(old)
+        if self.dry_run:
+            verb = "escalate" if up else "deescalate"
+            print(f"would {verb} {old} -> {new}: {a.reason}", file=self.out, flush=True)
+            return {"action": "level", "from": old, "to": new, "outcome": "dry-run"}
+        self.settings.emit(
+            "escalate" if up else "deescalate",
+            level=new,
+            from_level=old,
+            reason=a.reason,
+            evidence=a.evidence,
+        )
+        return {"action": "level", "from": old, "to": new, "outcome": "done", "reason": a.reason}
+
+    def _evict(
+        self, a: Action, record: residents.Record | None, config: GovernorConfig
+    ) -> dict[str, Any]:
+        if record is None:
+            res = _result(a, "gone", "no such resident any more (unloaded or its owner exited)")
+            self._governor_event(a, res)
+            return res
+        force = a.kind == "force-evict"
+        # The owner has the timeout to reach a safe point, and as long again to unload before
+        # it counts as silent: under a force-evict, "past the grace" should not mean minutes.
+        timeout_s = config.grace_s if force else min(EVICT_TIMEOUT_S, config.grace_s)
+        er = residents.evict(
+            self.settings,
+            record,
+            force=force,
+            timeout_s=timeout_s,
+            answer_s=max(2 * timeout_s, 1.0),
+            reason=f"governor {a.kind}: {a.reason}",
+        )
+        res = _result(a, er.outcome, er.detail)
+        res.update(pid=record.pid, freed_bytes=er.freed_bytes, elapsed_s=er.elapsed_s)
+        if force and er.outcome in ("busy", "no-answer"):
+            res["kill"] = self._kill(a, record, config, er.outcome)
+        self._governor_event(a, res)
+        return res
+
+    def _kill(
+        self, a: Action, r: residents.Record, config: GovernorConfig, why: str
+    ) -> dict[str, Any]:
+        """SIGTERM, grace, SIGKILL for an owner that ignored a force-evict; what happened."""
+        if not config.force_kill:
+            return {"outcome": "not-killed", "detail": "force_kill is off"}
+        if not identity.may_signal(r.uid):
+            return {"outcome": "not-killed", "detail": f"not permitted: owner uid {r.uid}"}
+        report_gpus = gpu_indices(self.settings, residents.probe_devices(self.settings))
+        if r.pid in holder_pids(self.settings, report_gpus):
+            return {"outcome": "not-killed", "detail": "its process holds a GPU ticket"}
+        reg = residents.Registry(self.settings, create=False)
+        try:
+            fd = claim.watch(reg.claim_path(r.owner))
+        except claim.NotAClaim:
+            fd = None
+        if fd is None:
+            reg.records()  # cleans its records
+            return {"outcome": "owner-gone", "detail": "the owner exited meanwhile"}
+        evidence = {
+            "resident": r.id,
+            "name": r.name,
+            "gpu": r.gpu,
+            "pid": r.pid,
+            "user": r.user,
+            "reason": f"governor force-evict: {a.reason}; owner {why} after {config.grace_s:g} s",
+            "evidence": a.evidence,
+        }
+        start = time.monotonic()
+        try:
+            self.settings.emit("kill", **evidence, signal="SIGTERM", grace_s=config.grace_s)
+            if not identity.signal_exact(r.pid, r.start_ticks, r.pidns, signal.SIGTERM):
+                return {"outcome": "not-killed", "detail": "pid is no longer the owner"}
+            if _wait_gone(fd, config.grace_s):
+                outcome = "terminated"
+            else:
+                self.settings.emit("kill", **evidence, signal="SIGKILL")
+                identity.signal_exact(r.pid, r.start_ticks, r.pidns, signal.SIGKILL)
+                outcome = "killed" if _wait_gone(fd, KILL_WAIT_S) else "survived"
+        finally:
+            os.close(fd)
+        reg.records()  # a dead owner's records are cleaned (a `cleanup` event each)
+        elapsed = round(time.monotonic() - start, 6)
+        return {"outcome": outcome, "detail": f"pid {r.pid}", "elapsed_s": elapsed}
+
+    def _governor_event(self, a: Action, res: dict[str, Any]) -> None:
+        fields = {k: v for k, v in res.items() if k != "action"}
+        self.settings.emit("governor", action=a.kind, level=self.level, **fields)
+
+    # --- the published word ------------------------------------------------------------------
+
+    def publish(
+        self,
+        level_name: str,
+        since_wall: float,
+        signals: dict[str, Any],
+        thresholds: dict[str, Any],
+        interval_s: float,
+        *,
+        now_wall: float | None = None,
+        memory: dict[str, Any] | None = None,
+    ) -> level.Published | None:
+        """Write ``governor.json``; ring frozen waiters when the level leaves ``freeze``."""
+        if self.dry_run:
+            return None
+        pub = level.Published(
+            level=level_name,
+            since_wall=since_wall,
+            updated_wall=self.clock() if now_wall is None else now_wall,
+            interval_s=interval_s,
+            pid=os.getpid(),
+            signals=signals,
+            thresholds=thresholds,
+            memory=memory or {},
+        )
+        level.write(self.settings, pub)
+        previous, self.published = self.published, level_name
+        if previous == "freeze" and level_name != "freeze":
+            self.rung = self.ring_waiters()
+        return pub
+
+    def ring_waiters(self) -> list[tuple[int, int]]:
+        """Ring the first waiting ticket of every GPU queue; the (gpu, ticket) rung."""
+        rung = []
+        for gpu in gpu_indices(self.settings, residents.probe_devices(self.settings)):
+            qdir = QueueDir(self.settings, gpu, create=False)
+            for seq, tf, _why in qdir.scan():
+                if tf is not None and not tf.ticket.holding and qdir.ring(seq):
+                    rung.append((gpu, seq))
+                    break
+        return rung
+
+
+def _rank(name: str) -> int:
+    return LEVELS.index(name) if name in LEVELS else 0
+
+
+def _result(a: Action, outcome: str, detail: str) -> dict[str, Any]:
+    return {
+        "action": a.kind,
+        "resident": a.resident,
+        "name": a.name,
+        "gpu": a.gpu,
+        "bytes": a.bytes,
+        "reason": a.reason,
+        "outcome": outcome,
+        "detail": detail,
+        "evidence": a.evidence,
+    }
+
+
+def _wait_gone(fd: int, timeout_s: float) -> bool:
+    """Wait until the watched claim's last reader closes (its owner exited); False at timeout."""
+    poller = select.poll()
+    poller.register(fd, 0)  # POLLERR and POLLHUP are always reported
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        for _fd, ev in poller.poll(max(0, int(left * 1000) + 1)):
+            if ev & (select.POLLERR | select.POLLHUP):
+                return True
+        if time.monotonic() >= deadline:
+            return False
+
+
+# --- dry-run text ----------------------------------------------------------------------------
+
+
+def describe(a: Action, snapshot: Snapshot, config: GovernorConfig) -> str:
+    """One line saying what an eviction would do and why, with the numbers."""
+    who = f"{a.name} ({a.resident})" if a.name else str(a.resident)
+    clock = f"{snapshot.local_minutes // 60:02d}:{snapshot.local_minutes % 60:02d}"
+    gpu = next((g for g in snapshot.gpus if g.index == a.gpu), None)
+    limit = threshold_in_force(config, snapshot.local_minutes)
+    total = gpu.total_bytes if gpu is not None else None
+    used = gpu.used_bytes if gpu is not None else None
+    if total and used is not None and used > limit * total:
+        limit_bytes = format_size(int(limit * total))
+        why = f"{format_size(used)} used > {limit_bytes} ({limit * 100:.0f}%)"
+    else:
+        why = a.reason
+    view = next((r for r in snapshot.residents if r.id == a.resident), None)
+    about = []
+    if view is not None:
+        idle_s = snapshot.now_wall - view.last_used_wall
+        about.append("in use" if view.in_use else f"idle {_ago(idle_s)}")
+    about.append(format_size(a.bytes))
+    verb = "force-evict" if a.kind == "force-evict" else "evict"
+    kill = ""
+    if a.kind == "force-evict" and config.force_kill:
+        kill = f"; SIGTERM, then SIGKILL, if it ignores it for {config.grace_s:g} s"
+    return f"would {verb} {who} on gpu{a.gpu}: {why} at {clock}; {', '.join(about)}{kill}"
+
+
+def _ago(seconds: float) -> str:
+    """``42m``, ``3h05m``, ``12s``, ``2d04h``: an idle time at a glance."""
+    s = max(int(seconds), 0)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
