@@ -39,6 +39,7 @@ __all__ = [
     "adapters",
     "admit",
     "evict",
+    "governor_level",
     "locked",
     "resident",
 ]
@@ -53,6 +54,7 @@ _LAZY = {
     "Resident": ("gpulock.residents", "Resident"),
     "AdmissionRefused": ("gpulock.residents", "AdmissionRefused"),
     "adapters": ("gpulock.adapters", None),
+    "governor_level": ("gpulock.level", "governor_level"),
 }
 
 

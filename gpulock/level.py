@@ -103,3 +103,13 @@ def freeze(settings: Settings, *, now_wall: float | None = None) -> Published | 
 def stale_at_wall(pub: Published) -> float:
     """When this word stops counting if the governor writes nothing new."""
     return pub.updated_wall + STALE_INTERVALS * max(pub.interval_s, 1.0)
+
+
+def governor_level(config: Any = None, state_dir: str | None = None) -> str:
+    """The level in force for this state folder: ``normal`` unless a live governor says otherwise.
+
+    At ``reduce`` and above, load models with smaller contexts and run smaller batches.
+    """
+    from gpulock.settings import load
+
+    return current(load(config, state_dir))

@@ -110,3 +110,15 @@ def test_frozen_waiter_times_out_cleanly(state: Path) -> None:
         assert not queued(state)  # it left the queue
     finally:
         os.close(fd)
+
+
+def test_governor_level_reads_the_live_word_only(state: Path) -> None:
+    import gpulock
+
+    assert gpulock.governor_level() == "normal"  # no governor ever ran
+    settings = load(None, state)
+    fd = claim.create(level.claim_path(settings), 0o600)
+    publish(state, "reduce")
+    assert gpulock.governor_level() == "reduce"
+    os.close(fd)  # the governor is gone: its word no longer counts
+    assert gpulock.governor_level() == "normal"
