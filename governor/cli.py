@@ -13,11 +13,11 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import NoReturn
 
+from gpulock.cli import Parser, UsageError, report
 from gpulock.errors import GpulockError
 
-EX_OK, EX_ERROR, EX_USAGE = 0, 1, 2
+EX_OK = 0
 
 DESCRIPTION = """\
 Keep the GPUs' memory healthy for a fleet of agents.  Each pass (every watchdog.interval) it
@@ -47,19 +47,8 @@ folder, another governor already running); 2 usage.  Run it as a service: see
 contrib/gpulock-governor.service."""
 
 
-class _UsageError(Exception):
-    def __init__(self, message: str, hint: str) -> None:
-        super().__init__(message)
-        self.hint = hint
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _UsageError(message, hint=f"{self.prog} --help")
-
-
 def build_parser(prog: str = "gpulock governor") -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog=prog,
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -88,17 +77,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
         return _main(args_list)
-    except (_UsageError, GpulockError) as e:
-        _say("error", str(e))
-        if e.hint:
-            _say("hint", e.hint)
-        return EX_USAGE if isinstance(e, _UsageError) else EX_ERROR
+    except (UsageError, GpulockError) as e:
+        return report(e)
     except KeyboardInterrupt:  # Ctrl-C before the handlers were set (reading the config)
         return 128 + signal.SIGINT
-
-
-def _say(kind: str, text: str) -> None:
-    print(f"{kind}: {text}", file=sys.stderr, flush=True)
 
 
 def _main(argv: list[str]) -> int:

@@ -39,7 +39,9 @@ class UsageError(Exception):
         self.hint = hint
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage errors become UsageError (exit 2, no traceback)."""
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(message, hint=f"{self.prog} --help")
 
@@ -81,7 +83,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="gpulock",
         description="A fair, crash-safe line in front of each GPU for fleets of small agents.",
         epilog=(
@@ -91,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"gpulock {_version()}")
-    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser)
 
     p = sub.add_parser(
         "run",
@@ -225,20 +227,29 @@ def _plugins() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)}
 
 
+def report(e: UsageError | GpulockError) -> int:
+    """Print ``error:`` (and ``hint:``) for a user's mistake; return its exit code.
+
+    Shared by the commands that packages add (``gpulock governor``...), so every command
+    speaks and exits alike.
+    """
+    _say("error", str(e))
+    if e.hint:
+        _say("hint", e.hint)
+    if isinstance(e, UsageError):
+        return EX_USAGE
+    if isinstance(e, LockTimeout):
+        return EX_TEMPFAIL
+    code: int = getattr(e, "exit_code", EX_ERROR)  # RunError: 126/127, like a shell
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
         return _dispatch(args_list)
     except (UsageError, GpulockError) as e:
-        _say("error", str(e))
-        if e.hint:
-            _say("hint", e.hint)
-        if isinstance(e, UsageError):
-            return EX_USAGE
-        if isinstance(e, LockTimeout):
-            return EX_TEMPFAIL
-        code: int = getattr(e, "exit_code", EX_ERROR)  # RunError: 126/127, like a shell
-        return code
+        return report(e)
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
     except BrokenPipeError:
@@ -249,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _say(kind: str, text: str) -> None:
-    print(f"{kind}: {text}", file=sys.stderr)
+    print(f"{kind}: {text}", file=sys.stderr, flush=True)
 
 
 def _dispatch(argv: list[str]) -> int:
