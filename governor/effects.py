@@ -30,8 +30,6 @@ at 14:05; idle 42m, 6.0 GiB``.
 from __future__ import annotations
 
 import os
-import select
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -47,7 +45,6 @@ from gpulock.status import gpu_indices
 from gpulock.units import format_size
 
 EVICT_TIMEOUT_S = 2.0  # an idle model's owner answers at once; busy means "not idle" now
-KILL_WAIT_S = 5.0  # after SIGKILL the kernel frees a process in well under this
 
 
 class Effects:
@@ -164,18 +161,20 @@ class Effects:
             "evidence": a.evidence,
         }
         start = time.monotonic()
+
+        def send(sig: int) -> bool:
+            return identity.signal_exact(r.pid, r.start_ticks, r.pidns, sig)
+
+        def announce(sig_name: str) -> None:
+            extra = {"grace_s": config.grace_s} if sig_name == "SIGTERM" else {}
+            self.settings.emit("kill", **evidence, signal=sig_name, **extra)
+
         try:
-            self.settings.emit("kill", **evidence, signal="SIGTERM", grace_s=config.grace_s)
-            if not identity.signal_exact(r.pid, r.start_ticks, r.pidns, signal.SIGTERM):
-                return {"outcome": "not-killed", "detail": "pid is no longer the owner"}
-            if _wait_gone(fd, config.grace_s):
-                outcome = "terminated"
-            else:
-                self.settings.emit("kill", **evidence, signal="SIGKILL")
-                identity.signal_exact(r.pid, r.start_ticks, r.pidns, signal.SIGKILL)
-                outcome = "killed" if _wait_gone(fd, KILL_WAIT_S) else "survived"
+            outcome = claim.end_owner(fd, send, config.grace_s, announce)
         finally:
             os.close(fd)
+        if outcome == "not-sent":
+            return {"outcome": "not-killed", "detail": "pid is no longer the owner"}
         reg.records()  # a dead owner's records are cleaned (a `cleanup` event each)
         elapsed = round(time.monotonic() - start, 6)
         return {"outcome": outcome, "detail": f"pid {r.pid}", "elapsed_s": elapsed}
@@ -244,20 +243,6 @@ def _result(a: Action, outcome: str, detail: str) -> dict[str, Any]:
         "detail": detail,
         "evidence": a.evidence,
     }
-
-
-def _wait_gone(fd: int, timeout_s: float) -> bool:
-    """Wait until the watched claim's last reader closes (its owner exited); False at timeout."""
-    poller = select.poll()
-    poller.register(fd, 0)  # POLLERR and POLLHUP are always reported
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = deadline - time.monotonic()
-        for _fd, ev in poller.poll(max(0, int(left * 1000) + 1)):
-            if ev & (select.POLLERR | select.POLLHUP):
-                return True
-        if time.monotonic() >= deadline:
-            return False
 
 
 # --- dry-run text ----------------------------------------------------------------------------

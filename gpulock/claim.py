@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import math
 import os
+import select
+import signal
 import stat
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 PIPE_BYTES = 4096  # a claim carries no data but one-byte doorbells: one page is plenty
 DOORBELL = b"\x01"
+KILL_WAIT_S = 5.0  # after SIGKILL the kernel frees a process in well under this
 
 
 class NotAClaim(ValueError):
@@ -105,3 +111,41 @@ def drain(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
+
+
+def wait_released(fd: int, timeout_s: float) -> bool:
+    """Wait (kernel-woken) until every read end of the watched claim has closed; False at the
+    deadline.  ``fd`` is a write end from ``watch``."""
+    poller = select.poll()
+    poller.register(fd, 0)  # POLLERR and POLLHUP are always reported
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if poller.poll(max(0, math.ceil(left * 1000))):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+
+
+def end_owner(
+    fd: int,
+    send: Callable[[int], bool],
+    grace_s: float,
+    announce: Callable[[str], None],
+) -> str:
+    """End the process holding a claim: SIGTERM, up to ``grace_s`` for the claim to go, then
+    SIGKILL and up to ``KILL_WAIT_S``.
+
+    ``send(sig)`` signals the owner and says whether it still was the recorded process (see
+    ``identity.signal_exact``); ``announce(name)`` runs before each signal, so the event that
+    explains a kill is written before the kill.  Returns ``not-sent``, ``terminated``,
+    ``killed`` or ``survived`` (another process still holds the claim, e.g. an inherited fd).
+    """
+    announce("SIGTERM")
+    if not send(signal.SIGTERM):
+        return "not-sent"
+    if wait_released(fd, grace_s):
+        return "terminated"
+    announce("SIGKILL")
+    send(signal.SIGKILL)
+    return "killed" if wait_released(fd, KILL_WAIT_S) else "survived"

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import os
-import select
-import signal
 import time
 from dataclasses import dataclass
 
-from gpulock import identity, queue
+from gpulock import claim, identity, queue
 from gpulock.errors import LockError, NotPermitted
 from gpulock.lock import QueueDir, TicketFile, _evidence, _signal_holder
 from gpulock.settings import Settings
 from gpulock.status import gpu_indices
 from gpulock.ticket import TicketFormatError
-
-KILL_WAIT_S = 5.0  # after SIGKILL the kernel frees a process in well under this
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,25 +98,21 @@ def _break(
             raise LockError(f"ticket {t.seq}: its owner is in another pid namespace")
         grace = settings.config.hung_grace_s if grace_s is None else grace_s
         why = "hung: past its lease without a heartbeat" if hung else "forced"
-        settings.emit("kill", **evidence, signal="SIGTERM", reason=why, by_pid=os.getpid())
-        _signal_holder(t, signal.SIGTERM)
-        if not _wait_gone(fd, grace):
-            settings.emit("kill", **evidence, signal="SIGKILL", reason=why, by_pid=os.getpid())
-            _signal_holder(t, signal.SIGKILL)
-            if not _wait_gone(fd, KILL_WAIT_S):
-                raise LockError(
-                    f"ticket {t.seq}: pid {t.pid} still holds it after SIGKILL",
-                    hint="another process may have inherited its descriptor; see 'lsof'",
-                )
+
+        def send(sig: int) -> bool:
+            _signal_holder(t, sig)
+            return True  # the wait tells: a holder that no longer matches is not signalled
+
+        def announce(sig_name: str) -> None:
+            settings.emit("kill", **evidence, signal=sig_name, reason=why, by_pid=os.getpid())
+
+        if claim.end_owner(fd, send, grace, announce) == "survived":
+            raise LockError(
+                f"ticket {t.seq}: pid {t.pid} still holds it after SIGKILL",
+                hint="another process may have inherited its descriptor; see 'lsof'",
+            )
     finally:
         os.close(fd)
     qdir.remove(t.seq)
     settings.emit("break", **evidence, action="killed", reason=why, by_pid=os.getpid())
     return BreakResult(t.seq, t.gpu, "killed", f"pid {t.pid} ({t.name}): {why}")
-
-
-def _wait_gone(fd: int, timeout_s: float) -> bool:
-    """Wait for the watched FIFO's last reader to close (the owner exited)."""
-    poller = select.poll()
-    poller.register(fd, 0)
-    return bool(poller.poll(max(0, int(timeout_s * 1000))))
