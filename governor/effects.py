@@ -37,11 +37,9 @@ from typing import Any, TextIO
 
 from governor.model import LEVELS, Action, GovernorConfig, Snapshot
 from governor.policy import threshold_in_force
-from governor.probes import holder_pids
 from gpulock import claim, identity, level, residents
-from gpulock.lock import QueueDir
+from gpulock.lock import QueueDir, holder_pids, queue_gpus
 from gpulock.settings import Settings
-from gpulock.status import gpu_indices
 from gpulock.units import format_size
 
 EVICT_TIMEOUT_S = 2.0  # an idle model's owner answers at once; busy means "not idle" now
@@ -140,8 +138,7 @@ class Effects:
             return {"outcome": "not-killed", "detail": "force_kill is off"}
         if not identity.may_signal(r.uid):
             return {"outcome": "not-killed", "detail": f"not permitted: owner uid {r.uid}"}
-        report_gpus = gpu_indices(self.settings, residents.probe_devices(self.settings))
-        if r.pid in holder_pids(self.settings, report_gpus):
+        if r.pid in holder_pids(self.settings):
             return {"outcome": "not-killed", "detail": "its process holds a GPU ticket"}
         reg = residents.Registry(self.settings, create=False)
         try:
@@ -218,12 +215,10 @@ class Effects:
     def ring_waiters(self) -> list[tuple[int, int]]:
         """Ring the first waiting ticket of every GPU queue; the (gpu, ticket) rung."""
         rung = []
-        for gpu in gpu_indices(self.settings, residents.probe_devices(self.settings)):
-            qdir = QueueDir(self.settings, gpu, create=False)
-            for seq, tf, _why in qdir.scan():
-                if tf is not None and not tf.ticket.holding and qdir.ring(seq):
-                    rung.append((gpu, seq))
-                    break
+        for gpu in queue_gpus(self.settings):
+            seq = QueueDir(self.settings, gpu, create=False).ring_head()
+            if seq is not None:
+                rung.append((gpu, seq))
         return rung
 
 

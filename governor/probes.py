@@ -20,13 +20,12 @@ can script PSI text or swap counters without patching modules:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from governor.model import GpuSignals, ResidentView, Snapshot
 from gpulock import residents
-from gpulock.lock import QueueDir
+from gpulock.lock import holder_pids
 from gpulock.settings import Settings
-from gpulock.status import gpu_indices
 
 PSI_MEMORY = "/proc/pressure/memory"
 
@@ -106,7 +105,7 @@ class Probe:
         report = residents.probe_devices(self.settings)
         gpus = tuple(GpuSignals(d.index, d.total_bytes, d.used_bytes) for d in report.devices)
         records = residents.Registry(self.settings, create=False).records(clean=self.clean)
-        holders = holder_pids(self.settings, gpu_indices(self.settings, report))
+        holders = holder_pids(self.settings)
         views = tuple(
             ResidentView(
                 id=r.id,
@@ -156,17 +155,3 @@ class Probe:
         if prev is None:
             return 0
         return sum(max(n - prev.get(rid, 0), 0) for rid, n in current.items())
-
-
-def holder_pids(settings: Settings, gpus: Iterable[int]) -> set[int]:
-    """Pids that hold a GPU now: the owner and the command (``gpulock run``) of live holders."""
-    pids: set[int] = set()
-    for gpu in gpus:
-        qdir = QueueDir(settings, gpu, create=False)
-        for seq, tf, _why in qdir.scan():
-            if tf is None or not tf.ticket.holding or not qdir.alive(seq):
-                continue
-            pids.add(tf.ticket.pid)
-            if tf.ticket.child_pid is not None:
-                pids.add(tf.ticket.child_pid)
-    return pids

@@ -57,7 +57,6 @@ SAFETY_RECHECK_S = 2.0  # first guard re-check; doubles while nothing happens...
 SAFETY_RECHECK_MAX_S = 30.0  # ...up to this, so hundreds of idle waiters cost ~nothing
 RING_PROBES = 64  # successors probed by number before the folder is listed
 ENV_TICKET = "GPULOCK_TICKET"  # set by `gpulock run` for its command: "<gpu>:<seq>"
-ENV_STATE = "GPULOCK_STATE_DIR"
 GOVERNOR_WATCH = 0  # the key of the governor's claim among watched FIFOs (tickets start at 1)
 
 P = ParamSpec("P")
@@ -168,6 +167,21 @@ class QueueDir:
             pass
         return removed
 
+    def holders(self) -> list[Ticket]:
+        """The live tickets that hold this GPU, in queue order."""
+        return [
+            tf.ticket
+            for seq, tf, _why in self.scan()
+            if tf is not None and tf.ticket.holding and self.alive(seq)
+        ]
+
+    def ring_head(self) -> int | None:
+        """Ring the first live waiter (it looks at the queue again); its number, or None."""
+        for seq, tf, _why in self.scan():
+            if tf is not None and not tf.ticket.holding and self.ring(seq):
+                return seq
+        return None
+
     def scan(self) -> Iterator[tuple[int, TicketFile | None, str | None]]:
         """Every ticket file: (seq, ticket or None, why it is unreadable or None)."""
         for seq in self.seqs():
@@ -209,6 +223,26 @@ class QueueDir:
             os.close(mfd)  # drops the flock
         _owner_fds.add(fd)
         return ticket, fd
+
+
+def queue_gpus(settings: Settings) -> list[int]:
+    """GPUs that have a queue folder in this state folder."""
+    try:
+        names = os.listdir(settings.state_dir)
+    except OSError:
+        return []
+    return sorted(int(n[3:]) for n in names if n.startswith("gpu") and n[3:].isdigit())
+
+
+def holder_pids(settings: Settings) -> set[int]:
+    """Pids that hold a GPU now: the owner and the command (``gpulock run``) of live holders."""
+    pids: set[int] = set()
+    for gpu in queue_gpus(settings):
+        for t in QueueDir(settings, gpu, create=False).holders():
+            pids.add(t.pid)
+            if t.child_pid is not None:
+                pids.add(t.child_pid)
+    return pids
 
 
 def _flock_until(fd: int, deadline: float | None, gpu: int) -> None:
@@ -749,7 +783,7 @@ class _Waiter:
         waited = time.monotonic() - self.start
         holder = next((tf.ticket for tf in ahead if tf.ticket.holding), None)
         if holder is None:
-            holder = _head_holder(self.qdir)
+            holder = next(iter(self.qdir.holders()), None)
         n_ahead = sum(1 for s in self.qdir.seqs() if s < self.me.seq)
         self.settings.emit(
             "timeout",
@@ -836,10 +870,3 @@ def _signal_holder(t: Ticket, sig: int) -> None:
     if t.child_pid is not None:
         identity.signal_exact(t.child_pid, t.child_start_ticks, t.pidns, sig)
     identity.signal_exact(t.pid, t.start_ticks, t.pidns, sig)
-
-
-def _head_holder(qdir: QueueDir) -> Ticket | None:
-    for _seq, tf, _why in qdir.scan():
-        if tf is not None and tf.ticket.holding and qdir.alive(tf.ticket.seq):
-            return tf.ticket
-    return None

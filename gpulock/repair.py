@@ -8,9 +8,8 @@ from dataclasses import dataclass
 
 from gpulock import claim, identity, queue
 from gpulock.errors import LockError, NotPermitted
-from gpulock.lock import QueueDir, TicketFile, _evidence, _signal_holder
+from gpulock.lock import QueueDir, TicketFile, _evidence, _signal_holder, queue_gpus
 from gpulock.settings import Settings
-from gpulock.status import gpu_indices
 from gpulock.ticket import TicketFormatError
 
 
@@ -23,9 +22,8 @@ class BreakResult:
 
 
 def find(settings: Settings, seq: int) -> tuple[QueueDir, TicketFile] | None:
-    from gpulock import devices
 
-    for gpu in gpu_indices(settings, devices.DeviceReport((), None)):
+    for gpu in queue_gpus(settings):
         qdir = QueueDir(settings, gpu, create=False)
         if seq in qdir.seqs():
             try:
@@ -50,11 +48,10 @@ def break_ticket(
 
 def break_stale(settings: Settings, *, grace_s: float | None = None) -> list[BreakResult]:
     """Break every dead or hung ticket this user may break; others are reported as skipped."""
-    from gpulock import devices
 
     results = []
     now_w = time.time()
-    for gpu in gpu_indices(settings, devices.DeviceReport((), None)):
+    for gpu in queue_gpus(settings):
         qdir = QueueDir(settings, gpu, create=False)
         for _seq, tf, _why in qdir.scan():
             if tf is None:

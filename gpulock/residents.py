@@ -211,11 +211,7 @@ def used_bytes(settings: Settings, gpu: int, *, registry: Registry | None = None
     for r in (registry or Registry(settings, create=False)).records(clean=False):
         if r.gpu == gpu and r.bytes:
             per_pid[r.pid] = per_pid.get(r.pid, 0) + r.bytes
-    qdir = QueueDir(settings, gpu, create=False)
-    for _seq, tf, _why in qdir.scan():
-        if tf is None or not tf.ticket.holding or not qdir.alive(tf.ticket.seq):
-            continue
-        t = tf.ticket
+    for t in QueueDir(settings, gpu, create=False).holders():
         need = t.need_bytes if t.need_bytes is not None else 0
         per_pid[t.pid] = max(per_pid.get(t.pid, 0), need)
     return sum(per_pid.values())

@@ -24,8 +24,9 @@ from types import FrameType
 from typing import Any
 
 from gpulock.errors import GpulockError
-from gpulock.lock import ENV_STATE, ENV_TICKET, acquire
+from gpulock.lock import ENV_TICKET, acquire
 from gpulock.settings import Settings
+from gpulock.state import ENV_STATE_DIR
 
 FORWARDED = (
     signal.SIGTERM,
@@ -105,7 +106,7 @@ def run(
         # which on a mixed machine would put the job on a GPU it did not lock.
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         env[ENV_TICKET] = f"{held.gpu}:{held.ticket}"
-        env[ENV_STATE] = str(settings.state_dir)
+        env[ENV_STATE_DIR] = str(settings.state_dir)
         _become_subreaper()
         child: list[int] = []  # the command's pid, once it runs
         caught: list[int] = []  # signals that came before it did

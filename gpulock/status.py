@@ -18,13 +18,12 @@ Reading status never changes the queue.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from gpulock import devices, level, queue, residents
-from gpulock.lock import QueueDir, TicketFile
+from gpulock.lock import QueueDir, TicketFile, queue_gpus
 from gpulock.settings import Settings
 from gpulock.units import format_duration, format_size
 
@@ -33,14 +32,7 @@ VERSION = 1
 
 def gpu_indices(settings: Settings, report: devices.DeviceReport) -> list[int]:
     """GPUs to show: those probed plus any with a queue folder."""
-    found = {d.index for d in report.devices}
-    try:
-        for name in os.listdir(settings.state_dir):
-            if name.startswith("gpu") and name[3:].isdigit():
-                found.add(int(name[3:]))
-    except OSError:
-        pass
-    return sorted(found)
+    return sorted({d.index for d in report.devices} | set(queue_gpus(settings)))
 
 
 def entry(qdir: QueueDir, tf: TicketFile, position: int, now_w: float) -> dict[str, Any]:
