@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpulock import residents, status  # noqa: E402
-from gpulock.lock import QueueDir  # noqa: E402
+from gpulock.queuedir import QueueDir  # noqa: E402
 from gpulock.settings import load  # noqa: E402
 from gpulock.ticket import Ticket  # noqa: E402
 

@@ -38,7 +38,7 @@ from typing import Any, TextIO
 from governor.model import LEVELS, Action, GovernorConfig, Snapshot
 from governor.policy import threshold_in_force
 from gpulock import claim, identity, level, residents
-from gpulock.lock import QueueDir, holder_pids, queue_gpus
+from gpulock.queuedir import QueueDir, holder_pids, queue_gpus
 from gpulock.settings import Settings
 from gpulock.units import format_size
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from governor.model import GpuSignals, ResidentView, Snapshot
 from gpulock import residents
-from gpulock.lock import holder_pids
+from gpulock.queuedir import holder_pids
 from gpulock.settings import Settings
 
 PSI_MEMORY = "/proc/pressure/memory"

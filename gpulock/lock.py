@@ -29,265 +29,40 @@ tickets it watches still exist every ``SAFETY_RECHECK_S`` seconds: nothing polls
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import functools
-import math
 import os
-import select
-import signal
-import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from gpulock import claim, devices, identity, level, queue
+from gpulock import devices, identity
 from gpulock.config import Config
-from gpulock.errors import LockError, LockTimeout, NeedTooLarge
+from gpulock.errors import LockError, NeedTooLarge
+from gpulock.queuedir import QueueDir, owner_fds, unlink_quietly
 from gpulock.settings import Settings, load
 from gpulock.state import atomic_write
-from gpulock.ticket import Ticket, TicketFormatError, encode, fifo_name, file_name, parse, seq_of
+from gpulock.ticket import Ticket, TicketFormatError, encode, event_fields
 from gpulock.units import parse_duration, parse_size
+from gpulock.waiter import Waiter
 
-SAFETY_RECHECK_S = 2.0  # first guard re-check; doubles while nothing happens...
-SAFETY_RECHECK_MAX_S = 30.0  # ...up to this, so hundreds of idle waiters cost ~nothing
-RING_PROBES = 64  # successors probed by number before the folder is listed
 ENV_TICKET = "GPULOCK_TICKET"  # set by `gpulock run` for its command: "<gpu>:<seq>"
-GOVERNOR_WATCH = 0  # the key of the governor's claim among watched FIFOs (tickets start at 1)
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
-@dataclass(frozen=True, slots=True)
-class TicketFile:
-    """A ticket as read from disk, with the file's mtime (the holder's last heartbeat)."""
-
-    ticket: Ticket
-    mtime_wall: float
-
-
-class QueueDir:
-    """The files of one GPU's queue.  The only code that creates, reads or removes them."""
-
-    def __init__(self, settings: Settings, gpu: int, *, create: bool = True) -> None:
-        self.settings = settings
-        self.gpu = gpu
-        self.path = settings.gpu_dir(gpu, create=create)
-
-    def ticket_path(self, seq: int) -> Path:
-        return self.path / file_name(seq)
-
-    def fifo_path(self, seq: int) -> Path:
-        return self.path / fifo_name(seq)
-
-    def seqs(self) -> list[int]:
-        """Sequence numbers present, in queue order (files that are not tickets are ignored)."""
-        try:
-            names = os.listdir(self.path)
-        except FileNotFoundError:
-            return []
-        return sorted(s for s in map(seq_of, names) if s is not None)
-
-    def read(self, seq: int) -> TicketFile | None:
-        """The ticket, None if it vanished; TicketFormatError for anything not a ticket."""
-        try:
-            fd = os.open(self.ticket_path(seq), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise TicketFormatError("a symlink, not a ticket") from None
-            raise TicketFormatError(f"unreadable ({e.strerror})") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise TicketFormatError("not a regular file")
-            data = os.read(fd, 1 << 16)
-        finally:
-            os.close(fd)
-        t = parse(data)
-        if t.seq != seq or t.gpu != self.gpu:
-            raise TicketFormatError(f"says ticket {t.seq} on gpu{t.gpu}")
-        return TicketFile(t, st.st_mtime)
-
-    def watch(self, seq: int) -> int | None:
-        """A write end of the ticket's FIFO (POLLERR once its owner is gone), or None if gone."""
-        try:
-            return claim.watch(self.fifo_path(seq))
-        except claim.NotAClaim as e:
-            raise TicketFormatError(str(e)) from None
-
-    def alive(self, seq: int) -> bool:
-        return claim.held(self.fifo_path(seq))
-
-    def ring(self, seq: int) -> bool:
-        """Wake the owner of ``seq`` (it re-checks the queue); False if it is gone."""
-        return claim.ring(self.fifo_path(seq))
-
-    def ring_successor(self, seq: int) -> bool:
-        """Ring the nearest live ticket after ``seq``; False if there is none.
-
-        Usually that is ``seq + 1``: the numbers are probed one by one (up to the last one
-        issued, read from ``.seq`` without its lock: a ticket published after this read
-        scans the queue itself, after my grant was written), and the folder is listed only
-        past RING_PROBES numbers without a live ticket (many left, or other GPUs' numbers).
-        """
-        try:
-            fd = os.open(self.settings.state_dir / ".seq", os.O_RDONLY | os.O_NOFOLLOW)
-            try:
-                raw = os.pread(fd, 32, 0).strip()
-            finally:
-                os.close(fd)
-            last = int(raw) if raw.isdigit() else None
-        except OSError:
-            last = None
-        probe_to = seq + RING_PROBES if last is None else min(last, seq + RING_PROBES)
-        for s in range(seq + 1, probe_to + 1):
-            if self.ring(s):
-                return True
-        if last is not None and last <= probe_to:
-            return False
-        return any(self.ring(s) for s in self.seqs() if s > probe_to)
-
-    def remove(self, seq: int) -> bool:
-        """Remove a ticket's files; True if this call removed the ticket."""
-        try:
-            os.unlink(self.ticket_path(seq))
-            removed = True
-        except FileNotFoundError:
-            removed = False
-        try:
-            os.unlink(self.fifo_path(seq))
-        except FileNotFoundError:
-            pass
-        return removed
-
-    def holders(self) -> list[Ticket]:
-        """The live tickets that hold this GPU, in queue order."""
-        return [
-            tf.ticket
-            for seq, tf, _why in self.scan()
-            if tf is not None and tf.ticket.holding and self.alive(seq)
-        ]
-
-    def ring_head(self) -> int | None:
-        """Ring the first live waiter (it looks at the queue again); its number, or None."""
-        for seq, tf, _why in self.scan():
-            if tf is not None and not tf.ticket.holding and self.ring(seq):
-                return seq
-        return None
-
-    def scan(self) -> Iterator[tuple[int, TicketFile | None, str | None]]:
-        """Every ticket file: (seq, ticket or None, why it is unreadable or None)."""
-        for seq in self.seqs():
-            try:
-                tf = self.read(seq)
-            except TicketFormatError as e:
-                yield seq, None, str(e)
-                continue
-            if tf is not None:
-                yield seq, tf, None
-
-    # --- taking a ticket ---------------------------------------------------------------
-
-    def enqueue(self, make: Callable[[int], Ticket], deadline: float | None) -> tuple[Ticket, int]:
-        """Take the next number, create the FIFO (read end held), then publish the ticket."""
-        mode = self.settings.file_mode
-        mpath = self.settings.state_dir / ".seq"
-        mfd = os.open(mpath, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, mode)
-        try:
-            _flock_until(mfd, deadline, self.gpu)
-            raw = os.pread(mfd, 32, 0).strip()
-            counter = int(raw) if raw.isdigit() else 0
-            present = self.seqs()
-            # Never below a ticket still present, even if the counter file was lost: a smaller
-            # number would jump the queue.
-            seq = max(counter, present[-1] if present else 0) + 1
-            fifo = self.fifo_path(seq)
-            fd = claim.create(fifo, mode)
-            try:
-                ticket = make(seq)
-                atomic_write(self.ticket_path(seq), encode(ticket), mode=mode)
-            except BaseException:
-                os.close(fd)
-                _unlink_quietly(fifo)
-                raise
-            os.ftruncate(mfd, 0)
-            os.pwrite(mfd, f"{seq}\n".encode(), 0)
-        finally:
-            os.close(mfd)  # drops the flock
-        _owner_fds.add(fd)
-        return ticket, fd
-
-
-def queue_gpus(settings: Settings) -> list[int]:
-    """GPUs that have a queue folder in this state folder."""
-    try:
-        names = os.listdir(settings.state_dir)
-    except OSError:
-        return []
-    return sorted(int(n[3:]) for n in names if n.startswith("gpu") and n[3:].isdigit())
-
-
-def holder_pids(settings: Settings) -> set[int]:
-    """Pids that hold a GPU now: the owner and the command (``gpulock run``) of live holders."""
-    pids: set[int] = set()
-    for gpu in queue_gpus(settings):
-        for t in QueueDir(settings, gpu, create=False).holders():
-            pids.add(t.pid)
-            if t.child_pid is not None:
-                pids.add(t.child_pid)
-    return pids
-
-
-def _flock_until(fd: int, deadline: float | None, gpu: int) -> None:
-    """The sequence mutex is held for microseconds; only a stopped process can stall it."""
-    if deadline is None:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return
-    start = time.monotonic()
-    pause = 0.0005
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            now = time.monotonic()
-            if now >= deadline:
-                raise LockTimeout(gpu, now - start) from None
-            time.sleep(min(pause, deadline - now))
-            pause = min(pause * 2, 0.05)
-
-
-def _unlink_quietly(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-# Read ends of our own tickets: a child made by fork() (multiprocessing, not exec) must not
-# keep the GPU claimed after we release, so it closes them at once.
-_owner_fds: set[int] = set()
-
-
-def _close_owner_fds_in_child() -> None:
-    for fd in list(_owner_fds):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _owner_fds.clear()
-    _held.__dict__.clear()
-
-
 _held = threading.local()  # gpu -> Lease held by this thread, for re-entrancy
-os.register_at_fork(after_in_child=_close_owner_fds_in_child)
+
+
+def _forget_leases_in_child() -> None:
+    _held.__dict__.clear()  # a forked child holds none of its parent's leases
+
+
+os.register_at_fork(after_in_child=_forget_leases_in_child)
 
 
 class Lease:
@@ -375,16 +150,16 @@ class Lease:
             return
         seq = self._ticket.seq
         try:
-            _unlink_quietly(self._qdir.ticket_path(seq))  # new scans no longer see it...
+            unlink_quietly(self._qdir.ticket_path(seq))  # new scans no longer see it...
             now_w = time.time()
         finally:
-            _owner_fds.discard(fd)
+            owner_fds.discard(fd)
             os.close(fd)  # ...and this wakes whoever watches it: the handoff happens here
-        _unlink_quietly(self._qdir.fifo_path(seq))  # tidying, off the handoff's path
+        unlink_quietly(self._qdir.fifo_path(seq))  # tidying, off the handoff's path
         granted = self._ticket.granted_wall
         self.settings.emit(
             "release",
-            **_who(self._ticket),
+            **event_fields(self._ticket),
             held_s=round(now_w - granted, 6) if granted else None,
             now_wall=now_w,
         )
@@ -403,10 +178,6 @@ class Lease:
     def __repr__(self) -> str:
         state = "held" if self.held else "released"
         return f"<Lease gpu{self.gpu} ticket {self.ticket} {self.name!r} {state}>"
-
-
-def _who(t: Ticket) -> dict[str, Any]:
-    return {"gpu": t.gpu, "ticket": t.seq, "pid": t.pid, "name": t.name, "need_bytes": t.need_bytes}
 
 
 def acquire(
@@ -492,10 +263,10 @@ def acquire(
 
     ticket, fd = qdir.enqueue(make, deadline)
     try:
-        granted = _Waiter(settings, qdir, ticket, fd, budget, deadline, start).wait()
+        granted = Waiter(settings, qdir, ticket, fd, budget, deadline, start).wait()
     except BaseException:
         qdir.remove(ticket.seq)
-        _owner_fds.discard(fd)
+        owner_fds.discard(fd)
         os.close(fd)
         raise
     result = Lease(settings, qdir, granted, fd, time.monotonic() - start)
@@ -579,294 +350,3 @@ def _open_fd_of(path: Path) -> int | None:
         except (OSError, ValueError):
             continue
     return None
-
-
-class _Waiter:
-    """One ticket's wait for its grant: scan, decide, watch, sleep until the kernel says."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        qdir: QueueDir,
-        me: Ticket,
-        fd: int,
-        budget: int | None,
-        deadline: float | None,
-        start: float,
-    ) -> None:
-        self.settings = settings
-        self.qdir = qdir
-        self.me = me
-        self.fd = fd
-        self.budget = budget
-        self.deadline = deadline
-        self.start = start
-        self.watched: dict[int, int] = {}
-        self.poller = select.poll()
-        self.poller.register(fd, select.POLLIN)
-        self.reported: set[tuple[int, float]] = set()
-        self.kills: dict[int, tuple[float, bool]] = {}  # seq -> (SIGTERM sent at, SIGKILL sent)
-        self.announced = False
-        self.safety_s = SAFETY_RECHECK_S
-        self.freeze_ends: float | None = None  # monotonic time the governor's freeze goes stale
-        self.ahead_seqs: list[int] | None = None
-
-    def wait(self) -> Ticket:
-        try:
-            return self._loop()
-        finally:
-            self._unwatch_all()
-
-    def _loop(self) -> Ticket:
-        rescan = True
-        ahead: list[TicketFile] = []
-        while True:
-            if rescan:
-                ahead, fds = self._scan_ahead()
-                d = queue.decide(self.me, [tf.ticket for tf in ahead], self.budget)
-                frozen = level.freeze(self.settings) if d.grant else None
-                if d.grant and frozen is None:
-                    for fd in fds.values():
-                        os.close(fd)
-                    self._make_room()
-                    return self._grant()
-                self._rewatch(d.watch, fds)
-                self.freeze_ends = None
-                if frozen is not None:
-                    d = queue.Decision(False, (), "the governor froze new GPU admissions")
-                    self._watch_governor(frozen)
-                if not self.announced:
-                    self.announced = True
-                    n_ahead = sum(1 for q in self.qdir.seqs() if q < self.me.seq)
-                    self.settings.emit("wait", **_who(self.me), ahead=n_ahead, reason=d.reason)
-            now = time.monotonic()
-            if self.deadline is not None and now >= self.deadline:
-                raise self._timeout(ahead)
-            wake = now + self.safety_s
-            if self.deadline is not None:
-                wake = min(wake, self.deadline)
-            wake = min(wake, self._hung_holders(ahead, now))
-            if self.freeze_ends is not None:
-                wake = min(wake, self.freeze_ends)
-            ready = self.poller.poll(max(0, math.ceil((wake - time.monotonic()) * 1000)))
-            rescan = bool(ready) or self._due(ahead)
-            self.safety_s = (
-                SAFETY_RECHECK_S if rescan else min(self.safety_s * 2, SAFETY_RECHECK_MAX_S)
-            )
-            for fd, _ in ready:
-                if fd == self.fd:
-                    claim.drain(self.fd)
-
-    def _watch_governor(self, word: level.Published) -> None:
-        """While frozen: wake when the governor dies (its claim), rings, or its word goes stale."""
-        self.freeze_ends = time.monotonic() + max(0.0, level.stale_at_wall(word) - time.time())
-        try:
-            fd = claim.watch(level.claim_path(self.settings))
-        except claim.NotAClaim:
-            fd = None
-        if fd is not None:
-            self.watched[GOVERNOR_WATCH] = fd
-            self.poller.register(fd, 0)
-
-    def _due(self, ahead: list[TicketFile]) -> bool:
-        """After a timed wake: does anything need a fresh look?"""
-        if self.freeze_ends is not None and time.monotonic() >= self.freeze_ends:
-            return True
-        now_w = time.time()
-        for tf in ahead:
-            if tf.ticket.seq not in self.watched:
-                continue
-            if not self.qdir.ticket_path(tf.ticket.seq).exists():
-                return True  # the guard: released while a stray fork kept its FIFO open
-            expiry = queue.lease_expiry_wall(tf.ticket, tf.mtime_wall)
-            reported = (tf.ticket.seq, tf.mtime_wall) in self.reported
-            if expiry is not None and now_w >= expiry and not reported:
-                return True
-        return bool(self.kills)
-
-    def _scan_ahead(self) -> tuple[list[TicketFile], dict[int, int]]:
-        """Live tickets ahead of me, nearest waiter only if one is ahead; with watch fds."""
-        live: list[TicketFile] = []
-        fds: dict[int, int] = {}
-        if self.ahead_seqs is None:
-            # Listed once per wait: nobody is ever inserted ahead of a ticket, so later scans
-            # only drop the ones that left (O(1) per handoff instead of O(queue length)).
-            self.ahead_seqs = [s for s in self.qdir.seqs() if s < self.me.seq]
-        gone: set[int] = set()
-        for seq in reversed(self.ahead_seqs):
-            try:
-                tf = self.qdir.read(seq)
-                if tf is None:
-                    gone.add(seq)
-                    continue
-                fd = self.qdir.watch(seq)
-            except TicketFormatError:
-                continue  # garbage is skipped: it never holds the GPU
-            if fd is None:
-                self._clean_dead(tf)
-                gone.add(seq)
-                continue
-            live.append(tf)
-            fds[seq] = fd
-            if not tf.ticket.holding and len(live) == 1:
-                break  # a waiter ahead: it is all that can change my answer
-        live.reverse()
-        if gone:
-            self.ahead_seqs = [s for s in self.ahead_seqs if s not in gone]
-        return live, fds
-
-    def _clean_dead(self, tf: TicketFile) -> None:
-        t = tf.ticket
-        if not identity.may_signal(t.uid):
-            return  # not ours to remove; it is skipped all the same
-        if self.qdir.remove(t.seq):
-            self.settings.emit(
-                "cleanup",
-                **_who(t),
-                holding=t.holding,
-                reason="owner gone: no process holds its FIFO open",
-                by_pid=os.getpid(),
-            )
-
-    def _rewatch(self, want: Sequence[int], fds: dict[int, int]) -> None:
-        self._unwatch_all()
-        for seq, fd in fds.items():
-            if seq in want:
-                self.watched[seq] = fd
-                self.poller.register(fd, 0)  # POLLERR/POLLHUP are always reported
-            else:
-                os.close(fd)
-
-    def _unwatch_all(self) -> None:
-        for fd in self.watched.values():
-            self.poller.unregister(fd)
-            os.close(fd)
-        self.watched.clear()
-
-    def _make_room(self) -> None:
-        """A holder with a ``need`` asks idle models of other processes to leave first.
-
-        Models kept in VRAM between calls (by processes that do not hold the lock) would
-        otherwise make a granted load fail with a CUDA OOM.
-        """
-        if self.me.need_bytes is None:
-            return
-        if not (self.settings.state_dir / "residents").is_dir():
-            return  # nobody ever registered a model: nothing to ask
-        from gpulock import residents
-
-        left = None if self.deadline is None else self.deadline - time.monotonic()
-        residents.make_room(
-            self.settings,
-            self.me.gpu,
-            self.me.need_bytes,
-            exclude_pid=self.me.pid,
-            timeout_s=10.0 if left is None else max(min(left, 10.0), 0.5),
-            reason=f"room for ticket {self.me.seq} ({self.me.name})",
-        )
-
-    def _grant(self) -> Ticket:
-        granted = self.me.granted(time.time())
-        atomic_write(
-            self.qdir.ticket_path(granted.seq), encode(granted), mode=self.settings.file_mode
-        )
-        self.settings.emit(
-            "acquire", **_who(granted), waited_s=round(time.monotonic() - self.start, 6)
-        )
-        # The one behind me may share the GPU with me, or now watches a holder with a lease:
-        # ring it so it looks again.  Only the nearest live one: no herd.  (Its look also
-        # prunes the tickets that left ahead of it now, while I hold, not at my release.)
-        self.qdir.ring_successor(granted.seq)
-        return granted
-
-    def _timeout(self, ahead: list[TicketFile]) -> LockTimeout:
-        waited = time.monotonic() - self.start
-        holder = next((tf.ticket for tf in ahead if tf.ticket.holding), None)
-        if holder is None:
-            holder = next(iter(self.qdir.holders()), None)
-        n_ahead = sum(1 for s in self.qdir.seqs() if s < self.me.seq)
-        self.settings.emit(
-            "timeout",
-            **_who(self.me),
-            waited_s=round(waited, 6),
-            holder_pid=holder.pid if holder else None,
-            holder_name=holder.name if holder else None,
-        )
-        return LockTimeout(
-            self.me.gpu,
-            waited,
-            holder.pid if holder else None,
-            holder.name if holder else None,
-            queue_ahead=n_ahead,
-        )
-
-    def _hung_holders(self, ahead: list[TicketFile], now: float) -> float:
-        """Handle watched holders past their lease; return when to look at them next."""
-        wake = math.inf
-        now_w = time.time()
-        for tf in ahead:
-            t = tf.ticket
-            if t.seq not in self.watched:
-                continue
-            expiry = queue.lease_expiry_wall(t, tf.mtime_wall)
-            if expiry is None:
-                continue
-            if now_w <= expiry:
-                wake = min(wake, now + (expiry - now_w))
-                continue
-            wake = min(wake, self._on_hung(tf, now, now_w))
-        return wake
-
-    def _on_hung(self, tf: TicketFile, now: float, now_w: float) -> float:
-        t = tf.ticket
-        cfg = self.settings.config
-        evidence = _evidence(tf, now_w)
-        why_not = None
-        if cfg.on_hung == "kill":
-            if not identity.may_signal(t.uid):
-                why_not = f"not permitted: owner uid {t.uid}"
-            elif t.pidns != identity.pid_namespace():
-                why_not = "owner is in another pid namespace"
-        if cfg.on_hung != "kill" or why_not:
-            key = (t.seq, tf.mtime_wall)
-            if key not in self.reported:
-                self.reported.add(key)
-                self.settings.emit(
-                    "stale", **evidence, action="report", policy=cfg.on_hung, why_not=why_not
-                )
-            return math.inf
-        grace = cfg.hung_grace_s
-        sent = self.kills.get(t.seq)
-        if sent is None:
-            _signal_holder(t, signal.SIGTERM)
-            self.kills[t.seq] = (now, False)
-            self.settings.emit("kill", **evidence, signal="SIGTERM", grace_s=grace)
-            return now + grace
-        at, hard = sent
-        if now < at + grace:
-            return at + grace
-        if not hard:
-            _signal_holder(t, signal.SIGKILL)
-            self.kills[t.seq] = (at, True)
-            self.settings.emit("kill", **evidence, signal="SIGKILL")
-        return now + SAFETY_RECHECK_S
-
-
-def _evidence(tf: TicketFile, now_w: float) -> dict[str, Any]:
-    t = tf.ticket
-    beat = queue.heartbeat_wall(t, tf.mtime_wall)
-    return {
-        **_who(t),
-        "user": t.user,
-        "child_pid": t.child_pid,
-        "held_s": round(now_w - (t.granted_wall or now_w), 3),
-        "lease_s": t.lease_s,
-        "heartbeat_age_s": round(now_w - beat, 3),
-    }
-
-
-def _signal_holder(t: Ticket, sig: int) -> None:
-    """Signal the command first (it holds the GPU), then the owner; never a reused pid."""
-    if t.child_pid is not None:
-        identity.signal_exact(t.child_pid, t.child_start_ticks, t.pidns, sig)
-    identity.signal_exact(t.pid, t.start_ticks, t.pidns, sig)

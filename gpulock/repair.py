@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 from gpulock import claim, identity, queue
 from gpulock.errors import LockError, NotPermitted
-from gpulock.lock import QueueDir, TicketFile, _evidence, _signal_holder, queue_gpus
+from gpulock.queuedir import QueueDir, TicketFile, queue_gpus
 from gpulock.settings import Settings
 from gpulock.ticket import TicketFormatError
+from gpulock.waiter import signal_holder, ticket_evidence
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +74,7 @@ def _break(
     if not identity.may_signal(t.uid):
         raise NotPermitted(t.seq, t.uid)
     now_w = time.time()
-    evidence = _evidence(tf, now_w)
+    evidence = ticket_evidence(tf, now_w)
     try:
         fd = qdir.watch(t.seq)
     except TicketFormatError:
@@ -97,7 +98,7 @@ def _break(
         why = "hung: past its lease without a heartbeat" if hung else "forced"
 
         def send(sig: int) -> bool:
-            _signal_holder(t, sig)
+            signal_holder(t, sig)
             return True  # the wait tells: a holder that no longer matches is not signalled
 
         def announce(sig_name: str) -> None:

@@ -205,7 +205,7 @@ def used_bytes(settings: Settings, gpu: int, *, registry: Registry | None = None
     Per process the larger of the two counts (a holder usually loads the model it declared as
     its need), so a model is not counted twice.
     """
-    from gpulock.lock import QueueDir
+    from gpulock.queuedir import QueueDir
 
     per_pid: dict[int, int] = {}
     for r in (registry or Registry(settings, create=False)).records(clean=False):

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpulock import devices, level, queue, residents
-from gpulock.lock import QueueDir, TicketFile, queue_gpus
+from gpulock.queuedir import QueueDir, TicketFile, queue_gpus
 from gpulock.settings import Settings
 from gpulock.units import format_duration, format_size
 

@@ -62,6 +62,11 @@ class Ticket:
         return replace(self, granted_wall=now_wall)
 
 
+def event_fields(t: Ticket) -> dict[str, Any]:
+    """The fields every event about a ticket carries."""
+    return {"gpu": t.gpu, "ticket": t.seq, "pid": t.pid, "name": t.name, "need_bytes": t.need_bytes}
+
+
 def file_name(seq: int) -> str:
     return f"{seq:0{SEQ_DIGITS}d}.ticket"
 

@@ -228,7 +228,7 @@ def test_break_of_an_unknown_ticket_is_an_error(cli: Cli) -> None:
 BULK_PY = """\
 import sys, time
 from gpulock import identity
-from gpulock.lock import QueueDir
+from gpulock.queuedir import QueueDir
 from gpulock.settings import load
 from gpulock.ticket import Ticket
 

@@ -17,7 +17,7 @@ import pytest
 from procs import wait_until
 
 from gpulock import claim, level
-from gpulock.lock import QueueDir
+from gpulock.queuedir import QueueDir
 from gpulock.settings import load
 
 WAITER = (

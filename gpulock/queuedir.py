@@ -1,0 +1,254 @@
+"""The files of one GPU's queue, ``<state>/gpu<N>/``: the only code that creates, reads or
+removes tickets and their claims.
+
+* ``<seq>.ticket`` -- the ticket record (``gpulock.ticket``), written atomically;
+* ``<seq>.fifo`` -- its claim (``gpulock.claim``): the owner holds it open for its life;
+* ``<state>/.seq`` -- the last number handed out, under a short ``flock``.
+
+The queue's rules are in ``gpulock.queue``; the wait in ``gpulock.waiter``; the public
+``acquire`` in ``gpulock.lock``.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpulock import claim
+from gpulock.errors import LockTimeout
+from gpulock.settings import Settings
+from gpulock.state import atomic_write
+from gpulock.ticket import Ticket, TicketFormatError, encode, fifo_name, file_name, parse, seq_of
+
+RING_PROBES = 64  # successors probed by number before the folder is listed
+
+
+@dataclass(frozen=True, slots=True)
+class TicketFile:
+    """A ticket as read from disk, with the file's mtime (the holder's last heartbeat)."""
+
+    ticket: Ticket
+    mtime_wall: float
+
+
+class QueueDir:
+    """The files of one GPU's queue.  The only code that creates, reads or removes them."""
+
+    def __init__(self, settings: Settings, gpu: int, *, create: bool = True) -> None:
+        self.settings = settings
+        self.gpu = gpu
+        self.path = settings.gpu_dir(gpu, create=create)
+
+    def ticket_path(self, seq: int) -> Path:
+        return self.path / file_name(seq)
+
+    def fifo_path(self, seq: int) -> Path:
+        return self.path / fifo_name(seq)
+
+    def seqs(self) -> list[int]:
+        """Sequence numbers present, in queue order (files that are not tickets are ignored)."""
+        try:
+            names = os.listdir(self.path)
+        except FileNotFoundError:
+            return []
+        return sorted(s for s in map(seq_of, names) if s is not None)
+
+    def read(self, seq: int) -> TicketFile | None:
+        """The ticket, None if it vanished; TicketFormatError for anything not a ticket."""
+        try:
+            fd = os.open(self.ticket_path(seq), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise TicketFormatError("a symlink, not a ticket") from None
+            raise TicketFormatError(f"unreadable ({e.strerror})") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise TicketFormatError("not a regular file")
+            data = os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
+        t = parse(data)
+        if t.seq != seq or t.gpu != self.gpu:
+            raise TicketFormatError(f"says ticket {t.seq} on gpu{t.gpu}")
+        return TicketFile(t, st.st_mtime)
+
+    def watch(self, seq: int) -> int | None:
+        """A write end of the ticket's FIFO (POLLERR once its owner is gone), or None if gone."""
+        try:
+            return claim.watch(self.fifo_path(seq))
+        except claim.NotAClaim as e:
+            raise TicketFormatError(str(e)) from None
+
+    def alive(self, seq: int) -> bool:
+        return claim.held(self.fifo_path(seq))
+
+    def ring(self, seq: int) -> bool:
+        """Wake the owner of ``seq`` (it re-checks the queue); False if it is gone."""
+        return claim.ring(self.fifo_path(seq))
+
+    def ring_successor(self, seq: int) -> bool:
+        """Ring the nearest live ticket after ``seq``; False if there is none.
+
+        Usually that is ``seq + 1``: the numbers are probed one by one (up to the last one
+        issued, read from ``.seq`` without its lock: a ticket published after this read
+        scans the queue itself, after my grant was written), and the folder is listed only
+        past RING_PROBES numbers without a live ticket (many left, or other GPUs' numbers).
+        """
+        try:
+            fd = os.open(self.settings.state_dir / ".seq", os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                raw = os.pread(fd, 32, 0).strip()
+            finally:
+                os.close(fd)
+            last = int(raw) if raw.isdigit() else None
+        except OSError:
+            last = None
+        probe_to = seq + RING_PROBES if last is None else min(last, seq + RING_PROBES)
+        for s in range(seq + 1, probe_to + 1):
+            if self.ring(s):
+                return True
+        if last is not None and last <= probe_to:
+            return False
+        return any(self.ring(s) for s in self.seqs() if s > probe_to)
+
+    def remove(self, seq: int) -> bool:
+        """Remove a ticket's files; True if this call removed the ticket."""
+        try:
+            os.unlink(self.ticket_path(seq))
+            removed = True
+        except FileNotFoundError:
+            removed = False
+        try:
+            os.unlink(self.fifo_path(seq))
+        except FileNotFoundError:
+            pass
+        return removed
+
+    def holders(self) -> list[Ticket]:
+        """The live tickets that hold this GPU, in queue order."""
+        return [
+            tf.ticket
+            for seq, tf, _why in self.scan()
+            if tf is not None and tf.ticket.holding and self.alive(seq)
+        ]
+
+    def ring_head(self) -> int | None:
+        """Ring the first live waiter (it looks at the queue again); its number, or None."""
+        for seq, tf, _why in self.scan():
+            if tf is not None and not tf.ticket.holding and self.ring(seq):
+                return seq
+        return None
+
+    def scan(self) -> Iterator[tuple[int, TicketFile | None, str | None]]:
+        """Every ticket file: (seq, ticket or None, why it is unreadable or None)."""
+        for seq in self.seqs():
+            try:
+                tf = self.read(seq)
+            except TicketFormatError as e:
+                yield seq, None, str(e)
+                continue
+            if tf is not None:
+                yield seq, tf, None
+
+    # --- taking a ticket ---------------------------------------------------------------
+
+    def enqueue(self, make: Callable[[int], Ticket], deadline: float | None) -> tuple[Ticket, int]:
+        """Take the next number, create the FIFO (read end held), then publish the ticket."""
+        mode = self.settings.file_mode
+        mpath = self.settings.state_dir / ".seq"
+        mfd = os.open(mpath, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, mode)
+        try:
+            _flock_until(mfd, deadline, self.gpu)
+            raw = os.pread(mfd, 32, 0).strip()
+            counter = int(raw) if raw.isdigit() else 0
+            present = self.seqs()
+            # Never below a ticket still present, even if the counter file was lost: a smaller
+            # number would jump the queue.
+            seq = max(counter, present[-1] if present else 0) + 1
+            fifo = self.fifo_path(seq)
+            fd = claim.create(fifo, mode)
+            try:
+                ticket = make(seq)
+                atomic_write(self.ticket_path(seq), encode(ticket), mode=mode)
+            except BaseException:
+                os.close(fd)
+                unlink_quietly(fifo)
+                raise
+            os.ftruncate(mfd, 0)
+            os.pwrite(mfd, f"{seq}\n".encode(), 0)
+        finally:
+            os.close(mfd)  # drops the flock
+        owner_fds.add(fd)
+        return ticket, fd
+
+
+def queue_gpus(settings: Settings) -> list[int]:
+    """GPUs that have a queue folder in this state folder."""
+    try:
+        names = os.listdir(settings.state_dir)
+    except OSError:
+        return []
+    return sorted(int(n[3:]) for n in names if n.startswith("gpu") and n[3:].isdigit())
+
+
+def holder_pids(settings: Settings) -> set[int]:
+    """Pids that hold a GPU now: the owner and the command (``gpulock run``) of live holders."""
+    pids: set[int] = set()
+    for gpu in queue_gpus(settings):
+        for t in QueueDir(settings, gpu, create=False).holders():
+            pids.add(t.pid)
+            if t.child_pid is not None:
+                pids.add(t.child_pid)
+    return pids
+
+
+def _flock_until(fd: int, deadline: float | None, gpu: int) -> None:
+    """The sequence mutex is held for microseconds; only a stopped process can stall it."""
+    if deadline is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    start = time.monotonic()
+    pause = 0.0005
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            now = time.monotonic()
+            if now >= deadline:
+                raise LockTimeout(gpu, now - start) from None
+            time.sleep(min(pause, deadline - now))
+            pause = min(pause * 2, 0.05)
+
+
+def unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+# Read ends of our own tickets: a child made by fork() (multiprocessing, not exec) must not
+# keep the GPU claimed after we release, so it closes them at once.
+owner_fds: set[int] = set()
+
+
+def _close_owner_fds_in_child() -> None:
+    for fd in list(owner_fds):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    owner_fds.clear()
+
+
+os.register_at_fork(after_in_child=_close_owner_fds_in_child)

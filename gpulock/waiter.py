@@ -1,0 +1,321 @@
+"""One ticket's wait for its grant: scan, decide, watch, sleep until the kernel says.
+
+A waiter wakes on the kernel's word (``POLLERR`` on a watched claim, a doorbell in its own),
+on its own timeout, at the lease expiry of a holder it watches (to handle a hung holder),
+and, as a guard against the unforeseen, re-checks that the tickets it watches still exist
+every ``SAFETY_RECHECK_S`` seconds, doubling while nothing happens: nothing polls faster.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import signal
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from gpulock import claim, identity, level, queue
+from gpulock.errors import LockTimeout
+from gpulock.queuedir import QueueDir, TicketFile
+from gpulock.settings import Settings
+from gpulock.state import atomic_write
+from gpulock.ticket import Ticket, TicketFormatError, encode, event_fields
+
+SAFETY_RECHECK_S = 2.0  # first guard re-check; doubles while nothing happens...
+SAFETY_RECHECK_MAX_S = 30.0  # ...up to this, so hundreds of idle waiters cost ~nothing
+GOVERNOR_WATCH = 0  # the key of the governor's claim among watched FIFOs (tickets start at 1)
+
+
+class Waiter:
+    """One ticket's wait for its grant: scan, decide, watch, sleep until the kernel says."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        qdir: QueueDir,
+        me: Ticket,
+        fd: int,
+        budget: int | None,
+        deadline: float | None,
+        start: float,
+    ) -> None:
+        self.settings = settings
+        self.qdir = qdir
+        self.me = me
+        self.fd = fd
+        self.budget = budget
+        self.deadline = deadline
+        self.start = start
+        self.watched: dict[int, int] = {}
+        self.poller = select.poll()
+        self.poller.register(fd, select.POLLIN)
+        self.reported: set[tuple[int, float]] = set()
+        self.kills: dict[int, tuple[float, bool]] = {}  # seq -> (SIGTERM sent at, SIGKILL sent)
+        self.announced = False
+        self.safety_s = SAFETY_RECHECK_S
+        self.freeze_ends: float | None = None  # monotonic time the governor's freeze goes stale
+        self.ahead_seqs: list[int] | None = None
+
+    def wait(self) -> Ticket:
+        try:
+            return self._loop()
+        finally:
+            self._unwatch_all()
+
+    def _loop(self) -> Ticket:
+        rescan = True
+        ahead: list[TicketFile] = []
+        while True:
+            if rescan:
+                ahead, fds = self._scan_ahead()
+                d = queue.decide(self.me, [tf.ticket for tf in ahead], self.budget)
+                frozen = level.freeze(self.settings) if d.grant else None
+                if d.grant and frozen is None:
+                    for fd in fds.values():
+                        os.close(fd)
+                    self._make_room()
+                    return self._grant()
+                self._rewatch(d.watch, fds)
+                self.freeze_ends = None
+                if frozen is not None:
+                    d = queue.Decision(False, (), "the governor froze new GPU admissions")
+                    self._watch_governor(frozen)
+                if not self.announced:
+                    self.announced = True
+                    n_ahead = sum(1 for q in self.qdir.seqs() if q < self.me.seq)
+                    self.settings.emit(
+                        "wait", **event_fields(self.me), ahead=n_ahead, reason=d.reason
+                    )
+            now = time.monotonic()
+            if self.deadline is not None and now >= self.deadline:
+                raise self._timeout(ahead)
+            wake = now + self.safety_s
+            if self.deadline is not None:
+                wake = min(wake, self.deadline)
+            wake = min(wake, self._hung_holders(ahead, now))
+            if self.freeze_ends is not None:
+                wake = min(wake, self.freeze_ends)
+            ready = self.poller.poll(max(0, math.ceil((wake - time.monotonic()) * 1000)))
+            rescan = bool(ready) or self._due(ahead)
+            self.safety_s = (
+                SAFETY_RECHECK_S if rescan else min(self.safety_s * 2, SAFETY_RECHECK_MAX_S)
+            )
+            for fd, _ in ready:
+                if fd == self.fd:
+                    claim.drain(self.fd)
+
+    def _watch_governor(self, word: level.Published) -> None:
+        """While frozen: wake when the governor dies (its claim), rings, or its word goes stale."""
+        self.freeze_ends = time.monotonic() + max(0.0, level.stale_at_wall(word) - time.time())
+        try:
+            fd = claim.watch(level.claim_path(self.settings))
+        except claim.NotAClaim:
+            fd = None
+        if fd is not None:
+            self.watched[GOVERNOR_WATCH] = fd
+            self.poller.register(fd, 0)
+
+    def _due(self, ahead: list[TicketFile]) -> bool:
+        """After a timed wake: does anything need a fresh look?"""
+        if self.freeze_ends is not None and time.monotonic() >= self.freeze_ends:
+            return True
+        now_w = time.time()
+        for tf in ahead:
+            if tf.ticket.seq not in self.watched:
+                continue
+            if not self.qdir.ticket_path(tf.ticket.seq).exists():
+                return True  # the guard: released while a stray fork kept its FIFO open
+            expiry = queue.lease_expiry_wall(tf.ticket, tf.mtime_wall)
+            reported = (tf.ticket.seq, tf.mtime_wall) in self.reported
+            if expiry is not None and now_w >= expiry and not reported:
+                return True
+        return bool(self.kills)
+
+    def _scan_ahead(self) -> tuple[list[TicketFile], dict[int, int]]:
+        """Live tickets ahead of me, nearest waiter only if one is ahead; with watch fds."""
+        live: list[TicketFile] = []
+        fds: dict[int, int] = {}
+        if self.ahead_seqs is None:
+            # Listed once per wait: nobody is ever inserted ahead of a ticket, so later scans
+            # only drop the ones that left (O(1) per handoff instead of O(queue length)).
+            self.ahead_seqs = [s for s in self.qdir.seqs() if s < self.me.seq]
+        gone: set[int] = set()
+        for seq in reversed(self.ahead_seqs):
+            try:
+                tf = self.qdir.read(seq)
+                if tf is None:
+                    gone.add(seq)
+                    continue
+                fd = self.qdir.watch(seq)
+            except TicketFormatError:
+                continue  # garbage is skipped: it never holds the GPU
+            if fd is None:
+                self._clean_dead(tf)
+                gone.add(seq)
+                continue
+            live.append(tf)
+            fds[seq] = fd
+            if not tf.ticket.holding and len(live) == 1:
+                break  # a waiter ahead: it is all that can change my answer
+        live.reverse()
+        if gone:
+            self.ahead_seqs = [s for s in self.ahead_seqs if s not in gone]
+        return live, fds
+
+    def _clean_dead(self, tf: TicketFile) -> None:
+        t = tf.ticket
+        if not identity.may_signal(t.uid):
+            return  # not ours to remove; it is skipped all the same
+        if self.qdir.remove(t.seq):
+            self.settings.emit(
+                "cleanup",
+                **event_fields(t),
+                holding=t.holding,
+                reason="owner gone: no process holds its FIFO open",
+                by_pid=os.getpid(),
+            )
+
+    def _rewatch(self, want: Sequence[int], fds: dict[int, int]) -> None:
+        self._unwatch_all()
+        for seq, fd in fds.items():
+            if seq in want:
+                self.watched[seq] = fd
+                self.poller.register(fd, 0)  # POLLERR/POLLHUP are always reported
+            else:
+                os.close(fd)
+
+    def _unwatch_all(self) -> None:
+        for fd in self.watched.values():
+            self.poller.unregister(fd)
+            os.close(fd)
+        self.watched.clear()
+
+    def _make_room(self) -> None:
+        """A holder with a ``need`` asks idle models of other processes to leave first.
+
+        Models kept in VRAM between calls (by processes that do not hold the lock) would
+        otherwise make a granted load fail with a CUDA OOM.
+        """
+        if self.me.need_bytes is None:
+            return
+        if not (self.settings.state_dir / "residents").is_dir():
+            return  # nobody ever registered a model: nothing to ask
+        from gpulock import residents
+
+        left = None if self.deadline is None else self.deadline - time.monotonic()
+        residents.make_room(
+            self.settings,
+            self.me.gpu,
+            self.me.need_bytes,
+            exclude_pid=self.me.pid,
+            timeout_s=10.0 if left is None else max(min(left, 10.0), 0.5),
+            reason=f"room for ticket {self.me.seq} ({self.me.name})",
+        )
+
+    def _grant(self) -> Ticket:
+        granted = self.me.granted(time.time())
+        atomic_write(
+            self.qdir.ticket_path(granted.seq), encode(granted), mode=self.settings.file_mode
+        )
+        self.settings.emit(
+            "acquire", **event_fields(granted), waited_s=round(time.monotonic() - self.start, 6)
+        )
+        # The one behind me may share the GPU with me, or now watches a holder with a lease:
+        # ring it so it looks again.  Only the nearest live one: no herd.  (Its look also
+        # prunes the tickets that left ahead of it now, while I hold, not at my release.)
+        self.qdir.ring_successor(granted.seq)
+        return granted
+
+    def _timeout(self, ahead: list[TicketFile]) -> LockTimeout:
+        waited = time.monotonic() - self.start
+        holder = next((tf.ticket for tf in ahead if tf.ticket.holding), None)
+        if holder is None:
+            holder = next(iter(self.qdir.holders()), None)
+        n_ahead = sum(1 for s in self.qdir.seqs() if s < self.me.seq)
+        self.settings.emit(
+            "timeout",
+            **event_fields(self.me),
+            waited_s=round(waited, 6),
+            holder_pid=holder.pid if holder else None,
+            holder_name=holder.name if holder else None,
+        )
+        return LockTimeout(
+            self.me.gpu,
+            waited,
+            holder.pid if holder else None,
+            holder.name if holder else None,
+            queue_ahead=n_ahead,
+        )
+
+    def _hung_holders(self, ahead: list[TicketFile], now: float) -> float:
+        """Handle watched holders past their lease; return when to look at them next."""
+        wake = math.inf
+        now_w = time.time()
+        for tf in ahead:
+            t = tf.ticket
+            if t.seq not in self.watched:
+                continue
+            expiry = queue.lease_expiry_wall(t, tf.mtime_wall)
+            if expiry is None:
+                continue
+            if now_w <= expiry:
+                wake = min(wake, now + (expiry - now_w))
+                continue
+            wake = min(wake, self._on_hung(tf, now, now_w))
+        return wake
+
+    def _on_hung(self, tf: TicketFile, now: float, now_w: float) -> float:
+        t = tf.ticket
+        cfg = self.settings.config
+        evidence = ticket_evidence(tf, now_w)
+        why_not = None
+        if cfg.on_hung == "kill":
+            if not identity.may_signal(t.uid):
+                why_not = f"not permitted: owner uid {t.uid}"
+            elif t.pidns != identity.pid_namespace():
+                why_not = "owner is in another pid namespace"
+        if cfg.on_hung != "kill" or why_not:
+            key = (t.seq, tf.mtime_wall)
+            if key not in self.reported:
+                self.reported.add(key)
+                self.settings.emit(
+                    "stale", **evidence, action="report", policy=cfg.on_hung, why_not=why_not
+                )
+            return math.inf
+        grace = cfg.hung_grace_s
+        sent = self.kills.get(t.seq)
+        if sent is None:
+            signal_holder(t, signal.SIGTERM)
+            self.kills[t.seq] = (now, False)
+            self.settings.emit("kill", **evidence, signal="SIGTERM", grace_s=grace)
+            return now + grace
+        at, hard = sent
+        if now < at + grace:
+            return at + grace
+        if not hard:
+            signal_holder(t, signal.SIGKILL)
+            self.kills[t.seq] = (at, True)
+            self.settings.emit("kill", **evidence, signal="SIGKILL")
+        return now + SAFETY_RECHECK_S
+
+
+def ticket_evidence(tf: TicketFile, now_w: float) -> dict[str, Any]:
+    t = tf.ticket
+    beat = queue.heartbeat_wall(t, tf.mtime_wall)
+    return {
+        **event_fields(t),
+        "user": t.user,
+        "child_pid": t.child_pid,
+        "held_s": round(now_w - (t.granted_wall or now_w), 3),
+        "lease_s": t.lease_s,
+        "heartbeat_age_s": round(now_w - beat, 3),
+    }
+
+
+def signal_holder(t: Ticket, sig: int) -> None:
+    """Signal the command first (it holds the GPU), then the owner; never a reused pid."""
+    if t.child_pid is not None:
+        identity.signal_exact(t.child_pid, t.child_start_ticks, t.pidns, sig)
+    identity.signal_exact(t.pid, t.start_ticks, t.pidns, sig)
