@@ -32,7 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpulock import residents, status  # noqa: E402
+from gpulock import eviction, registry, status  # noqa: E402
 from gpulock.queuedir import QueueDir  # noqa: E402
 from gpulock.settings import load  # noqa: E402
 from gpulock.ticket import Ticket  # noqa: E402
@@ -83,9 +83,9 @@ def bench_evict(env: dict[str, str], settings: Any, mode: str, rounds: int) -> l
     for _ in range(rounds):
         owner = start_owner(env, 1, mode)
         try:
-            rec = next(r for r in residents.Registry(settings).records() if r.pid == owner.pid)
+            rec = next(r for r in registry.Registry(settings).records() if r.pid == owner.pid)
             t0 = time.perf_counter()
-            res = residents.evict(settings, rec, timeout_s=5.0)
+            res = eviction.evict(settings, rec, timeout_s=5.0)
             elapsed = time.perf_counter() - t0
             if res.outcome != "freed":
                 raise SystemExit(f"eviction did not free memory: {res}")
@@ -101,13 +101,13 @@ def bench_kill(env: dict[str, str], settings: Any, sig: int, rounds: int) -> lis
     times = []
     for _ in range(rounds):
         owner = start_owner(env, 1, "sleep")
-        dev0 = residents.probe_devices(settings).get(0)
+        dev0 = registry.probe_devices(settings).get(0)
         assert dev0 is not None and dev0.used_bytes
         t0 = time.perf_counter()
         os.kill(owner.pid, sig)
         owner.wait()
         while True:  # the registry sees the claim gone at once; the check is what users run
-            dev = residents.probe_devices(settings).get(0)
+            dev = registry.probe_devices(settings).get(0)
             if dev is not None and dev.used_bytes == 0:
                 break
         times.append((time.perf_counter() - t0) * 1000)

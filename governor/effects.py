@@ -3,7 +3,7 @@
 ``Effects.apply(actions, snapshot, config)`` does what ``governor.policy.decide`` asked, in
 order, and returns one result per action (a dict, also what ``--once --json`` would show):
 
-* ``evict`` -- ``gpulock.residents.evict`` on the resident's current record (an idle model:
+* ``evict`` -- ``gpulock.eviction.evict`` on the resident's current record (an idle model:
   the owner gets ``EVICT_TIMEOUT_S`` to reach a safe point and as long again to unload; if it
   became busy meanwhile it is no longer idle, and the next pass decides again).
 * ``force-evict`` -- the same with ``force=True`` (pinned too) and ``grace`` to comply.  When
@@ -13,7 +13,7 @@ order, and returns one result per action (a dict, also what ``--once --json`` wo
   signal is a ``kill`` event, as ``gpulock break`` writes them.
 * ``level`` -- an ``escalate`` or ``deescalate`` event with the old and new level.
 
-Events: ``residents.evict`` already writes the ``evict`` event (outcome, freed bytes); its
+Events: ``eviction.evict`` already writes the ``evict`` event (outcome, freed bytes); its
 ``reason`` says ``governor <kind>: <why>`` in words.  The numbers that caused the action (every
 signal and its threshold) go in one ``governor`` event per eviction, next to its outcome, so
 ``gpulock history --event governor`` answers "why was my model evicted" with the values.
@@ -37,7 +37,7 @@ from typing import Any, TextIO
 
 from governor.model import LEVELS, Action, GovernorConfig, Snapshot
 from governor.policy import threshold_in_force
-from gpulock import claim, identity, level, residents
+from gpulock import claim, eviction, identity, level, registry
 from gpulock.queuedir import QueueDir, holder_pids, queue_gpus
 from gpulock.settings import Settings
 from gpulock.units import format_size
@@ -71,7 +71,7 @@ class Effects:
     ) -> list[dict[str, Any]]:
         """Carry out ``actions`` in order; one result dict per action."""
         results: list[dict[str, Any]] = []
-        records: dict[str, residents.Record] | None = None
+        records: dict[str, registry.Record] | None = None
         for a in actions:
             if a.kind == "level":
                 results.append(self._level(a))
@@ -81,7 +81,7 @@ class Effects:
                     results.append(_result(a, "dry-run", "nothing done"))
                     continue
                 if records is None:  # read once per pass, after the level changes
-                    records = {r.id: r for r in residents.Registry(self.settings).records()}
+                    records = {r.id: r for r in registry.Registry(self.settings).records()}
                 results.append(self._evict(a, records.get(a.resident or ""), config))
             else:
                 results.append(_result(a, "skipped", f"unknown action kind {a.kind!r}"))
@@ -105,7 +105,7 @@ class Effects:
         return {"action": "level", "from": old, "to": new, "outcome": "done", "reason": a.reason}
 
     def _evict(
-        self, a: Action, record: residents.Record | None, config: GovernorConfig
+        self, a: Action, record: registry.Record | None, config: GovernorConfig
     ) -> dict[str, Any]:
         if record is None:
             res = _result(a, "gone", "no such resident any more (unloaded or its owner exited)")
@@ -115,7 +115,7 @@ class Effects:
         # The owner has the timeout to reach a safe point, and as long again to unload before
         # it counts as silent: under a force-evict, "past the grace" should not mean minutes.
         timeout_s = config.grace_s if force else min(EVICT_TIMEOUT_S, config.grace_s)
-        er = residents.evict(
+        er = eviction.evict(
             self.settings,
             record,
             force=force,
@@ -131,7 +131,7 @@ class Effects:
         return res
 
     def _kill(
-        self, a: Action, r: residents.Record, config: GovernorConfig, why: str
+        self, a: Action, r: registry.Record, config: GovernorConfig, why: str
     ) -> dict[str, Any]:
         """SIGTERM, grace, SIGKILL for an owner that ignored a force-evict; what happened."""
         if not config.force_kill:
@@ -140,7 +140,7 @@ class Effects:
             return {"outcome": "not-killed", "detail": f"not permitted: owner uid {r.uid}"}
         if r.pid in holder_pids(self.settings):
             return {"outcome": "not-killed", "detail": "its process holds a GPU ticket"}
-        reg = residents.Registry(self.settings, create=False)
+        reg = registry.Registry(self.settings, create=False)
         try:
             fd = claim.watch(reg.claim_path(r.owner))
         except claim.NotAClaim:

@@ -4,9 +4,9 @@
 Every reader of the world is injected through the constructor, real ones by default, so a test
 can script PSI text or swap counters without patching modules:
 
-* GPUs: ``gpulock.residents.probe_devices`` (NVML, or simulated GPUs whose used memory is what
+* GPUs: ``gpulock.registry.probe_devices`` (NVML, or simulated GPUs whose used memory is what
   live residents and holders declare).
-* Residents: ``gpulock.residents.Registry.records()``; a resident's owner "holds the lock"
+* Residents: ``gpulock.registry.Registry.records()``; a resident's owner "holds the lock"
   when its pid is the pid or the command pid (``gpulock run``) of a live holding ticket.
 * Host memory pressure: ``/proc/pressure/memory`` (PSI, Linux 4.20+), ``some`` and ``full``
   avg10.  A kernel without PSI, or one booted with ``psi=0``, gives None, never 0.
@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from governor.model import GpuSignals, ResidentView, Snapshot
-from gpulock import residents
+from gpulock import registry
 from gpulock.queuedir import holder_pids
 from gpulock.settings import Settings
 
@@ -102,9 +102,9 @@ class Probe:
         self._ooms_prev: dict[str, int] | None = None  # resident id -> ooms, None: first pass
 
     def collect(self, now_wall: float) -> Snapshot:
-        report = residents.probe_devices(self.settings)
+        report = registry.probe_devices(self.settings)
         gpus = tuple(GpuSignals(d.index, d.total_bytes, d.used_bytes) for d in report.devices)
-        records = residents.Registry(self.settings, create=False).records(clean=self.clean)
+        records = registry.Registry(self.settings, create=False).records(clean=self.clean)
         holders = holder_pids(self.settings)
         views = tuple(
             ResidentView(

@@ -49,10 +49,10 @@ __version__ = "0.1.0"
 # that only takes the lock does not pay for them.
 _LAZY = {
     "resident": ("gpulock.residents", "resident"),
-    "admit": ("gpulock.residents", "admit"),
-    "evict": ("gpulock.residents", "evict_named"),
+    "admit": ("gpulock.eviction", "admit"),
+    "evict": ("gpulock.eviction", "evict_named"),
     "Resident": ("gpulock.residents", "Resident"),
-    "AdmissionRefused": ("gpulock.residents", "AdmissionRefused"),
+    "AdmissionRefused": ("gpulock.eviction", "AdmissionRefused"),
     "adapters": ("gpulock.adapters", None),
     "governor_level": ("gpulock.level", "governor_level"),
 }

@@ -455,19 +455,19 @@ def cmd_heartbeat(args: argparse.Namespace) -> int:
 
 
 def cmd_evict(args: argparse.Namespace) -> int:
-    from gpulock import residents
+    from gpulock import eviction, registry
 
     settings = _settings(args)
-    matches = residents.find(settings, args.target, gpu=args.gpu)
+    matches = eviction.find(settings, args.target, gpu=args.gpu)
     if not matches:
-        known = sorted({r.name for r in residents.Registry(settings).records()})
+        known = sorted({r.name for r in registry.Registry(settings).records()})
         raise GpulockError(
             f"no resident model {args.target!r}"
             + (f" on gpu{args.gpu}" if args.gpu is not None else ""),
             hint=("resident models: " + ", ".join(known)) if known else "none is registered",
         )
     results = [
-        residents.evict(settings, r, force=args.force, timeout_s=args.timeout) for r in matches
+        eviction.evict(settings, r, force=args.force, timeout_s=args.timeout) for r in matches
     ]
     if args.json:
         print(json.dumps({"results": [asdict(r) for r in results]}, indent=2))

@@ -22,6 +22,9 @@ Eviction is a request, not a kill: the requester (``gpulock evict``, the watchdo
 that needs room) connects and asks; the owner waits until the model is not in use, unloads it
 (its ``unload`` callable), removes the record and answers; the requester then checks that the
 GPU's used memory really dropped.  Pinned models are refused unless the request is forced.
+
+This module is the owner's side; the requester's side is ``gpulock.eviction`` and the wire
+between them ``gpulock.control``.
 """
 
 from __future__ import annotations
@@ -33,23 +36,17 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
-from gpulock import claim, devices, identity
+from gpulock import claim, control, devices, identity
 from gpulock import settings as settings_mod
 from gpulock.config import Config
 from gpulock.errors import GpulockError
+from gpulock.registry import POLICIES, Record, Registry, encode
 from gpulock.settings import Settings
 from gpulock.state import atomic_write
-from gpulock.units import format_size, parse_size
-
-FORMAT = "gpulock.resident/1"
-POLICIES = ("persistent", "cold-start", "pinned")
-FOLDER = "residents"
-MIN_ADMIT_RESERVE_BYTES = 800 * 1024**2  # CUDA context, driver and fragmentation headroom
-VERIFY_S = 5.0  # how long a requester waits for freed memory to show (Ollama waits as long)
+from gpulock.units import parse_size
 
 
 class ResidentError(GpulockError):
@@ -58,168 +55,6 @@ class ResidentError(GpulockError):
 
 class Evicted(ResidentError):
     """The model was evicted and this handle has no ``load`` to bring it back."""
-
-
-class AdmissionRefused(ResidentError):
-    """Loading this much would eat into the GPU's reserve: refused before CUDA runs out."""
-
-    def __init__(self, gpu: int, bytes_: int, free_bytes: int, reserve_bytes: int) -> None:
-        self.gpu = gpu
-        self.bytes = bytes_
-        self.free_bytes = free_bytes
-        self.reserve_bytes = reserve_bytes
-        super().__init__(
-            f"loading {format_size(bytes_)} on gpu{gpu} would leave "
-            f"{format_size(max(free_bytes - bytes_, 0))} free, under the "
-            f"{format_size(reserve_bytes)} reserve",
-            hint="gpulock status shows what holds the memory; gpulock evict NAME frees idle models",
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One model resident in VRAM, as the registry shows it to every process."""
-
-    id: str
-    name: str
-    gpu: int
-    owner: str  # "<pid>-<start ticks>": names the owner's claim and control socket
-    pid: int
-    uid: int
-    user: str
-    program: str
-    policy: str
-    loaded_wall: float
-    last_used_wall: float
-    start_ticks: int | None = None
-    pidns: str | None = None
-    declared_bytes: int | None = None
-    measured_bytes: int | None = None
-    in_use: bool = False
-    uses: int = 0
-    flush_every: int | None = None
-    torch_allocated_bytes: int | None = None
-    torch_reserved_bytes: int | None = None
-    ooms: int = 0  # out-of-memory errors the owner reported (a governor signal)
-
-    @property
-    def bytes(self) -> int | None:
-        """Best known size: measured, else declared; None when nobody knows."""
-        return self.measured_bytes if self.measured_bytes is not None else self.declared_bytes
-
-
-def encode(r: Record) -> bytes:
-    return json.dumps({"format": FORMAT, **asdict(r)}, separators=(",", ":")).encode()
-
-
-def parse(data: bytes) -> Record:
-    """A record from its file; ValueError for anything else (readers skip it)."""
-    obj = json.loads(data)
-    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-        raise ValueError("not a resident record")
-    known = {k: obj[k] for k in Record.__dataclass_fields__ if k in obj}
-    r = Record(**known)
-    if not (isinstance(r.id, str) and isinstance(r.pid, int) and isinstance(r.gpu, int)):
-        raise ValueError("bad resident record")
-    if r.policy not in POLICIES:
-        raise ValueError(f"unknown policy {r.policy!r}")
-    return r
-
-
-# --- the folder ------------------------------------------------------------------------------
-
-
-class Registry:
-    """The files of ``<state>/residents``: the only code that reads or removes them."""
-
-    def __init__(self, settings: Settings, *, create: bool = True) -> None:
-        self.settings = settings
-        if create:
-            self.path = settings.state_dir / FOLDER
-            from gpulock.state import ensure_subdir
-
-            ensure_subdir(settings.state_dir, FOLDER, group=settings.group)
-        else:
-            self.path = settings.state_dir / FOLDER
-
-    def claim_path(self, owner: str) -> Path:
-        return self.path / f"owner-{owner}.fifo"
-
-    def socket_path(self, owner: str) -> Path:
-        return self.path / f"owner-{owner}.sock"
-
-    def record_path(self, rid: str) -> Path:
-        return self.path / f"{rid}.json"
-
-    def records(self, *, clean: bool = True) -> list[Record]:
-        """Live records (their owner holds its claim); dead ones are cleaned when ours to clean."""
-        try:
-            names = sorted(os.listdir(self.path))
-        except FileNotFoundError:
-            return []
-        alive: dict[str, bool] = {}
-        out = []
-        for name in names:
-            if not name.endswith(".json") or name.startswith("."):
-                continue
-            try:
-                with open(self.path / name, "rb") as f:
-                    r = parse(f.read(1 << 16))
-            except (OSError, ValueError, TypeError):
-                continue  # vanished or garbage: skipped, never a crash
-            if name != f"{r.id}.json":
-                continue
-            if r.owner not in alive:
-                alive[r.owner] = claim.held(self.claim_path(r.owner))
-            if alive[r.owner]:
-                out.append(r)
-            elif clean:
-                self._clean_dead(r)
-        return out
-
-    def _clean_dead(self, r: Record) -> None:
-        if not identity.may_signal(r.uid):
-            return
-        try:
-            os.unlink(self.record_path(r.id))
-        except FileNotFoundError:
-            return
-        self.settings.emit(
-            "cleanup",
-            resident=r.id,
-            name=r.name,
-            gpu=r.gpu,
-            pid=r.pid,
-            declared_bytes=r.declared_bytes,
-            reason="owner gone: no process holds its claim",
-        )
-        if not any(x.owner == r.owner for x in self.records(clean=False)):
-            for p in (self.claim_path(r.owner), self.socket_path(r.owner)):
-                with contextlib.suppress(OSError):
-                    os.unlink(p)
-
-
-def used_bytes(settings: Settings, gpu: int, *, registry: Registry | None = None) -> int:
-    """Simulated used memory of a GPU: what live residents and current holders declare.
-
-    Per process the larger of the two counts (a holder usually loads the model it declared as
-    its need), so a model is not counted twice.
-    """
-    from gpulock.queuedir import QueueDir
-
-    per_pid: dict[int, int] = {}
-    for r in (registry or Registry(settings, create=False)).records(clean=False):
-        if r.gpu == gpu and r.bytes:
-            per_pid[r.pid] = per_pid.get(r.pid, 0) + r.bytes
-    for t in QueueDir(settings, gpu, create=False).holders():
-        need = t.need_bytes if t.need_bytes is not None else 0
-        per_pid[t.pid] = max(per_pid.get(t.pid, 0), need)
-    return sum(per_pid.values())
-
-
-def probe_devices(settings: Settings) -> devices.DeviceReport:
-    """The device report, with simulated GPUs' used memory taken from this registry."""
-    return devices.probe(settings.config, used_by=lambda gpu: used_bytes(settings, gpu))
 
 
 # --- the owner side --------------------------------------------------------------------------
@@ -409,7 +244,7 @@ class _Owner:
         self.lock = threading.Lock()
         mode = settings.file_mode
         self.claim_fd = claim.create(self.registry.claim_path(self.key), mode)
-        self.sock = _listen(self.registry.socket_path(self.key))
+        self.sock = control.listen(self.registry.socket_path(self.key))
         self.thread = threading.Thread(target=self._serve, name="gpulock-residents", daemon=True)
         self.thread.start()
 
@@ -448,25 +283,33 @@ class _Owner:
         with conn:
             try:
                 conn.settimeout(30)
-                if not _peer_may_ask(conn, self.me.uid):
-                    _send(conn, {"ok": False, "outcome": "refused", "detail": "not permitted"})
+                if not control.peer_may_ask(conn, self.me.uid):
+                    control.send(
+                        conn, {"ok": False, "outcome": "refused", "detail": "not permitted"}
+                    )
                     return
-                req = json.loads(_recv_line(conn))
+                req = json.loads(control.recv_line(conn))
                 with self.lock:
                     h = self.handles.get(str(req.get("id")))
                 if req.get("op") != "evict" or h is None:
-                    _send(conn, {"ok": False, "outcome": "unknown", "detail": "no such resident"})
+                    control.send(
+                        conn, {"ok": False, "outcome": "unknown", "detail": "no such resident"}
+                    )
                     return
                 timeout_s = float(req.get("timeout_s", 10.0))
                 reply = h._evict(
                     force=bool(req.get("force")),
                     timeout_s=timeout_s,
-                    abandoned=lambda: _requester_left(conn),
+                    abandoned=lambda: control.requester_left(conn),
                 )
-                _send(conn, reply)
+                control.send(conn, reply)
             except Exception as e:  # an unload that raised: say so, keep serving
                 with contextlib.suppress(OSError):
-                    _send(conn, {"ok": False, "outcome": "error", "detail": repr(e)[:300]})
+                    control.send(conn, {"ok": False, "outcome": "error", "detail": repr(e)[:300]})
+
+
+def _refusal(outcome: str, detail: str) -> dict[str, Any]:
+    return {"ok": False, "outcome": outcome, "detail": detail}
 
 
 _owner: _Owner | None = None
@@ -565,287 +408,3 @@ def _program() -> str:
             return f.read().strip()
     except OSError:
         return "python"
-
-
-# --- the requester side ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class EvictResult:
-    id: str
-    name: str
-    gpu: int
-    pid: int
-    outcome: str  # freed | unloaded | not-freed | refused | busy | no-answer | owner-gone | ...
-    detail: str
-    freed_bytes: int | None
-    elapsed_s: float
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome in ("freed", "unloaded", "owner-gone", "already-unloaded")
-
-
-def find(settings: Settings, target: str, *, gpu: int | None = None) -> list[Record]:
-    """Records whose id is ``target``, or whose model name is ``target``."""
-    recs = Registry(settings).records()
-    hits = [r for r in recs if r.id == target] or [r for r in recs if r.name == target]
-    return [r for r in hits if gpu is None or r.gpu == gpu]
-
-
-def evict(
-    settings: Settings,
-    record: Record,
-    *,
-    force: bool = False,
-    timeout_s: float = 10.0,
-    verify_s: float = VERIFY_S,
-    reason: str = "requested",
-    answer_s: float | None = None,
-) -> EvictResult:
-    """Ask the owner to unload ``record``; then check the GPU's memory came back.
-
-    ``answer_s``: how long to wait for the owner's answer (default ``timeout_s`` + 5 s: the
-    owner's own deadline, then time to unload).
-    """
-    start = time.monotonic()
-    reg = Registry(settings)
-
-    def result(outcome: str, detail: str, freed: int | None = None) -> EvictResult:
-        res = EvictResult(
-            record.id, record.name, record.gpu, record.pid, outcome, detail, freed,
-            round(time.monotonic() - start, 6),
-        )  # fmt: skip
-        settings.emit(
-            "evict", resident=record.id, name=record.name, gpu=record.gpu, pid=record.pid,
-            outcome=outcome, detail=detail, freed_bytes=freed, elapsed_s=res.elapsed_s,
-            force=force, reason=reason,
-        )  # fmt: skip
-        return res
-
-    if not claim.held(reg.claim_path(record.owner)):
-        reg.records()  # cleans it
-        return result("owner-gone", "its owner had exited; record removed", record.bytes)
-    before = _memory_of(settings, record)
-    try:
-        reply = _ask(
-            reg.socket_path(record.owner),
-            {"op": "evict", "id": record.id, "force": force, "timeout_s": timeout_s},
-            timeout_s + 5.0 if answer_s is None else answer_s,
-        )
-    except TimeoutError:
-        return result("no-answer", f"owner pid {record.pid} did not answer in {timeout_s:g} s")
-    except OSError as e:
-        if not claim.held(reg.claim_path(record.owner)):
-            return result("owner-gone", "its owner exited meanwhile", record.bytes)
-        return result("no-answer", f"control socket: {e.strerror or e}")
-    if not reply.get("ok"):
-        return result(str(reply.get("outcome", "refused")), str(reply.get("detail", "")))
-    freed = _verify_freed(settings, record, before, verify_s)
-    if freed is None:
-        return result("unloaded", "unloaded; no memory probe to verify", reply.get("bytes"))
-    if freed <= 0:
-        return result("not-freed", "unloaded but memory not freed", 0)
-    return result("freed", f"freed {format_size(freed)}", freed)
-
-
-def _memory_of(settings: Settings, record: Record) -> int | None:
-    """Memory the owner uses on the record's GPU: NVML per process, or the simulated count."""
-    report = probe_devices(settings)
-    dev = report.get(record.gpu)
-    if dev is None:
-        return None
-    if dev.source == "simulated":
-        return dev.used_bytes
-    return devices.process_used_bytes(report, record.gpu, record.pid)
-
-
-def _verify_freed(
-    settings: Settings, record: Record, before: int | None, wait_s: float
-) -> int | None:
-    """Bytes that came back (None: cannot tell).  NVML lags an unload: poll up to ``wait_s``."""
-    if before is None:
-        return None
-    deadline = time.monotonic() + wait_s
-    pause = 0.01
-    while True:
-        after = _memory_of(settings, record)
-        if after is None:
-            return None
-        if after < before or time.monotonic() >= deadline:
-            return before - after
-        time.sleep(pause)  # NVML has no notification: back off up to 0.2 s
-        pause = min(pause * 2, 0.2)
-
-
-def make_room(
-    settings: Settings,
-    gpu: int,
-    need_bytes: int,
-    *,
-    exclude_pid: int,
-    timeout_s: float = 10.0,
-    reason: str = "room for a waiter",
-) -> list[EvictResult]:
-    """Evict idle, unpinned models of other processes until ``need_bytes`` are free.
-
-    Victims in order of cost to the fleet: cold-start models before persistent ones (they
-    expect to be reloaded), then least recently used first.  In-use and pinned models are
-    never chosen.  ``timeout_s`` bounds the whole attempt, not each eviction.  Returns what
-    was tried; nothing when the GPU's free memory is unknown.
-    """
-    dev = probe_devices(settings).get(gpu)
-    if dev is None or dev.free_bytes is None or dev.free_bytes >= need_bytes:
-        return []
-    short = need_bytes - dev.free_bytes
-    victims = sorted(
-        (
-            r
-            for r in Registry(settings).records()
-            if r.gpu == gpu and r.pid != exclude_pid and r.policy != "pinned" and not r.in_use
-        ),
-        key=lambda r: (r.policy != "cold-start", r.last_used_wall),
-    )
-    deadline = time.monotonic() + timeout_s  # for all of them: the waiter has a deadline
-    silent: set[str] = set()  # owners that did not answer are not asked again
-    results = []
-    for r in victims:
-        left = deadline - time.monotonic()
-        if short <= 0 or left <= 0:
-            break
-        if r.owner in silent:
-            continue
-        res = evict(
-            settings, r, timeout_s=left / 2, answer_s=left, verify_s=min(VERIFY_S, left),
-            reason=reason,
-        )  # fmt: skip
-        results.append(res)
-        if res.outcome == "no-answer":
-            silent.add(r.owner)
-        if res.ok:
-            short -= res.freed_bytes or r.bytes or 0
-    return results
-
-
-def evict_named(
-    target: str,
-    *,
-    gpu: int | None = None,
-    force: bool = False,
-    timeout: float | str = 10.0,
-    config: Config | str | None = None,
-    state_dir: str | os.PathLike[str] | None = None,
-) -> list[EvictResult]:
-    """``gpulock evict`` in Python: ask the owners of model ``target`` (a name or an id)."""
-    from gpulock.units import parse_duration
-
-    settings = settings_mod.load(config, state_dir)
-    timeout_s = parse_duration(timeout, key="timeout")
-    return [
-        evict(settings, r, force=force, timeout_s=timeout_s)
-        for r in find(settings, target, gpu=gpu)
-    ]
-
-
-def admit(
-    bytes: int | str,
-    gpu: int | None = None,
-    *,
-    config: Config | str | None = None,
-    state_dir: str | os.PathLike[str] | None = None,
-) -> int | None:
-    """Refuse (AdmissionRefused) a load that would leave less than the reserve free.
-
-    The reserve is max(800 MiB, the config's ``reserve``).  Returns the free bytes seen, or
-    None when the GPU's memory is unknown (then nothing can be checked and the load goes on).
-    """
-    settings = settings_mod.load(config, state_dir)
-    gpu_i = settings.config.default_gpu if gpu is None else gpu
-    size = parse_size(bytes, key="bytes")
-    dev = probe_devices(settings).get(gpu_i)
-    if dev is None or dev.total_bytes is None or dev.free_bytes is None:
-        return None
-    reserve = max(MIN_ADMIT_RESERVE_BYTES, settings.config.reserve_bytes(dev.total_bytes))
-    if dev.free_bytes - size < reserve:
-        raise AdmissionRefused(gpu_i, size, dev.free_bytes, reserve)
-    return dev.free_bytes
-
-
-# --- the control socket ----------------------------------------------------------------------
-
-
-def _short(path: Path) -> tuple[str, int | None]:
-    """A path the kernel accepts for AF_UNIX (108 bytes): via /proc/self/fd when too long."""
-    if len(os.fsencode(path)) < 100:
-        return str(path), None
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    return f"/proc/self/fd/{dfd}/{path.name}", dfd
-
-
-def _listen(path: Path) -> socket.socket:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    where, dfd = _short(path)
-    try:
-        s.bind(where)
-        os.chmod(path, 0o600)
-        s.listen(16)
-    finally:
-        if dfd is not None:
-            os.close(dfd)
-    return s
-
-
-def _ask(path: Path, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    where, dfd = _short(path)
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout_s)
-            s.connect(where)
-            _send(s, request)
-            reply = json.loads(_recv_line(s))
-    finally:
-        if dfd is not None:
-            os.close(dfd)
-    if not isinstance(reply, dict):
-        raise OSError("malformed answer")
-    return reply
-
-
-def _send(s: socket.socket, obj: dict[str, Any]) -> None:
-    s.sendall(json.dumps(obj).encode() + b"\n")
-
-
-def _recv_line(s: socket.socket, limit: int = 1 << 16) -> bytes:
-    buf = b""
-    while b"\n" not in buf:
-        chunk = s.recv(4096)
-        if not chunk:
-            break
-        buf += chunk
-        if len(buf) > limit:
-            raise OSError("answer too long")
-    return buf.split(b"\n", 1)[0]
-
-
-def _requester_left(conn: socket.socket) -> bool:
-    """True when the requester hung up (it gave up: no-answer); its request is void then."""
-    import select
-
-    poller = select.poll()
-    poller.register(conn, select.POLLIN | select.POLLRDHUP)
-    gone = select.POLLHUP | select.POLLRDHUP | select.POLLERR
-    return any(ev & gone for _, ev in poller.poll(0))
-
-
-def _peer_may_ask(conn: socket.socket, owner_uid: int) -> bool:
-    """Only the same user or root may ask (the folder's mode already keeps others out)."""
-    import struct
-
-    try:
-        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        _pid, uid, _gid = struct.unpack("3i", raw)
-    except OSError:
-        return False
-    return uid in (0, owner_uid)

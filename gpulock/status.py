@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gpulock import devices, level, queue, residents
+from gpulock import devices, level, queue, registry
 from gpulock.queuedir import QueueDir, TicketFile, queue_gpus
 from gpulock.settings import Settings
 from gpulock.units import format_duration, format_size
@@ -100,7 +100,7 @@ def gpu_snapshot(
     }
 
 
-def resident_entry(r: residents.Record, now_w: float) -> dict[str, Any]:
+def resident_entry(r: registry.Record, now_w: float) -> dict[str, Any]:
     return {
         "id": r.id,
         "name": r.name,
@@ -167,8 +167,8 @@ def governor_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
 
 def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, Any]:
     now_w = time.time() if now_wall is None else now_wall
-    report = residents.probe_devices(settings)
-    recs = residents.Registry(settings, create=False).records(clean=False)
+    report = registry.probe_devices(settings)
+    recs = registry.Registry(settings, create=False).records(clean=False)
     gpus = [gpu_snapshot(settings, i, report.get(i), now_w) for i in gpu_indices(settings, report)]
     registered: dict[int, str] = {r.pid: f"resident {r.name}" for r in recs}
     for g in gpus:

@@ -202,10 +202,10 @@ class Waiter:
             return
         if not (self.settings.state_dir / "residents").is_dir():
             return  # nobody ever registered a model: nothing to ask
-        from gpulock import residents
+        from gpulock import eviction
 
         left = None if self.deadline is None else self.deadline - time.monotonic()
-        residents.make_room(
+        eviction.make_room(
             self.settings,
             self.me.gpu,
             self.me.need_bytes,

@@ -29,7 +29,7 @@ from governor.model import Action, GovernorConfig, Snapshot, State
 from governor.probes import Probe, parse_psi
 from gpulock import devices, level
 from gpulock.events import read as read_events
-from gpulock.residents import Registry
+from gpulock.registry import Registry
 
 GiB = 1024**3
 CHILD = Path(__file__).with_name("resident_child.py")

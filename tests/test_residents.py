@@ -24,8 +24,10 @@ from cli_helpers import GPULOCK, Cli, Result, assert_clean_error
 from procs import Child, World, wait_until
 
 import gpulock
-from gpulock import adapters, devices, residents
-from gpulock.residents import AdmissionRefused, Evicted, Registry
+from gpulock import adapters, control, devices, eviction, registry
+from gpulock.eviction import AdmissionRefused
+from gpulock.registry import Registry
+from gpulock.residents import Evicted
 
 MiB = 1024**2
 GiB = 1024**3
@@ -255,21 +257,21 @@ def test_a_request_the_requester_gave_up_on_is_not_carried_out_later(lab: Lab) -
     lab.simulate("24GiB")
     o = lab.owner("owner", {"name": "m", "bytes": "6GiB"}, {"name": "other", "bytes": "1GiB"})
     settings = lab.settings()
-    (m,) = residents.find(settings, "m")
-    (other,) = residents.find(settings, "other")
+    (m,) = eviction.find(settings, "m")
+    (other,) = eviction.find(settings, "other")
     idle_threads = threads(o.pid)  # main + the control socket's server
     os.kill(o.pid, signal.SIGSTOP)
     try:
         wait_until(lambda: proc_state(o.pid) == "T", WAIT_S, "the owner to stop")
-        # What residents.evict() sends, given up on after its deadline (here 0.2 s).
+        # What eviction.evict() sends, given up on after its deadline (here 0.2 s).
         request = {"op": "evict", "id": m.id, "force": False, "timeout_s": 0.2}
         with pytest.raises(TimeoutError):
-            residents._ask(Registry(settings).socket_path(m.owner), request, 0.2)
+            control.ask(Registry(settings).socket_path(m.owner), request, 0.2)
     finally:
         os.kill(o.pid, signal.SIGCONT)
     # Barrier: a later request is answered (connections are accepted in order), and every
     # thread that answered one has ended.
-    assert residents.evict(settings, other).outcome == "freed"
+    assert eviction.evict(settings, other).outcome == "freed"
     wait_until(lambda: threads(o.pid) == idle_threads, WAIT_S, "the answering threads to end")
 
     assert not o.has("unloaded", "m"), o.describe()
@@ -283,7 +285,7 @@ def test_a_sigkilled_owners_records_are_dead_and_cleaned_by_a_reader(lab: Lab) -
     lab.simulate("24GiB")
     o = lab.owner("owner", {"name": "a", "bytes": "4GiB"}, {"name": "b", "bytes": "2GiB"})
     settings = lab.settings()
-    (a,) = residents.find(settings, "a")
+    (a,) = eviction.find(settings, "a")
     assert lab.used() == 6 * GiB
     o.child.killpg(signal.SIGKILL)
     o.child.proc.wait(WAIT_S)
@@ -292,7 +294,7 @@ def test_a_sigkilled_owners_records_are_dead_and_cleaned_by_a_reader(lab: Lab) -
     assert snap["residents"] == []
     assert snap["devices"][0]["used_bytes"] == 0
     assert snap["devices"][0]["free_bytes"] == 24 * GiB
-    folder = lab.world.state / residents.FOLDER
+    folder = lab.world.state / registry.FOLDER
     assert len(list(folder.glob("*.json"))) == 2  # status only reads: the files are still there
 
     assert Registry(settings).records() == []  # a reader that may clean them does
@@ -305,7 +307,7 @@ def test_a_sigkilled_owners_records_are_dead_and_cleaned_by_a_reader(lab: Lab) -
     assert "error: no resident model 'a'" in r.stderr, r.describe()
     assert "hint: none is registered" in r.stderr, r.describe()
     # A requester that found the record before the owner died is told so.
-    res = residents.evict(settings, a)
+    res = eviction.evict(settings, a)
     assert (res.outcome, res.ok) == ("owner-gone", True), res
     assert lab.events("evict", name="a")[-1]["outcome"] == "owner-gone"
 
@@ -359,7 +361,7 @@ def test_admission_counts_other_processes_residents_and_keeps_the_reserve(lab: L
 
 def test_admission_reserve_is_at_least_800_mib(lab: Lab) -> None:
     lab.simulate("4GiB")  # 10 % is 410 MiB: the floor wins
-    floor = residents.MIN_ADMIT_RESERVE_BYTES
+    floor = eviction.MIN_ADMIT_RESERVE_BYTES
     assert floor == 800 * MiB
     assert gpulock.admit(4 * GiB - floor) == 4 * GiB
     with pytest.raises(AdmissionRefused) as refused:
@@ -493,7 +495,7 @@ def test_an_evicted_resident_reloads_on_next_use_through_load(
     h = gpulock.resident("r", bytes="1GiB", load=load, unload=unloaded.append)
     try:
         h.update(measured_bytes=2 * GiB)  # measured wins over declared
-        assert residents.used_bytes(settings, 0) == 2 * GiB
+        assert registry.used_bytes(settings, 0) == 2 * GiB
 
         # Asked through this process's own control socket, served by its background thread.
         results = gpulock.evict("r", timeout=5)
@@ -505,7 +507,7 @@ def test_an_evicted_resident_reloads_on_next_use_through_load(
             assert model is models[1]  # load() ran again
         assert (len(models), h.loaded) == (2, True)
         assert [r.id for r in Registry(settings).records()] == [h.id]
-        assert residents.used_bytes(settings, 0) == 2 * GiB
+        assert registry.used_bytes(settings, 0) == 2 * GiB
     finally:
         h.release()
 

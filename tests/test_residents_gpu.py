@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from procs import wait_until
 
-from gpulock import devices, residents
+from gpulock import devices, eviction, registry
 from gpulock.settings import load
 
 _REPORT = devices.probe(None, {})
@@ -70,12 +70,12 @@ def test_eviction_frees_real_gpu_memory(tmp_path: Path, monkeypatch: pytest.Monk
 
         before = wait_until(used, 10, "NVML to list the owner")
         assert before >= 1 << 30
-        [result] = residents.evict_named("gpu-weights", state_dir=state)
+        [result] = eviction.evict_named("gpu-weights", state_dir=state)
         assert result.outcome == "freed", result
         assert result.freed_bytes is not None and result.freed_bytes >= (1 << 30) * 0.9
         after = used()
         assert after is not None and after <= before - (1 << 30) * 0.9
-        assert not residents.Registry(load(None, state)).records()
+        assert not registry.Registry(load(None, state)).records()
     finally:
         owner.kill()
         owner.wait()

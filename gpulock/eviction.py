@@ -1,0 +1,240 @@
+"""Asking a resident model's owner to let go, and checking the memory really came back.
+
+``evict`` (and ``gpulock evict``), ``make_room`` (a waiter that needs room) and ``admit``
+(before a load) are the requester's side of ``gpulock.residents``; they talk to the owner's
+control thread through ``gpulock.control``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from gpulock import claim, control, devices
+from gpulock import settings as settings_mod
+from gpulock.config import Config
+from gpulock.registry import Record, Registry, probe_devices
+from gpulock.residents import ResidentError
+from gpulock.settings import Settings
+from gpulock.units import format_size, parse_size
+
+MIN_ADMIT_RESERVE_BYTES = 800 * 1024**2  # CUDA context, driver and fragmentation headroom
+VERIFY_S = 5.0  # how long a requester waits for freed memory to show (Ollama waits as long)
+
+
+class AdmissionRefused(ResidentError):
+    """Loading this much would eat into the GPU's reserve: refused before CUDA runs out."""
+
+    def __init__(self, gpu: int, bytes_: int, free_bytes: int, reserve_bytes: int) -> None:
+        self.gpu = gpu
+        self.bytes = bytes_
+        self.free_bytes = free_bytes
+        self.reserve_bytes = reserve_bytes
+        super().__init__(
+            f"loading {format_size(bytes_)} on gpu{gpu} would leave "
+            f"{format_size(max(free_bytes - bytes_, 0))} free, under the "
+            f"{format_size(reserve_bytes)} reserve",
+            hint="gpulock status shows what holds the memory; gpulock evict NAME frees idle models",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EvictResult:
+    id: str
+    name: str
+    gpu: int
+    pid: int
+    outcome: str  # freed | unloaded | not-freed | refused | busy | no-answer | owner-gone | ...
+    detail: str
+    freed_bytes: int | None
+    elapsed_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in ("freed", "unloaded", "owner-gone", "already-unloaded")
+
+
+def find(settings: Settings, target: str, *, gpu: int | None = None) -> list[Record]:
+    """Records whose id is ``target``, or whose model name is ``target``."""
+    recs = Registry(settings).records()
+    hits = [r for r in recs if r.id == target] or [r for r in recs if r.name == target]
+    return [r for r in hits if gpu is None or r.gpu == gpu]
+
+
+def evict(
+    settings: Settings,
+    record: Record,
+    *,
+    force: bool = False,
+    timeout_s: float = 10.0,
+    verify_s: float = VERIFY_S,
+    reason: str = "requested",
+    answer_s: float | None = None,
+) -> EvictResult:
+    """Ask the owner to unload ``record``; then check the GPU's memory came back.
+
+    ``answer_s``: how long to wait for the owner's answer (default ``timeout_s`` + 5 s: the
+    owner's own deadline, then time to unload).
+    """
+    start = time.monotonic()
+    reg = Registry(settings)
+
+    def result(outcome: str, detail: str, freed: int | None = None) -> EvictResult:
+        res = EvictResult(
+            record.id, record.name, record.gpu, record.pid, outcome, detail, freed,
+            round(time.monotonic() - start, 6),
+        )  # fmt: skip
+        settings.emit(
+            "evict", resident=record.id, name=record.name, gpu=record.gpu, pid=record.pid,
+            outcome=outcome, detail=detail, freed_bytes=freed, elapsed_s=res.elapsed_s,
+            force=force, reason=reason,
+        )  # fmt: skip
+        return res
+
+    if not claim.held(reg.claim_path(record.owner)):
+        reg.records()  # cleans it
+        return result("owner-gone", "its owner had exited; record removed", record.bytes)
+    before = _memory_of(settings, record)
+    try:
+        reply = control.ask(
+            reg.socket_path(record.owner),
+            {"op": "evict", "id": record.id, "force": force, "timeout_s": timeout_s},
+            timeout_s + 5.0 if answer_s is None else answer_s,
+        )
+    except TimeoutError:
+        return result("no-answer", f"owner pid {record.pid} did not answer in {timeout_s:g} s")
+    except OSError as e:
+        if not claim.held(reg.claim_path(record.owner)):
+            return result("owner-gone", "its owner exited meanwhile", record.bytes)
+        return result("no-answer", f"control socket: {e.strerror or e}")
+    if not reply.get("ok"):
+        return result(str(reply.get("outcome", "refused")), str(reply.get("detail", "")))
+    freed = _verify_freed(settings, record, before, verify_s)
+    if freed is None:
+        return result("unloaded", "unloaded; no memory probe to verify", reply.get("bytes"))
+    if freed <= 0:
+        return result("not-freed", "unloaded but memory not freed", 0)
+    return result("freed", f"freed {format_size(freed)}", freed)
+
+
+def _memory_of(settings: Settings, record: Record) -> int | None:
+    """Memory the owner uses on the record's GPU: NVML per process, or the simulated count."""
+    report = probe_devices(settings)
+    dev = report.get(record.gpu)
+    if dev is None:
+        return None
+    if dev.source == "simulated":
+        return dev.used_bytes
+    return devices.process_used_bytes(report, record.gpu, record.pid)
+
+
+def _verify_freed(
+    settings: Settings, record: Record, before: int | None, wait_s: float
+) -> int | None:
+    """Bytes that came back (None: cannot tell).  NVML lags an unload: poll up to ``wait_s``."""
+    if before is None:
+        return None
+    deadline = time.monotonic() + wait_s
+    pause = 0.01
+    while True:
+        after = _memory_of(settings, record)
+        if after is None:
+            return None
+        if after < before or time.monotonic() >= deadline:
+            return before - after
+        time.sleep(pause)  # NVML has no notification: back off up to 0.2 s
+        pause = min(pause * 2, 0.2)
+
+
+def make_room(
+    settings: Settings,
+    gpu: int,
+    need_bytes: int,
+    *,
+    exclude_pid: int,
+    timeout_s: float = 10.0,
+    reason: str = "room for a waiter",
+) -> list[EvictResult]:
+    """Evict idle, unpinned models of other processes until ``need_bytes`` are free.
+
+    Victims in order of cost to the fleet: cold-start models before persistent ones (they
+    expect to be reloaded), then least recently used first.  In-use and pinned models are
+    never chosen.  ``timeout_s`` bounds the whole attempt, not each eviction.  Returns what
+    was tried; nothing when the GPU's free memory is unknown.
+    """
+    dev = probe_devices(settings).get(gpu)
+    if dev is None or dev.free_bytes is None or dev.free_bytes >= need_bytes:
+        return []
+    short = need_bytes - dev.free_bytes
+    victims = sorted(
+        (
+            r
+            for r in Registry(settings).records()
+            if r.gpu == gpu and r.pid != exclude_pid and r.policy != "pinned" and not r.in_use
+        ),
+        key=lambda r: (r.policy != "cold-start", r.last_used_wall),
+    )
+    deadline = time.monotonic() + timeout_s  # for all of them: the waiter has a deadline
+    silent: set[str] = set()  # owners that did not answer are not asked again
+    results = []
+    for r in victims:
+        left = deadline - time.monotonic()
+        if short <= 0 or left <= 0:
+            break
+        if r.owner in silent:
+            continue
+        res = evict(
+            settings, r, timeout_s=left / 2, answer_s=left, verify_s=min(VERIFY_S, left),
+            reason=reason,
+        )  # fmt: skip
+        results.append(res)
+        if res.outcome == "no-answer":
+            silent.add(r.owner)
+        if res.ok:
+            short -= res.freed_bytes or r.bytes or 0
+    return results
+
+
+def evict_named(
+    target: str,
+    *,
+    gpu: int | None = None,
+    force: bool = False,
+    timeout: float | str = 10.0,
+    config: Config | str | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+) -> list[EvictResult]:
+    """``gpulock evict`` in Python: ask the owners of model ``target`` (a name or an id)."""
+    from gpulock.units import parse_duration
+
+    settings = settings_mod.load(config, state_dir)
+    timeout_s = parse_duration(timeout, key="timeout")
+    return [
+        evict(settings, r, force=force, timeout_s=timeout_s)
+        for r in find(settings, target, gpu=gpu)
+    ]
+
+
+def admit(
+    bytes: int | str,
+    gpu: int | None = None,
+    *,
+    config: Config | str | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+) -> int | None:
+    """Refuse (AdmissionRefused) a load that would leave less than the reserve free.
+
+    The reserve is max(800 MiB, the config's ``reserve``).  Returns the free bytes seen, or
+    None when the GPU's memory is unknown (then nothing can be checked and the load goes on).
+    """
+    settings = settings_mod.load(config, state_dir)
+    gpu_i = settings.config.default_gpu if gpu is None else gpu
+    size = parse_size(bytes, key="bytes")
+    dev = probe_devices(settings).get(gpu_i)
+    if dev is None or dev.total_bytes is None or dev.free_bytes is None:
+        return None
+    reserve = max(MIN_ADMIT_RESERVE_BYTES, settings.config.reserve_bytes(dev.total_bytes))
+    if dev.free_bytes - size < reserve:
+        raise AdmissionRefused(gpu_i, size, dev.free_bytes, reserve)
+    return dev.free_bytes

@@ -1,0 +1,165 @@
+"""The registry of resident models, ``<state>/residents/``: records, and who may still count.
+
+Every process that keeps a model in VRAM publishes a record there (``gpulock.residents`` is
+the owner's side); any process reads them.  A record counts only while its owner holds its
+claim (``gpulock.claim``): a dead owner's records are recognisably dead, are cleaned by
+whoever finds them, and never count as used memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gpulock import claim, devices, identity
+from gpulock.settings import Settings
+from gpulock.state import ensure_subdir
+
+FORMAT = "gpulock.resident/1"
+POLICIES = ("persistent", "cold-start", "pinned")
+FOLDER = "residents"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One model resident in VRAM, as the registry shows it to every process."""
+
+    id: str
+    name: str
+    gpu: int
+    owner: str  # "<pid>-<start ticks>": names the owner's claim and control socket
+    pid: int
+    uid: int
+    user: str
+    program: str
+    policy: str
+    loaded_wall: float
+    last_used_wall: float
+    start_ticks: int | None = None
+    pidns: str | None = None
+    declared_bytes: int | None = None
+    measured_bytes: int | None = None
+    in_use: bool = False
+    uses: int = 0
+    flush_every: int | None = None
+    torch_allocated_bytes: int | None = None
+    torch_reserved_bytes: int | None = None
+    ooms: int = 0  # out-of-memory errors the owner reported (a governor signal)
+
+    @property
+    def bytes(self) -> int | None:
+        """Best known size: measured, else declared; None when nobody knows."""
+        return self.measured_bytes if self.measured_bytes is not None else self.declared_bytes
+
+
+def encode(r: Record) -> bytes:
+    return json.dumps({"format": FORMAT, **asdict(r)}, separators=(",", ":")).encode()
+
+
+def parse(data: bytes) -> Record:
+    """A record from its file; ValueError for anything else (readers skip it)."""
+    obj = json.loads(data)
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise ValueError("not a resident record")
+    known = {k: obj[k] for k in Record.__dataclass_fields__ if k in obj}
+    r = Record(**known)
+    if not (isinstance(r.id, str) and isinstance(r.pid, int) and isinstance(r.gpu, int)):
+        raise ValueError("bad resident record")
+    if r.policy not in POLICIES:
+        raise ValueError(f"unknown policy {r.policy!r}")
+    return r
+
+
+# --- the folder ------------------------------------------------------------------------------
+
+
+class Registry:
+    """The files of ``<state>/residents``: the only code that reads or removes them."""
+
+    def __init__(self, settings: Settings, *, create: bool = True) -> None:
+        self.settings = settings
+        self.path = settings.state_dir / FOLDER
+        if create:
+            ensure_subdir(settings.state_dir, FOLDER, group=settings.group)
+
+    def claim_path(self, owner: str) -> Path:
+        return self.path / f"owner-{owner}.fifo"
+
+    def socket_path(self, owner: str) -> Path:
+        return self.path / f"owner-{owner}.sock"
+
+    def record_path(self, rid: str) -> Path:
+        return self.path / f"{rid}.json"
+
+    def records(self, *, clean: bool = True) -> list[Record]:
+        """Live records (their owner holds its claim); dead ones are cleaned when ours to clean."""
+        try:
+            names = sorted(os.listdir(self.path))
+        except FileNotFoundError:
+            return []
+        alive: dict[str, bool] = {}
+        out = []
+        for name in names:
+            if not name.endswith(".json") or name.startswith("."):
+                continue
+            try:
+                with open(self.path / name, "rb") as f:
+                    r = parse(f.read(1 << 16))
+            except (OSError, ValueError, TypeError):
+                continue  # vanished or garbage: skipped, never a crash
+            if name != f"{r.id}.json":
+                continue
+            if r.owner not in alive:
+                alive[r.owner] = claim.held(self.claim_path(r.owner))
+            if alive[r.owner]:
+                out.append(r)
+            elif clean:
+                self._clean_dead(r)
+        return out
+
+    def _clean_dead(self, r: Record) -> None:
+        if not identity.may_signal(r.uid):
+            return
+        try:
+            os.unlink(self.record_path(r.id))
+        except FileNotFoundError:
+            return
+        self.settings.emit(
+            "cleanup",
+            resident=r.id,
+            name=r.name,
+            gpu=r.gpu,
+            pid=r.pid,
+            declared_bytes=r.declared_bytes,
+            reason="owner gone: no process holds its claim",
+        )
+        if not any(x.owner == r.owner for x in self.records(clean=False)):
+            for p in (self.claim_path(r.owner), self.socket_path(r.owner)):
+                with contextlib.suppress(OSError):
+                    os.unlink(p)
+
+
+def used_bytes(settings: Settings, gpu: int, *, registry: Registry | None = None) -> int:
+    """Simulated used memory of a GPU: what live residents and current holders declare.
+
+    Per process the larger of the two counts (a holder usually loads the model it declared as
+    its need), so a model is not counted twice.
+    """
+    from gpulock.queuedir import QueueDir
+
+    per_pid: dict[int, int] = {}
+    for r in (registry or Registry(settings, create=False)).records(clean=False):
+        if r.gpu == gpu and r.bytes:
+            per_pid[r.pid] = per_pid.get(r.pid, 0) + r.bytes
+    for t in QueueDir(settings, gpu, create=False).holders():
+        need = t.need_bytes if t.need_bytes is not None else 0
+        per_pid[t.pid] = max(per_pid.get(t.pid, 0), need)
+    return sum(per_pid.values())
+
+
+def probe_devices(settings: Settings) -> devices.DeviceReport:
+    """The device report, with simulated GPUs' used memory taken from this registry."""
+    return devices.probe(settings.config, used_by=lambda gpu: used_bytes(settings, gpu))
