@@ -266,9 +266,10 @@ def _say(kind: str, text: str) -> None:
 def _dispatch(argv: list[str]) -> int:
     builtin = {"run", "status", "break", "history", "heartbeat", "evict", "help"}
     if argv and not argv[0].startswith("-") and argv[0] not in builtin:
-        plugin = _plugins().get(argv[0])
+        plugins = _plugins()
+        plugin = plugins.get(argv[0])
         if plugin is None:
-            known = sorted(builtin | set(_plugins()))
+            known = sorted(builtin | set(plugins))
             raise UsageError(f"unknown command {argv[0]!r}", hint="commands: " + ", ".join(known))
         func: Callable[[list[str]], int] = plugin.load()
         return func(argv[1:])
@@ -276,9 +277,9 @@ def _dispatch(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.cmd is None or args.cmd == "help":
         parser.print_help()
-        plugins = sorted(_plugins())
-        if plugins:
-            print("\ncommands from installed packages: " + ", ".join(plugins))
+        names = sorted(_plugins())
+        if names:
+            print("\ncommands from installed packages: " + ", ".join(names))
         return EX_OK if args.cmd == "help" else EX_USAGE
     handler: Callable[[argparse.Namespace], int] = _HANDLERS[args.cmd]
     return handler(args)
