@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,28 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return s
 
 
+class StandInGovernor:
+    """Holds the governor's claim, as a running governor does, until it dies."""
+
+    def __init__(self, state: Path) -> None:
+        self.settings = load(None, state)
+        self.fd: int | None = claim.create(level.claim_path(self.settings), 0o600)
+
+    def die(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # the kernel drops the claim, as when a governor exits
+            self.fd = None
+
+
+@pytest.fixture
+def governor(state: Path) -> Iterator[StandInGovernor]:
+    g = StandInGovernor(state)
+    try:
+        yield g
+    finally:
+        g.die()
+
+
 def publish(state: Path, lvl: str, *, updated: float | None = None, interval: float = 60) -> None:
     now = time.time()
     level.write(
@@ -55,70 +78,53 @@ def queued(state: Path) -> bool:
     return bool(QueueDir(load(None, state), 0, create=False).seqs())
 
 
-def test_freeze_holds_new_admissions_until_the_governor_unfreezes_and_rings(state: Path) -> None:
-    settings = load(None, state)
-    fd = claim.create(level.claim_path(settings), 0o600)
-    try:
-        publish(state, "freeze")
-        p = waiter(20)
-        wait_until(lambda: queued(state), 10, "the waiter's ticket")
-        assert p.poll() is None  # frozen: not granted although nobody holds the GPU
-        publish(state, "normal")
-        qdir = QueueDir(settings, 0)
-        for seq in qdir.seqs():
-            qdir.ring(seq)
-        _out, err = p.communicate(timeout=10)
-        assert p.returncode == 0, err
-    finally:
-        os.close(fd)
+def test_freeze_holds_new_admissions_until_the_governor_unfreezes_and_rings(
+    state: Path, governor: StandInGovernor
+) -> None:
+    publish(state, "freeze")
+    p = waiter(20)
+    wait_until(lambda: queued(state), 10, "the waiter's ticket")
+    assert p.poll() is None  # frozen: not granted although nobody holds the GPU
+    publish(state, "normal")
+    assert QueueDir(governor.settings, 0).ring_head() is not None  # as the governor does
+    _out, err = p.communicate(timeout=10)
+    assert p.returncode == 0, err
 
 
-def test_a_dead_governors_freeze_does_not_count(state: Path) -> None:
-    settings = load(None, state)
-    fd = claim.create(level.claim_path(settings), 0o600)
+def test_a_dead_governors_freeze_does_not_count(state: Path, governor: StandInGovernor) -> None:
+    settings = governor.settings
     publish(state, "freeze")
     p = waiter(20)
     wait_until(lambda: queued(state), 10, "the waiter's ticket")
     t0 = time.monotonic()
-    os.close(fd)  # the governor dies: the kernel drops its claim, the waiter wakes
+    governor.die()  # the kernel drops its claim, the waiter wakes
     _out, err = p.communicate(timeout=10)
     assert p.returncode == 0, err
     assert time.monotonic() - t0 < 1.0
     assert level.read(settings) is None and level.current(settings) == "normal"
 
 
-def test_a_stale_freeze_does_not_count(state: Path) -> None:
-    settings = load(None, state)
-    fd = claim.create(level.claim_path(settings), 0o600)
-    try:
-        publish(state, "freeze", updated=time.time() - 3600, interval=60)  # a hung governor
-        p = waiter(5)
-        _out, err = p.communicate(timeout=10)
-        assert p.returncode == 0, err
-    finally:
-        os.close(fd)
+def test_a_stale_freeze_does_not_count(state: Path, governor: StandInGovernor) -> None:
+    publish(state, "freeze", updated=time.time() - 3600, interval=60)  # a hung governor
+    p = waiter(5)
+    _out, err = p.communicate(timeout=10)
+    assert p.returncode == 0, err
 
 
-def test_frozen_waiter_times_out_cleanly(state: Path) -> None:
-    settings = load(None, state)
-    fd = claim.create(level.claim_path(settings), 0o600)
-    try:
-        publish(state, "freeze")
-        p = waiter(0.3)
-        _out, err = p.communicate(timeout=10)
-        assert p.returncode != 0 and "LockTimeout" in err
-        assert not queued(state)  # it left the queue
-    finally:
-        os.close(fd)
+def test_frozen_waiter_times_out_cleanly(state: Path, governor: StandInGovernor) -> None:
+    publish(state, "freeze")
+    p = waiter(0.3)
+    _out, err = p.communicate(timeout=10)
+    assert p.returncode != 0 and "LockTimeout" in err
+    assert not queued(state)  # it left the queue
 
 
 def test_governor_level_reads_the_live_word_only(state: Path) -> None:
     import gpulock
 
     assert gpulock.governor_level() == "normal"  # no governor ever ran
-    settings = load(None, state)
-    fd = claim.create(level.claim_path(settings), 0o600)
+    governor = StandInGovernor(state)
     publish(state, "reduce")
     assert gpulock.governor_level() == "reduce"
-    os.close(fd)  # the governor is gone: its word no longer counts
+    governor.die()  # the governor is gone: its word no longer counts
     assert gpulock.governor_level() == "normal"
