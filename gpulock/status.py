@@ -12,6 +12,10 @@
   ``created_wall``, ``granted_wall``, ``waited_s``, ``held_s``, ``heartbeat_age_s``,
   ``child_pid``.
 * ``devices``: the probed GPUs; ``devices_problem``: why none could be probed, or None.
+* ``usage``: today's model calls as the router counted them (``<state>/router/ledger.json``):
+  ``day``, ``cloud_spend_usd``, ``daily_budget_usd`` (``router.daily_budget``, None when unset)
+  and ``by_agent`` / ``by_task`` / ``by_tier``, each name -> ``calls``, ``tokens_in``,
+  ``tokens_out``, ``cost_usd``; None when the router has not been used today.
 
 Reading status never changes the queue.
 """
@@ -23,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpulock import devices, level, queue, registry
+from gpulock.errors import GpulockError
 from gpulock.queuedir import QueueDir, TicketFile, queue_gpus
 from gpulock.settings import Settings
 from gpulock.units import format_duration, format_size
@@ -185,6 +190,40 @@ def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, 
         "devices_problem": report.problem,
         "gpus": gpus,
         "residents": [resident_entry(r, now_w) for r in recs],
+        "usage": usage_entry(settings, now_w),
+    }
+
+
+LEDGER_FORMAT = "gpulock.ledger/1"  # written by router/ledger.py; read here without the router
+
+
+def usage_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
+    """Today's router accounting, or None (no ledger, another day's, or unreadable)."""
+    import json
+
+    from gpulock.state import read_small
+
+    try:
+        data = read_small(settings.state_dir / "router" / "ledger.json")
+        raw = json.loads(data) if data else None
+    except (OSError, ValueError, GpulockError):
+        return None
+    day = time.strftime("%Y-%m-%d", time.localtime(now_w))
+    if not isinstance(raw, dict) or raw.get("format") != LEDGER_FORMAT or raw.get("day") != day:
+        return None
+    usage: dict[str, Any] = raw["usage"] if isinstance(raw.get("usage"), dict) else {}
+    spend: dict[str, Any] = raw["spend_usd"] if isinstance(raw.get("spend_usd"), dict) else {}
+    cloud = sum(float(v) for v in spend.values() if isinstance(v, int | float))
+    budget = (settings.config.section("router") or {}).get("daily_budget")
+    try:
+        budget_usd = None if budget is None else float(str(budget).lstrip("$"))
+    except ValueError:
+        budget_usd = None
+    return {
+        "day": day,
+        "cloud_spend_usd": round(cloud, 6),
+        "daily_budget_usd": budget_usd,
+        **{f"by_{axis}": usage.get(axis) or {} for axis in ("agent", "task", "tier")},
     }
 
 
@@ -251,12 +290,31 @@ def render(snap: dict[str, Any]) -> str:
             lines.append(f"  ignored {ig['file']}: {ig['reason']}")
     lines += _render_residents(snap.get("residents", []))
     lines += _render_processes(snap["devices"])
+    lines += _render_usage(snap.get("usage"))
     stale = [e for g in snap["gpus"] for e in g["holders"] + g["waiters"] if e["stale"]]
     if stale:
         lines.append(
             "! stale entries: 'gpulock break --stale' removes dead ones and ends hung ones"
         )
     return "\n".join(lines)
+
+
+def _render_usage(u: dict[str, Any] | None) -> list[str]:
+    if not u:
+        return []
+    budget = u["daily_budget_usd"]
+    spend = f"${u['cloud_spend_usd']:.4f}" + (f" of ${budget:.2f}" if budget is not None else "")
+    tiers = ", ".join(
+        f"{tier} {int(row.get('calls', 0))}" for tier, row in sorted(u["by_tier"].items())
+    )
+    lines = [f"model calls today: {tiers or 'none'}; cloud spend {spend}"]
+    for agent, row in sorted(u["by_agent"].items()):
+        lines.append(
+            f"  {agent}: {int(row.get('calls', 0))} calls, "
+            f"{int(row.get('tokens_in', 0))}+{int(row.get('tokens_out', 0))} tokens, "
+            f"${row.get('cost_usd', 0):.4f}"
+        )
+    return lines
 
 
 def _short(text: str, width: int) -> str:

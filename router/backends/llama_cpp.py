@@ -1,0 +1,286 @@
+"""llama.cpp in this process (llama-cpp-python): the cpu and gpu tiers.
+
+A gpu-tier call waits in gpulock's line for its GPU with ``need`` = the model's VRAM estimate,
+loads the model if it is not loaded, registers it as a resident (so the watchdog and other agents
+can see it and ask for it back), runs, and gives the GPU back.  Between calls the model stays
+loaded (``persistent``: evictable while idle; the next call reloads it) or is unloaded at once
+(``cold-start``: the memory is checked free again before the call returns).  cpu-tier models take
+no lock and register nothing.
+
+``llama_cpp`` is imported on the first load, so choosing a route costs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from gpulock import devices
+from gpulock.adapters import unload_llama
+from gpulock.errors import GpulockError, LockTimeout
+from gpulock.lock import acquire
+from gpulock.settings import Settings
+from router.backends import BackendError, Result
+from router.routes import Candidate
+
+VERIFY_S = 5.0  # how long a cold-start unload may take to show on NVML
+_lock = threading.Lock()
+
+
+def _llama_class() -> Any:
+    try:
+        from llama_cpp import Llama
+    except ImportError as e:
+        raise GpulockError(
+            f"llama-cpp-python is not installed ({e})",
+            hint="pip install 'gpulock[llama]'",
+        ) from None
+    return Llama
+
+
+def _is_oom(text: str) -> bool:
+    t = text.lower()
+    return "out of memory" in t or "cudamalloc" in t or "failed to allocate" in t
+
+
+class LlamaBackend:
+    """One model file with one context size, loaded at most once in this process."""
+
+    def __init__(self, c: Candidate, settings: Settings, *, gpu: int | None, need: int | None):
+        self.candidate = c
+        self.settings = settings
+        self.gpu = gpu if c.tier == "gpu" else None
+        self.need = need
+        self._llm: Any = None
+        self._resident: Any = None
+        self._call_lock = threading.Lock()  # llama.cpp contexts are not thread-safe
+        self.loads = 0
+
+    @property
+    def loaded(self) -> bool:
+        if self._resident is not None:
+            return bool(self._resident.loaded)
+        return self._llm is not None
+
+    # --- the calls ---------------------------------------------------------------------------
+
+    def complete(self, prompt: str, *, wait_s: float | None, label: str, **kw: Any) -> Result:
+        return self._run(lambda llm: llm.create_completion(prompt, **kw), "text", wait_s, label)
+
+    def chat(
+        self, messages: list[dict[str, Any]], *, wait_s: float | None, label: str, **kw: Any
+    ) -> Result:
+        return self._run(
+            lambda llm: llm.create_chat_completion(messages=messages, **kw), "chat", wait_s, label
+        )
+
+    def stream(
+        self,
+        kind: str,
+        payload: Any,
+        *,
+        wait_s: float | None,
+        label: str,
+        usage: dict[str, int],
+        **kw: Any,
+    ) -> Iterator[str]:
+        """Yield text pieces as they are generated; ``usage`` gets the token counts at the end."""
+        with self._session(wait_s, label) as llm:
+            if kind == "chat":
+                chunks = llm.create_chat_completion(messages=payload, stream=True, **kw)
+            else:
+                chunks = llm.create_completion(payload, stream=True, **kw)
+            n = 0
+            for chunk in chunks:
+                choice = (chunk.get("choices") or [{}])[0]
+                piece = choice.get("text")
+                if piece is None:
+                    piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    n += 1
+                    yield piece
+            text = payload if kind != "chat" else " ".join(m.get("content", "") for m in payload)
+            usage["tokens_in"] = len(llm.tokenize(str(text).encode(), add_bos=True))
+            usage["tokens_out"] = n
+
+    def _run(
+        self, call: Callable[[Any], Any], kind: str, wait_s: float | None, label: str
+    ) -> Result:
+        with self._session(wait_s, label) as llm:
+            try:
+                out = call(llm)
+            except (RuntimeError, ValueError, OSError) as e:
+                self._failed(e, "server")
+        choice = out["choices"][0]
+        text = choice["text"] if kind == "text" else (choice["message"].get("content") or "")
+        usage = out.get("usage") or {}
+        return Result(
+            text, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)), out
+        )
+
+    @contextlib.contextmanager
+    def _session(self, wait_s: float | None, label: str) -> Iterator[Any]:
+        """The loaded model for one call: under the GPU lock on the gpu tier."""
+        with self._call_lock:
+            if self.gpu is None:
+                if self._llm is None:
+                    self._llm = self._load()
+                try:
+                    yield self._llm
+                finally:
+                    if self.candidate.policy == "cold-start":
+                        self.unload()
+                return
+            try:
+                lease = acquire(
+                    gpu=self.gpu,
+                    need=self.need,
+                    timeout=wait_s,
+                    name=label,
+                    config=self.settings.config,
+                    state_dir=self.settings.state_dir,
+                )
+            except LockTimeout as e:
+                raise BackendError("busy", str(e)) from None
+            with lease:
+                if self._resident is None:
+                    self._resident = self._register()
+                with self._resident.use() as llm:
+                    yield llm
+                if self.candidate.policy == "cold-start":
+                    self.unload()
+
+    # --- loading and unloading ---------------------------------------------------------------
+
+    def _load(self) -> Any:
+        c = self.candidate
+        if not os.path.isfile(c.model):
+            raise BackendError("load", f"model file not found: {c.model} ({c.key}.model)")
+        Llama = _llama_class()
+        kwargs: dict[str, Any] = {
+            "model_path": c.model,
+            "n_ctx": c.n_ctx,
+            "n_batch": min(c.n_batch, c.n_ctx),
+            "n_gpu_layers": c.n_gpu_layers,
+            "verbose": False,
+        }
+        if c.n_threads:
+            kwargs["n_threads"] = c.n_threads
+        start = time.monotonic()
+        try:
+            with _lock:  # llama.cpp's backend init is not safe to run twice at once
+                llm = Llama(**kwargs)
+        except (RuntimeError, ValueError, OSError) as e:
+            self._failed(e, "load")
+        self.loads += 1
+        self.settings.emit(
+            "model-load",
+            task=c.task,
+            model=c.name,
+            tier=c.tier,
+            gpu=self.gpu,
+            n_ctx=c.n_ctx,
+            need_bytes=self.need,
+            load_s=round(time.monotonic() - start, 6),
+        )
+        return llm
+
+    def _failed(self, e: BaseException, kind: str) -> Any:
+        text = str(e) or type(e).__name__
+        if _is_oom(text):
+            if self._resident is not None:
+                self._resident.report_oom()
+            elif self.gpu is not None:
+                self.settings.emit("oom", name=self.candidate.name, gpu=self.gpu)
+            raise BackendError("oom", f"{self.candidate.name}: out of memory: {text}") from e
+        raise BackendError(kind, f"{self.candidate.name}: {text}") from e
+
+    def _register(self) -> Any:
+        from gpulock.residents import resident
+
+        c = self.candidate
+        return resident(
+            c.name,
+            gpu=self.gpu,
+            bytes=self.need,
+            load=self._load,
+            unload=unload_llama,
+            policy="cold-start" if c.policy == "cold-start" else "persistent",
+            config=self.settings.config,
+            state_dir=self.settings.state_dir,
+        )
+
+    def unload(self) -> None:
+        """Free the model now; the next call loads it again."""
+        if self._resident is not None:
+            res, self._resident = self._resident, None
+            baseline = self._process_gpu_bytes()
+            res.release()
+            self._verify_freed(baseline)
+        elif self._llm is not None:
+            llm, self._llm = self._llm, None
+            unload_llama(llm)
+
+    def _process_gpu_bytes(self) -> int | None:
+        if self.gpu is None:
+            return None
+        report = devices.probe(self.settings.config)
+        if report.source != "nvml":
+            return None  # simulated GPUs count the registry, which release() has just updated
+        return devices.process_used_bytes(report, self.gpu, os.getpid())
+
+    def _verify_freed(self, before: int | None) -> None:
+        """On a real GPU, wait until NVML shows this process's memory gone down (cold-start)."""
+        if before is None or self.need is None:
+            return
+        deadline = time.monotonic() + VERIFY_S
+        now_bytes = before
+        while time.monotonic() < deadline:
+            now_bytes = self._process_gpu_bytes() or 0
+            if now_bytes <= max(0, before - self.need // 2):
+                break
+            time.sleep(0.05)
+        self.settings.emit(
+            "unload-verify",
+            model=self.candidate.name,
+            gpu=self.gpu,
+            before_bytes=before,
+            after_bytes=now_bytes,
+            freed=now_bytes < before,
+        )
+
+
+_cache: dict[tuple[Any, ...], LlamaBackend] = {}
+
+
+def backend_for(
+    c: Candidate, settings: Settings, *, gpu: int | None, need: int | None
+) -> LlamaBackend:
+    """This process's backend for a candidate: persistent models are shared between handles."""
+    key = (
+        c.model,
+        c.tier,
+        c.policy,
+        c.n_ctx,
+        c.n_batch,
+        c.n_gpu_layers,
+        gpu,
+        str(settings.state_dir),
+    )
+    with _lock:
+        b = _cache.get(key)
+        if b is None:
+            b = _cache[key] = LlamaBackend(c, settings, gpu=gpu, need=need)
+        return b
+
+
+def loaded_models() -> set[str]:
+    """cids of the models loaded in this process now (the chooser prefers a warm model)."""
+    from router.choose import cid
+
+    with _lock:
+        return {cid(b.candidate) for b in _cache.values() if b.loaded}

@@ -1,0 +1,161 @@
+"""What a GGUF file says about its model's size, read from the header alone, and a VRAM estimate.
+
+A GGUF file starts with ``GGUF``, a version, the tensor and key/value counts, then the key/value
+metadata.  We read only the few numbers a VRAM estimate needs (layers, width, heads) and skip the
+rest (the tokenizer arrays), so this costs a few hundred microseconds and imports nothing: the
+``gguf`` package would pull in numpy and memory-map the whole file.
+
+The estimate, for ``n_gpu_layers`` of ``block_count`` layers offloaded::
+
+    weights  = file size x offloaded share
+    kv cache = 2 (K and V) x layers offloaded x n_ctx x n_embd x head_count_kv / head_count x 2 B
+    compute  = COMPUTE_BASE + n_ctx x n_embd x 4 B x 4   (llama.cpp's scratch buffers, roughly)
+
+It is deliberately a little generous: the lock's ``need`` is a promise to the other agents, and
+an under-estimate is the one that ends in an out-of-memory error.  ``vram:`` in a route overrides
+it when you have measured the real figure (``gpulock status`` shows what NVML saw).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from typing import BinaryIO
+
+MAGIC = b"GGUF"
+COMPUTE_BASE = 64 * 1024**2
+KV_BYTES = 2  # f16 K and V caches, llama.cpp's default
+
+# GGUF value types: fixed sizes; 8 is a string, 9 an array.
+_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRUCT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?"}
+_STRUCT.update({10: "<Q", 11: "<q", 12: "<d"})
+_STRING, _ARRAY = 8, 9
+_WANTED = ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv")
+_MAX_KEY = 1 << 16
+
+
+class GGUFError(ValueError):
+    """The file is not a GGUF file we can read."""
+
+
+@dataclass(frozen=True, slots=True)
+class GGUFInfo:
+    path: str
+    file_bytes: int
+    architecture: str | None
+    block_count: int | None
+    embedding_length: int | None
+    head_count: int | None
+    head_count_kv: int | None
+
+
+_cache: dict[tuple[str, int, int], GGUFInfo] = {}
+
+
+def read_info(path: str) -> GGUFInfo:
+    """The header numbers of a GGUF file (cached by path, size and mtime)."""
+    st = os.stat(path)
+    key = (path, st.st_size, st.st_mtime_ns)
+    hit = _cache.get(key)
+    if hit is not None:
+        return hit
+    with open(path, "rb") as f:
+        info = _parse(f, path, st.st_size)
+    _cache[key] = info
+    return info
+
+
+def _parse(f: BinaryIO, path: str, size: int) -> GGUFInfo:
+    if f.read(4) != MAGIC:
+        raise GGUFError(f"{path}: not a GGUF file (no GGUF magic at the start)")
+    version = _unpack(f, "<I")
+    if version < 2:
+        raise GGUFError(f"{path}: GGUF version {version} is too old (llama.cpp reads 2 and 3)")
+    _unpack(f, "<Q")  # tensor count
+    n_kv = _unpack(f, "<Q")
+    values: dict[str, object] = {}
+    for _ in range(n_kv):
+        key = _string(f)
+        vtype = _unpack(f, "<I")
+        if vtype in _STRUCT:
+            values[key] = _unpack(f, _STRUCT[vtype])
+        elif vtype == _STRING:
+            values[key] = _string(f)
+        elif vtype == _ARRAY:
+            _skip_array(f)
+        else:
+            raise GGUFError(f"{path}: unknown GGUF value type {vtype} for {key!r}")
+    arch = values.get("general.architecture")
+    arch_s = arch if isinstance(arch, str) else None
+
+    def num(name: str) -> int | None:
+        v = values.get(f"{arch_s}.{name}") if arch_s else None
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    found = {name: num(name) for name in _WANTED}
+    return GGUFInfo(
+        path=path,
+        file_bytes=size,
+        architecture=arch_s,
+        block_count=found["block_count"],
+        embedding_length=found["embedding_length"],
+        head_count=found["attention.head_count"],
+        head_count_kv=found["attention.head_count_kv"] or found["attention.head_count"],
+    )
+
+
+def _unpack(f: BinaryIO, fmt: str) -> int:
+    n = struct.calcsize(fmt)
+    data = f.read(n)
+    if len(data) != n:
+        raise GGUFError(f"{f.name}: the GGUF header ends early")
+    value: int = struct.unpack(fmt, data)[0]
+    return value
+
+
+def _string(f: BinaryIO) -> str:
+    n = _unpack(f, "<Q")
+    if n > _MAX_KEY * 16:
+        raise GGUFError(f"{f.name}: a GGUF string of {n} bytes: the header is damaged")
+    data = f.read(n)
+    if len(data) != n:
+        raise GGUFError(f"{f.name}: the GGUF header ends early")
+    return data.decode("utf-8", "replace")
+
+
+def _skip_array(f: BinaryIO) -> None:
+    itype = _unpack(f, "<I")
+    count = _unpack(f, "<Q")
+    if itype in _FIXED:
+        f.seek(_FIXED[itype] * count, os.SEEK_CUR)
+    elif itype == _STRING:
+        for _ in range(count):
+            n = _unpack(f, "<Q")
+            f.seek(n, os.SEEK_CUR)
+    elif itype == _ARRAY:
+        for _ in range(count):
+            _skip_array(f)
+    else:
+        raise GGUFError(f"{f.name}: unknown GGUF array type {itype}")
+
+
+def estimate_vram(info: GGUFInfo, *, n_ctx: int, n_gpu_layers: int) -> int:
+    """Bytes of VRAM a llama.cpp model takes with this context and offload (see module doc)."""
+    layers = info.block_count
+    if n_gpu_layers == 0:
+        return 0
+    share = 1.0
+    offloaded = layers
+    if layers is not None and 0 < n_gpu_layers < layers:
+        share = n_gpu_layers / layers
+        offloaded = n_gpu_layers
+    weights = int(info.file_bytes * share)
+    kv = 0
+    compute = COMPUTE_BASE
+    if offloaded and info.embedding_length and info.head_count and info.head_count_kv:
+        kv_width = info.embedding_length * info.head_count_kv // info.head_count
+        kv = 2 * offloaded * n_ctx * kv_width * KV_BYTES
+        compute += n_ctx * info.embedding_length * 4 * 4
+    return weights + kv + compute

@@ -1,0 +1,200 @@
+"""What the router remembers between processes: cooldowns, today's cloud spend, recent requests.
+
+Agents are short-lived: a cron job that met an HTTP 429 at 10:01 is gone by 10:02, and the next
+one must not walk into the same wall.  So the memory is a small JSON file,
+``<state>/router/ledger.json`` (format ``gpulock.ledger/1``), changed under an ``flock`` of
+``ledger.lock`` (read, change, atomic replace) so that two agents finishing at once both count.
+``gpulock status`` reads it, without the router, to show today's spend.
+
+Spend is kept per local calendar day and forgotten the next day; request times only for the last
+minute; a cooldown until it ends.  A damaged file is read as empty: losing a cooldown costs one
+failed request, never a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpulock import state
+from gpulock.errors import StateDirError
+from gpulock.settings import Settings
+
+FORMAT = "gpulock.ledger/1"
+FOLDER = "router"
+FILE = "ledger.json"
+RATE_WINDOW_S = 60.0
+USAGE_AXES = ("agent", "task", "tier")
+USAGE_FIELDS = ("calls", "tokens_in", "tokens_out", "cost_usd")
+
+
+def today(now_wall: float) -> str:
+    return time.strftime("%Y-%m-%d", time.localtime(now_wall))
+
+
+@dataclass(slots=True)
+class Ledger:
+    day: str
+    spend_usd: dict[str, float] = field(default_factory=dict)  # by cid, today
+    requests: dict[str, list[float]] = field(default_factory=dict)  # by cid, wall times
+    cooldowns: dict[str, dict[str, Any]] = field(default_factory=dict)  # cid -> until/reason/n
+    # Today's calls, tokens and cost by "agent", "task" and "tier" (what gpulock status sums).
+    usage: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "day": self.day,
+            "spend_usd": self.spend_usd,
+            "requests": self.requests,
+            "cooldowns": self.cooldowns,
+            "usage": self.usage,
+        }
+
+    def cooldown_until(self) -> dict[str, tuple[float, str]]:
+        out = {}
+        for key, c in self.cooldowns.items():
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                out[key] = (float(c["until_wall"]), str(c.get("reason", "")))
+        return out
+
+    def requests_last_min(self, now_wall: float) -> dict[str, int]:
+        return {
+            k: sum(1 for t in ts if now_wall - t < RATE_WINDOW_S) for k, ts in self.requests.items()
+        }
+
+
+def parse(data: bytes | None, now_wall: float) -> Ledger:
+    """The ledger in ``data``, with yesterday's spend and expired entries dropped."""
+    day = today(now_wall)
+    fresh = Ledger(day)
+    if not data:
+        return fresh
+    try:
+        raw = json.loads(data)
+    except ValueError:
+        return fresh
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        return fresh
+    led = Ledger(day)
+    if raw.get("day") == day and isinstance(raw.get("spend_usd"), dict):
+        led.spend_usd = {
+            str(k): float(v)
+            for k, v in raw["spend_usd"].items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+    if raw.get("day") == day and isinstance(raw.get("usage"), dict):
+        for axis in USAGE_AXES:
+            rows = raw["usage"].get(axis)
+            if isinstance(rows, dict):
+                led.usage[axis] = {
+                    str(k): {f: float(row.get(f, 0)) for f in USAGE_FIELDS}
+                    for k, row in rows.items()
+                    if isinstance(row, dict)
+                }
+    if isinstance(raw.get("requests"), dict):
+        for k, ts in raw["requests"].items():
+            if isinstance(ts, list):
+                kept = [float(t) for t in ts if isinstance(t, int | float)]
+                kept = [t for t in kept if now_wall - t < RATE_WINDOW_S]
+                if kept:
+                    led.requests[str(k)] = kept
+    if isinstance(raw.get("cooldowns"), dict):
+        for k, c in raw["cooldowns"].items():
+            # Kept a day past its end: "failures in a row" doubles the next cooldown.
+            if (
+                isinstance(c, dict)
+                and isinstance(c.get("until_wall"), int | float)
+                and now_wall - c["until_wall"] < 86400
+            ):
+                led.cooldowns[str(k)] = c
+    return led
+
+
+def path(settings: Settings) -> Path:
+    return settings.state_dir / FOLDER / FILE
+
+
+def read(settings: Settings, *, now_wall: float | None = None) -> Ledger:
+    now = time.time() if now_wall is None else now_wall
+    try:
+        data = state.read_small(path(settings))
+    except (OSError, StateDirError):
+        data = None
+    return parse(data, now)
+
+
+@contextlib.contextmanager
+def change(settings: Settings, *, now_wall: float | None = None) -> Iterator[Ledger]:
+    """Read, let the caller change, and write back the ledger, all under its lock."""
+    folder = state.ensure_subdir(settings.state_dir, FOLDER, group=settings.group)
+    fd = os.open(folder / "ledger.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, settings.file_mode)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        led = read(settings, now_wall=now_wall)
+        yield led
+        data = json.dumps(led.to_json(), separators=(",", ":")).encode()
+        state.atomic_write(folder / FILE, data, mode=settings.file_mode)
+    finally:
+        os.close(fd)
+
+
+def record_call(
+    settings: Settings,
+    key: str,
+    *,
+    cost_usd: float,
+    agent: str = "",
+    task: str = "",
+    tier: str = "",
+    tokens_in: int = 0,
+    tokens_out: int = 0,
+    now_wall: float | None = None,
+) -> None:
+    """Count one request, its tokens and cost; a success also ends the failures-in-a-row count."""
+    now = time.time() if now_wall is None else now_wall
+    with change(settings, now_wall=now) as led:
+        for axis, name in zip(USAGE_AXES, (agent, task, tier), strict=True):
+            row = led.usage.setdefault(axis, {}).setdefault(name, dict.fromkeys(USAGE_FIELDS, 0.0))
+            row["calls"] += 1
+            row["tokens_in"] += tokens_in
+            row["tokens_out"] += tokens_out
+            row["cost_usd"] = round(row["cost_usd"] + cost_usd, 8)
+        if tier == "cloud" or not tier:
+            led.requests.setdefault(key, []).append(now)
+        if cost_usd:
+            led.spend_usd[key] = round(led.spend_usd.get(key, 0.0) + cost_usd, 8)
+        c = led.cooldowns.get(key)
+        if c is not None and c.get("until_wall", 0) <= now:
+            del led.cooldowns[key]
+
+
+def record_failure(
+    settings: Settings,
+    key: str,
+    *,
+    reason: str,
+    base_s: float,
+    max_s: float,
+    retry_after_s: float | None = None,
+    now_wall: float | None = None,
+) -> float:
+    """Start a cooldown for ``key``: ``base_s`` doubled for each failure in a row, or the
+    server's Retry-After when it gave one.  Returns the cooldown's length in seconds."""
+    now = time.time() if now_wall is None else now_wall
+    with change(settings, now_wall=now) as led:
+        prev = led.cooldowns.get(key) or {}
+        n = int(prev.get("failures", 0)) + 1
+        length = float(min(max_s, base_s * 2 ** (n - 1)))
+        if retry_after_s is not None and retry_after_s > 0:
+            length = min(max_s, retry_after_s)
+        led.cooldowns[key] = {"until_wall": now + length, "reason": reason, "failures": n}
+        led.requests.setdefault(key, []).append(now)
+    return length

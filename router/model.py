@@ -1,0 +1,274 @@
+"""``Model``: what ``router.get_model`` returns — one handle, whichever tier serves it.
+
+A call goes to the chosen candidate.  When it fails (the model will not load, out of memory, HTTP
+429 or 5xx, a timeout, the GPU not free before the deadline) the candidate is cooled down (in the
+ledger, so other agents skip it too), the task's candidates are judged again without it, and the
+call goes to the next that fits; ``.tier``, ``.name`` and ``.why`` follow.  When none is left,
+``NoModelAvailable`` lists every candidate and why.
+
+Every call is accounted: a ``call`` event (task, agent, tier, model, tokens in and out, latency,
+estimated cost) in the event log, and cloud spend and requests in the ledger.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from gpulock.settings import Settings
+from router import ledger, probe
+from router.backends import BackendError, Result
+from router.choose import Choice, Verdict, choose, cid
+from router.errors import NoModelAvailable
+from router.routes import Candidate, Table
+
+
+class Model:
+    """A model for one task, chosen for this machine at this moment (see the module doc)."""
+
+    def __init__(
+        self,
+        task: str,
+        table: Table,
+        settings: Settings,
+        choice: Choice,
+        *,
+        agent: str,
+        deadline_at: float | None,
+        prefer: str | None,
+    ) -> None:
+        self.task = task
+        self.agent = agent
+        self.choice = choice
+        self._table = table
+        self._settings = settings
+        self._deadline_at = deadline_at
+        self._prefer = prefer
+        self._backends: dict[str, Any] = {}
+        self._failed: set[str] = set()
+        self.fallbacks: list[str] = []  # "model: why" for each candidate given up on this handle
+
+    # --- what was chosen ---------------------------------------------------------------------
+
+    @property
+    def _verdict(self) -> Verdict:
+        if self.choice.chosen is None:
+            raise NoModelAvailable(self.task, self.choice)
+        return self.choice.chosen
+
+    @property
+    def candidate(self) -> Candidate:
+        return self._verdict.candidate
+
+    @property
+    def tier(self) -> str:
+        return self.candidate.tier
+
+    @property
+    def name(self) -> str:
+        return self.candidate.name
+
+    @property
+    def gpu(self) -> int | None:
+        return self._verdict.gpu
+
+    @property
+    def why(self) -> str:
+        """What was chosen and why; each other candidate and why not; fallbacks so far."""
+        text = self.choice.explain()
+        if self.fallbacks:
+            text += "\n  fell back from: " + "; ".join(self.fallbacks)
+        return text
+
+    def __repr__(self) -> str:
+        chosen = self.choice.candidate
+        what = f"{chosen.tier} {chosen.name}" if chosen else "nothing"
+        return f"<router.Model task={self.task!r} {what}>"
+
+    # --- calls -------------------------------------------------------------------------------
+
+    def complete(self, prompt: str, *, stream: bool = False, **kw: Any) -> Any:
+        """Text completion: the generated text, or with ``stream=True`` an iterator of pieces.
+
+        Keywords go to the backend (``max_tokens``, ``temperature``, ``stop``...);
+        ``max_tokens`` defaults to the route's.
+        """
+        if stream:
+            return self._stream("text", prompt, kw)
+        return self._call(
+            lambda b, wait, label: b.complete(prompt, wait_s=wait, label=label, **kw), kw
+        )
+
+    def chat(self, messages: list[dict[str, Any]], *, stream: bool = False, **kw: Any) -> Any:
+        """Chat over ``[{"role": ..., "content": ...}]``: the reply's text (or its pieces)."""
+        if stream:
+            return self._stream("chat", messages, kw)
+        return self._call(
+            lambda b, wait, label: b.chat(messages, wait_s=wait, label=label, **kw), kw
+        )
+
+    def unload(self) -> None:
+        """Free what this handle loaded (a local model); the next call loads it again."""
+        for b in self._backends.values():
+            b.unload()
+
+    close = unload
+
+    def _call(self, run: Callable[[Any, float | None, str], Result], kw: dict[str, Any]) -> str:
+        while True:
+            v = self._verdict
+            kw.setdefault("max_tokens", v.candidate.max_tokens)
+            backend = self._backend(v)
+            start = time.monotonic()
+            try:
+                result = run(backend, self._wait_s(v.candidate), self._label())
+            except BackendError as e:
+                self._give_up(v, e, time.monotonic() - start)
+                continue
+            self._account(v, result.tokens_in, result.tokens_out, time.monotonic() - start)
+            return result.text
+
+    def _stream(self, kind: str, payload: Any, kw: dict[str, Any]) -> Iterator[str]:
+        while True:
+            v = self._verdict
+            kw.setdefault("max_tokens", v.candidate.max_tokens)
+            backend = self._backend(v)
+            usage: dict[str, int] = {}
+            start = time.monotonic()
+            started = False
+            try:
+                pieces = backend.stream(
+                    kind,
+                    payload,
+                    wait_s=self._wait_s(v.candidate),
+                    label=self._label(),
+                    usage=usage,
+                    **kw,
+                )
+                for piece in pieces:
+                    started = True
+                    yield piece
+            except BackendError as e:
+                if started:
+                    # Half an answer cannot be completed by another model: say so.
+                    self._give_up(v, e, time.monotonic() - start, retry=False)
+                    raise NoModelAvailable(self.task, self.choice, broke=e.short) from None
+                self._give_up(v, e, time.monotonic() - start)
+                continue
+            elapsed = time.monotonic() - start
+            self._account(v, usage.get("tokens_in", 0), usage.get("tokens_out", 0), elapsed)
+            return
+
+    # --- the parts ---------------------------------------------------------------------------
+
+    def _backend(self, v: Verdict) -> Any:
+        c = v.candidate
+        key = f"{cid(c)}|{c.n_ctx}|{v.gpu}"
+        b = self._backends.get(key)
+        if b is None:
+            if c.local:
+                from router.backends import llama_cpp
+
+                b = llama_cpp.backend_for(c, self._settings, gpu=v.gpu, need=v.need_bytes)
+            else:
+                from router.backends.openai_api import OpenAIBackend
+
+                b = OpenAIBackend(c)
+            self._backends[key] = b
+        return b
+
+    def _wait_s(self, c: Candidate) -> float:
+        if self._deadline_at is None:
+            return c.timeout_s
+        return max(0.0, min(c.timeout_s, self._deadline_at - time.monotonic()))
+
+    def _label(self) -> str:
+        return f"{self.agent}:{self.task}" if self.agent else self.task
+
+    def _give_up(self, v: Verdict, e: BackendError, elapsed: float, *, retry: bool = True) -> None:
+        c = v.candidate
+        key = cid(c)
+        self._failed.add(key)
+        rs = self._table.settings
+        cooled = None
+        if e.kind != "busy":  # a long queue is not the model's fault: no cooldown
+            cooled = ledger.record_failure(
+                self._settings,
+                key,
+                reason=e.short,
+                base_s=rs.cooldown_s,
+                max_s=rs.max_cooldown_s,
+                retry_after_s=e.retry_after_s,
+            )
+        self.fallbacks.append(f"{c.name}: {e.short}")
+        self._settings.emit(
+            "call",
+            task=self.task,
+            agent=self.agent,
+            tier=c.tier,
+            model=c.name,
+            ok=False,
+            error=e.short,
+            latency_s=round(elapsed, 6),
+            cooldown_s=cooled,
+            tokens_in=0,
+            tokens_out=0,
+            cost_usd=0.0,
+        )
+        if not retry:
+            return
+        self.choice = self._choose_again()
+        nxt = self.choice.chosen
+        self._settings.emit(
+            "fallback",
+            task=self.task,
+            agent=self.agent,
+            from_model=c.name,
+            from_tier=c.tier,
+            error=e.short,
+            to_model=nxt.candidate.name if nxt else None,
+            to_tier=nxt.candidate.tier if nxt else None,
+        )
+
+    def _choose_again(self) -> Choice:
+        cands = self._table.tasks[self.task]
+        h = probe.host(self._settings, cands, self._table.settings, warm=probe.warm_models())
+        deadline_s = None
+        if self._deadline_at is not None:
+            deadline_s = max(0.0, self._deadline_at - time.monotonic())
+        return choose(
+            self.task,
+            cands,
+            h,
+            deadline_s=deadline_s,
+            prefer=self._prefer,
+            exclude=frozenset(self._failed),
+        )
+
+    def _account(self, v: Verdict, tokens_in: int, tokens_out: int, elapsed: float) -> None:
+        c = v.candidate
+        cost = (tokens_in * c.price_in_per_1k + tokens_out * c.price_out_per_1k) / 1000
+        ledger.record_call(
+            self._settings,
+            cid(c),
+            cost_usd=cost,
+            agent=self.agent,
+            task=self.task,
+            tier=c.tier,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+        )
+        self._settings.emit(
+            "call",
+            task=self.task,
+            agent=self.agent,
+            tier=c.tier,
+            model=c.name,
+            ok=True,
+            gpu=v.gpu,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            latency_s=round(elapsed, 6),
+            cost_usd=round(cost, 8),
+        )

@@ -1,0 +1,161 @@
+"""What this machine looks like now, as the chooser's ``Host``: the I/O half of the router.
+
+Reads the GPUs (simulated or NVML, through ``gpulock.registry.probe_devices``), each GPU's queue
+(holders and waiters), recent hold times from the tail of the event log (for the wait estimate),
+the governor's published level, the ledger (cooldowns, spend, requests), which API-key variables
+are set, which model files exist, and the models already loaded in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from gpulock import events, level, registry
+from gpulock.queuedir import QueueDir
+from gpulock.settings import Settings
+from router import gguf_info, ledger
+from router.choose import GpuView, Host, cid
+from router.routes import Candidate, RouterSettings
+
+TAIL_BYTES = 64 * 1024  # enough for the last few hundred events
+HOLD_HISTORY = 20  # recent holds averaged for the wait estimate
+
+
+def recent_holds(state_dir: Path, gpu: int, *, limit: int = HOLD_HISTORY) -> list[float]:
+    """Hold times (``held_s`` of ``release`` events) of the last holds of ``gpu``, newest last."""
+    path = events.log_path(state_dir)
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - TAIL_BYTES))
+            tail = f.read()
+    except OSError:
+        return []
+    holds: list[float] = []
+    for line in tail.splitlines()[1:] if len(tail) >= TAIL_BYTES else tail.splitlines():
+        if b'"release"' not in line:
+            continue
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        held = e.get("held_s") if isinstance(e, dict) else None
+        if e.get("event") == "release" and e.get("gpu") == gpu and isinstance(held, int | float):
+            holds.append(float(held))
+    return holds[-limit:]
+
+
+def estimate_wait(
+    holders_elapsed: Sequence[float], waiters: int, holds: Sequence[float], default_s: float
+) -> float:
+    """Seconds until a newcomer would hold: the holders' remaining time plus one typical hold
+    per waiter ahead.  With no history the configured ``hold_estimate`` stands in."""
+    typical = statistics.median(holds) if holds else default_s
+    remaining = max((max(0.0, typical - e) for e in holders_elapsed), default=0.0)
+    return remaining + waiters * typical
+
+
+def vram_estimator() -> Callable[[Candidate], int | None]:
+    def vram_of(c: Candidate) -> int | None:
+        if c.vram_bytes is not None:
+            return c.vram_bytes
+        if not c.local:
+            return None
+        try:
+            info = gguf_info.read_info(c.model)
+        except (OSError, gguf_info.GGUFError):
+            return None
+        return gguf_info.estimate_vram(info, n_ctx=c.n_ctx, n_gpu_layers=c.n_gpu_layers)
+
+    return vram_of
+
+
+def host(
+    settings: Settings,
+    candidates: Sequence[Candidate],
+    rs: RouterSettings,
+    *,
+    warm: set[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    now_wall: float | None = None,
+) -> Host:
+    now = time.time() if now_wall is None else now_wall
+    env = os.environ if environ is None else environ
+    gpus: list[GpuView] = []
+    problem = None
+    if any(c.tier == "gpu" for c in candidates):
+        report = registry.probe_devices(settings)
+        problem = report.problem
+        for d in report.devices:
+            gpus.append(_gpu_view(settings, d.index, d.total_bytes, d.free_bytes, rs, now))
+    keys = {c.api_key_env for c in candidates if c.api_key_env}
+    led = ledger.read(settings, now_wall=now)
+    vram_of = vram_estimator()
+    return Host(
+        gpus=tuple(gpus),
+        gpu_problem=problem,
+        level=level.current(settings),
+        warm=frozenset(warm or ()),
+        env=frozenset(k for k in keys if env.get(k)),
+        missing_files=frozenset(c.model for c in candidates if c.local and not _file(c.model)),
+        spend_today_usd=dict(led.spend_usd),
+        daily_budget_usd=rs.daily_budget_usd,
+        cooldown_until=led.cooldown_until(),
+        requests_last_min=led.requests_last_min(now),
+        now_wall=now,
+        vram_of=vram_of,
+    )
+
+
+def _file(path: str) -> bool:
+    return os.path.isfile(path)
+
+
+def _gpu_view(
+    settings: Settings,
+    index: int,
+    total: int | None,
+    free: int | None,
+    rs: RouterSettings,
+    now: float,
+) -> GpuView:
+    reserve = settings.config.reserve_bytes(total) if total is not None else None
+    budget = total - reserve if total is not None and reserve is not None else None
+    if free is not None and reserve is not None:
+        free = max(0, free - reserve)
+    holders_elapsed: list[float] = []
+    waiters = 0
+    qdir = QueueDir(settings, index, create=False)
+    for seq, tf, _why in qdir.scan():
+        if tf is None or not qdir.alive(seq):
+            continue
+        t = tf.ticket
+        if t.holding and t.granted_wall is not None:
+            holders_elapsed.append(max(0.0, now - t.granted_wall))
+        else:
+            waiters += 1
+    ahead = len(holders_elapsed) + waiters
+    wait = 0.0
+    if ahead:
+        holds = recent_holds(settings.state_dir, index)
+        wait = estimate_wait(holders_elapsed, waiters, holds, rs.hold_estimate_s)
+    return GpuView(index, total, budget, free, ahead, wait)
+
+
+def warm_models() -> set[str]:
+    """cids of the models loaded in this process (none unless the llama backend was used)."""
+    import sys
+
+    mod = sys.modules.get("router.backends.llama_cpp")
+    if mod is None:
+        return set()
+    loaded: set[str] = mod.loaded_models()
+    return loaded
+
+
+__all__ = ["cid", "estimate_wait", "host", "recent_holds", "warm_models"]
