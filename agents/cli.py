@@ -1,0 +1,273 @@
+"""``gpulock agent`` (also ``python -m agents``): run one agent, list them, show one.
+
+::
+
+    gpulock agent run NAME [INPUT...] [--out PATH] [--timeout DUR] [--module MOD]...
+    gpulock agent list [--json]
+    gpulock agent show NAME [--json]
+
+Exit codes of ``run``: 0 done; 1 the agent raised (traceback in its log, one ``error:`` line on
+stderr); 2 usage (unknown agent, bad arguments, an agent module that cannot be imported); 75
+skipped (already running, or the GPU or a model could not be had before the timeout; nothing
+is printed unless stderr is a terminal, so cron mails nothing); 128+N stopped by signal N (the
+checkpoint is kept).  ``list`` and ``show``: 0, 1 (bad config), 2 (usage).
+
+Found by ``gpulock`` through the ``gpulock.commands`` entry point; ``main(argv) -> exit code``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpulock.cli import Parser, UsageError, report
+from gpulock.errors import GpulockError
+from gpulock.units import format_duration, format_size, parse_duration
+
+if TYPE_CHECKING:
+    from agents.spec import AgentSpec
+    from gpulock.settings import Settings
+
+EX_OK, EX_USAGE = 0, 2
+
+EPILOG = """\
+exit codes: 0 done; 1 the agent raised (traceback in <state>/agents/NAME/log.jsonl); 2 usage
+(unknown agent, bad arguments, an agent module that cannot be imported); 75 skipped: already
+running, or the GPU or a model could not be had before --timeout (silent unless stderr is a
+terminal: cron tries again at the next run); 128+N stopped by signal N (checkpoint kept).
+
+Agents are found in agents.examples, the config's agents.modules, $GPULOCK_AGENT_MODULES
+(comma-separated) and --module (a dotted module name or a path to a .py file)."""
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--module",
+        action="append",
+        default=[],
+        metavar="MOD",
+        help="also import agents from MOD: a dotted module name or a .py file (repeatable)",
+    )
+    p.add_argument("--config", metavar="FILE", help="config file (default: the usual lookup)")
+    p.add_argument(
+        "--state-dir", metavar="DIR", help="state folder (default: $GPULOCK_STATE_DIR, config)"
+    )
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="say how agents were found; echo the log"
+    )
+
+
+def build_parser(prog: str = "gpulock agent") -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = Parser(
+        prog=prog,
+        description="Run cron-safe agents: one instance at a time, bounded waits that become\n"
+        "a skip (exit 75), checkpointed batches that resume after a kill, a JSON log per agent.",
+        epilog=EPILOG,
+        formatter_class=raw,
+    )
+    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser)
+
+    p = sub.add_parser(
+        "run",
+        help="run one agent once (what a cron line does)",
+        description="Run agent NAME once.  INPUTs reach it as ctx.inputs (paths) and ctx.args,\n"
+        "--out as ctx.out.  Another run of NAME still alive makes this one a skip (75).",
+        epilog=EPILOG,
+        formatter_class=raw,
+    )
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("inputs", nargs="*", metavar="INPUT")
+    p.add_argument("--out", metavar="PATH", help="where the agent writes its result (ctx.out)")
+    p.add_argument(
+        "--timeout",
+        type=_duration,
+        metavar="DUR",
+        help="bound the waits for the GPU and models (30s, 10m); past it the run is skipped "
+        "with exit 75 (default: the agent's own timeout, else none)",
+    )
+    _common(p)
+
+    p = sub.add_parser("list", help="list the agents found", description="List the agents.")
+    p.add_argument("--json", action="store_true", help='print {"agents": [...]}')
+    _common(p)
+
+    p = sub.add_parser(
+        "show",
+        help="show one agent, its checkpoint and last run",
+        description="Show agent NAME: its declaration, its batch checkpoint and its last run.",
+    )
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _common(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "gpulock agent") -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(args_list, prog)
+    except (UsageError, GpulockError) as e:
+        return report(e)
+    except KeyboardInterrupt:  # Ctrl-C while importing agents, before a run took over signals
+        return 130
+
+
+agent_main = main  # the name an earlier pyproject.toml gave the `agent` entry point
+
+
+def fleet_main(argv: Sequence[str] | None = None) -> int:
+    """``gpulock fleet``, for an install whose entry point still names this module."""
+    import importlib
+
+    fleet_cli = importlib.import_module("agents.fleet")  # by name: written by someone else
+    code: int = fleet_cli.main(argv)
+    return code
+
+
+def _main(argv: list[str], prog: str) -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    if args.cmd is None:
+        parser.print_help(sys.stderr)
+        return EX_USAGE
+    from agents import registry
+    from gpulock.config import load_config
+
+    config = load_config(args.config)
+    notes = registry.load(args.module, config=config)
+    if args.verbose:
+        for note in notes:
+            print(f"debug: {note}", file=sys.stderr)
+    if args.cmd == "list":
+        return _list(args.json)
+    spec = _find(args.name)
+    from gpulock.settings import load
+
+    settings = load(config, args.state_dir)
+    if args.cmd == "show":
+        return _show(spec, settings, args.json)
+    from agents.runtime import run_agent
+
+    return run_agent(
+        spec,
+        args=args.inputs,
+        out=Path(args.out) if args.out else None,
+        timeout_s=args.timeout,
+        settings=settings,
+        verbose=args.verbose,
+    )
+
+
+def _find(name: str) -> AgentSpec:
+    from agents.spec import get, registered
+
+    spec = get(name)
+    if spec is not None:
+        return spec
+    known = [s.name for s in registered()]
+    if known:
+        raise UsageError(f"unknown agent {name!r}", hint="known agents: " + ", ".join(known))
+    raise UsageError(
+        f"unknown agent {name!r}: no agents found",
+        hint="name their module with --module MOD, $GPULOCK_AGENT_MODULES or the config's "
+        "agents.modules",
+    )
+
+
+def _list(as_json: bool) -> int:
+    from agents.spec import registered
+
+    specs = registered()
+    if as_json:
+        print(json.dumps({"agents": [s.as_dict() for s in specs]}, indent=2))
+        return EX_OK
+    if not specs:
+        print("no agents found (add --module MOD, $GPULOCK_AGENT_MODULES or agents.modules)")
+        return EX_OK
+    rows = [("NAME", "TASK", "SCHEDULE", "TIMEOUT", "NEED", "DESCRIPTION")]
+    for s in specs:
+        rows.append(
+            (
+                s.name,
+                s.task or "-",
+                s.schedule or "-",
+                format_duration(s.timeout_s) if s.timeout_s is not None else "-",
+                format_size(s.need_bytes) if s.need_bytes is not None else "-",
+                s.description,
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        line = "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[5]
+        print(line.rstrip())
+    return EX_OK
+
+
+def _show(spec: AgentSpec, settings: Settings, as_json: bool) -> int:
+    from agents import checkpoint
+    from agents.runtime import AGENTS_DIR, LOG_NAME
+
+    folder = settings.state_dir / AGENTS_DIR / spec.name
+    try:
+        found = checkpoint.load(folder / checkpoint.CHECKPOINT_NAME)
+        progress: dict[str, Any] | None = (
+            None if found is None else {"done": len(found.done), "total": found.total}
+        )
+    except checkpoint.CheckpointError as e:
+        progress = {"error": str(e)}
+    data = {
+        **spec.as_dict(),
+        "state": str(folder),
+        "checkpoint": progress,
+        "last_run": _last_end(folder / LOG_NAME),
+    }
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return EX_OK
+    for key, value in data.items():
+        if key == "last_run" and isinstance(value, dict):
+            value = (
+                f"{value.get('outcome')} ({value.get('msg')}), pid {value.get('pid')}, "
+                f"exit {value.get('exit_code')}"
+            )
+        elif key == "checkpoint" and isinstance(value, dict):
+            value = value.get("error") or f"{value['done']} of {value['total']} done"
+        elif key == "timeout_s" and value is not None:
+            value = format_duration(value)
+        elif key == "need_bytes" and value is not None:
+            value = format_size(value)
+        label = _LABELS.get(key, key.replace("_", " "))
+        print(f"{label}: {'-' if value is None or value == '' else value}")
+    return EX_OK
+
+
+_LABELS = {"timeout_s": "timeout", "need_bytes": "need", "last_run": "last run"}
+
+
+def _last_end(log: Path) -> dict[str, Any] | None:
+    """The newest ``end`` record of an agent's log (the rotated generation as a fallback)."""
+    for path in (log, log.with_name(log.name + ".1")):
+        try:
+            lines = path.read_bytes().splitlines()
+        except OSError:
+            continue
+        for raw in reversed(lines):
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("event") == "end":
+                return record
+    return None
