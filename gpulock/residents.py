@@ -111,6 +111,15 @@ class Resident:
                 self._model = self._load()
                 self.loaded = True
                 self._owner.adopt(self)
+                self._owner.settings.emit(
+                    "resident",
+                    resident=self.id,
+                    name=self.name,
+                    gpu=self.gpu,
+                    pid=self._record.pid,
+                    declared_bytes=self._record.declared_bytes,
+                    reloaded=True,
+                )
             self._in_use += 1
             self._write(in_use=True, last_used_wall=time.time())
         try:
@@ -161,10 +170,22 @@ class Resident:
         with self._cond:
             while self._in_use or self._evicting:
                 self._cond.wait()
+            was_loaded = self.loaded
             if self.loaded:
                 self._do_unload()
             self._owner.forget(self)
             self._load = None  # released for good: use() now says so
+        if was_loaded:
+            # The report and the governor's history need the end of a residency, not only
+            # its start: a cold-start model loads and unloads on every call.
+            self._owner.settings.emit(
+                "unload",
+                resident=self.id,
+                name=self.name,
+                gpu=self.gpu,
+                pid=self._record.pid,
+                declared_bytes=self._record.declared_bytes,
+            )
 
     def _write(self, **changes: Any) -> None:
         self._record = replace(self._record, **changes)
