@@ -1,170 +1,249 @@
-"""``make demo``: a dozen agents queue for one simulated 24 GiB GPU, and one of them crashes.
+"""``make demo``: a fleet of twenty agents shares one simulated 24 GiB GPU for a minute.
 
-Every agent is a real process started through ``gpulock run`` (exactly what a cron line does);
-its "GPU work" is a short sleep.  The demo uses its own state folder (``.demo/state``), so it
-never touches a real queue, and prints who got the GPU in what order, how long each waited,
-which ones shared the GPU by VRAM, which one gave up (exit 75) and how the line recovered from
-an agent killed with SIGKILL while holding the GPU.
+What runs, all of it real and in its own processes:
+
+- the fleet runner (``gpulock fleet``, APScheduler) starting the twenty agents of
+  ``agents.demo_agents`` on second-granularity schedules with jitter, each run its own process;
+- the governor (``gpulock governor``): the watchdog evicts idle models when the GPU passes 75 %,
+  and the ladder climbs to ``reduce`` under pressure;
+- the router's three tiers: a tiny real llama.cpp model (written on the spot, no download) on the
+  simulated GPU and on the CPU, and a "cloud" that is llama.cpp's OpenAI-compatible server on
+  127.0.0.1 with a small daily budget that runs out during the demo.
+
+Then it prints a summary (runs, skips, waits p50/p99, GPU handoffs, evictions, governor level
+changes, route choices by tier) and writes ``demo-report.html`` (``gpulock report``): who held
+the GPU when, queue length and VRAM over time.  Everything lives in ``.demo/``; a real queue is
+never touched.  ``python -m agents.demo --seconds 15`` is the short version the tests run.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
-from gpulock import events
-from gpulock.units import format_duration, format_size, parse_size
+from agents.demo_agents import INPUTS, VARIANTS
 
-
-@dataclass(frozen=True, slots=True)
-class DemoAgent:
-    name: str
-    work_s: float
-    need: str | None = None  # None: exclusive
-    timeout_s: float | None = None
-    crash: bool = False  # SIGKILLed while it holds the GPU
+CLOUD_KEY_ENV = "GPULOCK_DEMO_CLOUD_KEY"
+REPO = Path(__file__).resolve().parent.parent
 
 
-AGENTS = (
-    DemoAgent("digest-07h", 0.6),
-    DemoAgent("inbox-triage", 0.3, need="6GiB"),
-    DemoAgent("doc-tagger", 0.3, need="6GiB"),
-    DemoAgent("tts-batch", 0.5, need="16GiB"),
-    DemoAgent("report-draft", 0.4),
-    DemoAgent("crashy-agent", 30.0, crash=True),
-    DemoAgent("summarize-a", 0.2, need="4GiB"),
-    DemoAgent("summarize-b", 0.2, need="4GiB"),
-    DemoAgent("summarize-c", 0.2, need="4GiB"),
-    DemoAgent("impatient", 0.2, timeout_s=0.5),
-    DemoAgent("classifier", 0.3, need="2GiB"),
-    DemoAgent("nightly-embed", 0.4),
-)
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
-def main() -> int:
-    root = Path(".demo").absolute()
-    state = root / "state"
-    shutil.rmtree(state, ignore_errors=True)
-    root.mkdir(mode=0o700, exist_ok=True)
-    env = dict(os.environ, GPULOCK_STATE_DIR=str(state), GPULOCK_SIMULATE="24GiB")
-    env.pop("GPULOCK_TICKET", None)
-    print(f"{len(AGENTS)} agents queue for one simulated 24 GiB GPU (state folder {state})\n")
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    t0 = time.monotonic()
-    for agent in AGENTS:
-        cmd = [sys.executable, "-m", "gpulock", "run", "--name", agent.name]
-        if agent.need:
-            cmd += ["--need", agent.need]
-        if agent.timeout_s is not None:
-            cmd += ["--timeout", str(agent.timeout_s)]
-        cmd += ["--", sys.executable, "-c", f"import time; time.sleep({agent.work_s})"]
-        procs[agent.name] = subprocess.Popen(
-            cmd, env=env, stderr=subprocess.PIPE, start_new_session=True
+def _config(root: Path, model: Path, port: int) -> str:
+    m = str(model)
+    cloud = (
+        f"{{tier: cloud, backend: openai, model: tiny-cloud, base_url: http://127.0.0.1:{port}/v1,"
+        f" api_key_env: {CLOUD_KEY_ENV}, price: {{input: 0.01, output: 0.03}}, timeout: 20s}}"
+    )
+    return f"""\
+# Written by `make demo` (agents/demo.py).  One simulated 24 GiB GPU; every model is the same
+# tiny llama.cpp file, declared at the sizes real ones would have (vram:), so the line forms.
+state_dir: {root / "state"}
+simulate: 24GiB
+reserve: 2GiB
+watchdog:
+  interval: 1s
+  threshold: 75%
+  min_idle: 2s
+  hysteresis: 5%
+governor:
+  samples: 2
+  cooldown: 6s
+  vram_pressure: 80%
+router:
+  cooldown: 10s
+  daily_budget: 0.03
+  defaults: {{n_ctx: 2048, max_tokens: 24}}
+routes:
+  summarize:
+    - {{tier: gpu, backend: llama_cpp, model: {m}, vram: 6GiB, name: qwen-7b-q4}}
+    - {{tier: cpu, backend: llama_cpp, model: {m}, name: qwen-0.5b-q8}}
+  summarize-fast:
+    - {cloud}
+    - {{tier: cpu, backend: llama_cpp, model: {m}, name: qwen-0.5b-q8}}
+  classify:
+    - {{tier: cpu, backend: llama_cpp, model: {m}, name: qwen-0.5b-q8, n_ctx: 1024}}
+  tag:
+    - {{tier: gpu, backend: llama_cpp, model: {m}, vram: 4GiB, policy: cold-start,
+       name: tagger-3b}}
+    - {{tier: cpu, backend: llama_cpp, model: {m}, name: qwen-0.5b-q8}}
+  draft:
+    - {cloud}
+    - {{tier: gpu, backend: llama_cpp, model: {m}, vram: 8GiB, name: qwen-14b-q4}}
+    - {{tier: cpu, backend: llama_cpp, model: {m}, name: qwen-0.5b-q8}}
+  chat:
+    - {{tier: gpu, backend: llama_cpp, model: {m}, vram: 9GiB, name: assistant-8b}}
+    - {{tier: cpu, backend: llama_cpp, model: {m}, name: qwen-0.5b-q8}}
+"""
+
+
+def _fleet(work: Path) -> str:
+    lines = [
+        "# Written by `make demo`: twenty agents on second-granularity schedules.",
+        "fleet:",
+        "  jitter: 2s",
+        "  misfire_grace: 5s",
+        "  grace: 10s",
+        "  max_parallel: 6",
+        "agents:",
+    ]
+    periods = [9, 11, 13, 15, 17, 19, 21]
+    for i, name in enumerate(VARIANTS):
+        args = json.dumps([str(work / INPUTS[name])])
+        every = periods[i % len(periods)]
+        lines.append(f"  - {{name: {name}, every: {every}s, args: {args}, timeout: 20s}}")
+    lines.append("  - {name: flaky-gpu, every: 7s, timeout: 10s}")
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def _process(
+    argv: Sequence[str], env: dict[str, str], log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    with open(log, "ab") as out:
+        p = subprocess.Popen(
+            argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
-        _wait_for_tickets(state, len(procs))  # arrival order = the order above
-    crashy = next(a for a in AGENTS if a.crash)
-    _wait_for_event(state, "acquire", crashy.name)
-    os.killpg(procs[crashy.name].pid, signal.SIGKILL)  # the whole agent dies, mid-hold
-    killed_at = time.time()
-    codes = {name: p.wait(timeout=120) for name, p in procs.items()}
-    elapsed = time.monotonic() - t0
-    _report(state, codes, procs, killed_at, elapsed)
-    return 0
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
 
 
-def _wait_for_tickets(state: Path, n: int, timeout_s: float = 10.0) -> None:
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        seen = {e["ticket"] for e in events.read(state) if e["event"] in ("wait", "acquire")}
-        if len(seen) >= n:
-            return
-        time.sleep(0.005)
+        if proc.poll() is not None:
+            raise SystemExit(f"error: the demo's cloud server exited ({proc.returncode})")
+        try:
+            with urllib.request.urlopen(url, timeout=1):  # noqa: S310 (our own 127.0.0.1 server)
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("error: the demo's cloud server did not answer within 60 s")
 
 
-def _wait_for_event(state: Path, kind: str, name: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if any(e["event"] == kind and e.get("name") == name for e in events.read(state)):
-            return
-        time.sleep(0.005)
-    raise SystemExit(f"demo: {name} never got the GPU")
+def _events(state: Path) -> list[dict[str, object]]:
+    from gpulock import events
+
+    return list(events.read(state))
 
 
-def _report(
-    state: Path,
-    codes: dict[str, int],
-    procs: dict[str, subprocess.Popen[bytes]],
-    killed_at: float,
-    elapsed: float,
-) -> None:
-    log = list(events.read(state))
-    by_name: dict[str, dict[str, Any]] = {}
-    for e in log:
-        rec = by_name.setdefault(e.get("name", "?"), {})
-        rec.setdefault(e["event"], e)
-    needs = {a.name: a.need for a in AGENTS}
-    grants = sorted((e for e in log if e["event"] == "acquire"), key=lambda e: float(e["ts"]))
-    print(f"{'#':>2}  {'AGENT':<14} {'TICKET':>6}  {'NEED':<10} {'WAITED':>8}  OUTCOME")
-    for i, g in enumerate(grants, 1):
-        name = g["name"]
-        want = needs.get(name)
-        need = format_size(parse_size(want)) if want else "exclusive"
-        outcome = _outcome(name, codes.get(name), by_name[name])
-        print(
-            f"{i:>2}  {name:<14} {g['ticket']:>6}  {need:<10} "
-            f"{format_duration(g['waited_s']):>8}  {outcome}"
-        )
-    for name, rec in by_name.items():
-        if "timeout" in rec:
-            stream = procs[name].stderr
-            err = stream.read().decode().strip() if stream is not None else ""
-            print(
-                f" -  {name:<14} {rec['timeout']['ticket']:>6}  gave up after "
-                f"{format_duration(rec['timeout']['waited_s'])}, exit {codes[name]} "
-                f"(cron tries again next run)"
-            )
-            if err:
-                print(f"      {err.splitlines()[0]}")
-    after = [g for g in grants if float(g["ts"]) >= killed_at]
-    if after:
-        print(
-            f"\nafter the SIGKILL, {after[0]['name']} got the GPU "
-            f"{(float(after[0]['ts']) - killed_at) * 1000:.1f} ms later; no watchdog ran"
-        )
-    cleanups = [e for e in log if e["event"] == "cleanup"]
-    if cleanups:
-        print(f"the dead agent's ticket was removed by {len(cleanups)} waiter(s)")
-    print(
-        f"\n{len(grants)} grants, peak {_peak(log)} holders at once (VRAM sharing), "
-        f"{elapsed:.1f} s in all.  See: GPULOCK_STATE_DIR={state} gpulock history"
+def _progress(state: Path, elapsed: float) -> str:
+    evs = _events(state)
+    runs = Counter(str(e.get("outcome")) for e in evs if e.get("event") == "agent")
+    tiers = Counter(str(e.get("tier")) for e in evs if e.get("event") == "call" and e.get("ok"))
+    grants = sum(1 for e in evs if e.get("event") == "acquire")
+    evictions = sum(1 for e in evs if e.get("event") == "evict")
+    level = "normal"
+    for e in evs:
+        if e.get("event") == "governor" and e.get("level"):
+            level = str(e["level"])
+    done = ", ".join(f"{k} {v}" for k, v in sorted(runs.items())) or "none yet"
+    calls = ", ".join(f"{k} {v}" for k, v in sorted(tiers.items())) or "none yet"
+    return (
+        f"  {elapsed:4.0f}s  runs: {done} | GPU grants {grants} | model calls: {calls} | "
+        f"evictions {evictions} | governor {level}"
     )
 
 
-def _outcome(name: str, code: int | None, rec: dict[str, Any]) -> str:
-    if code == -signal.SIGKILL:
-        return "killed (SIGKILL) while holding"
-    held = rec.get("release", {}).get("held_s")
-    return f"ran {format_duration(held)}, exit {code}" if held is not None else f"exit {code}"
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m agents.demo", description=__doc__.split("\n")[0])
+    p.add_argument("--seconds", type=float, default=60.0, help="how long the fleet runs")
+    p.add_argument("--dir", default=".demo", help="the demo's folder (state, model, inputs)")
+    p.add_argument("--report", default="demo-report.html", help="where the HTML report goes")
+    args = p.parse_args(argv)
 
+    from gpulock import report
+    from router.tiny_model import ensure_tiny_llama
 
-def _peak(log: list[dict[str, Any]]) -> int:
-    holding: set[int] = set()
-    peak = 0
-    for e in sorted(log, key=lambda e: float(e["ts"])):
-        if e["event"] == "acquire":
-            holding.add(e["ticket"])
-        elif e["event"] in ("release", "cleanup"):
-            holding.discard(e["ticket"])
-        peak = max(peak, len(holding))
-    return peak
+    root = Path(args.dir).absolute()
+    state, work, logs = root / "state", root / "work", root / "logs"
+    for d in (state, work, logs):
+        shutil.rmtree(d, ignore_errors=True)
+    for d in (root, work, logs):
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    model = ensure_tiny_llama(root / "models")
+    data = REPO / "examples" / "data"
+    for folder in sorted(set(INPUTS.values())):
+        shutil.copytree(data / folder, work / folder)
+    port = _free_port()
+    config = root / "gpulock.yaml"
+    config.write_text(_config(root, model, port))
+    fleet = root / "fleet.yaml"
+    fleet.write_text(_fleet(work))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULOCK_")}
+    env.update(
+        GPULOCK_CONFIG=str(config),
+        GPULOCK_STATE_DIR=str(state),
+        GPULOCK_AGENT_MODULES="agents.demo_agents",
+        GPULOCK_DEMO_ASSISTANT_S=str(max(5.0, args.seconds - 5)),
+        GPULOCK_NO_PROGRESS="1",
+        **{CLOUD_KEY_ENV: "demo-not-a-secret"},
+    )
+    py = sys.executable
+    print(
+        f"gpulock demo: {len(VARIANTS) + 1} agents on a fleet and an assistant share one "
+        f"simulated 24 GiB GPU for {args.seconds:.0f} s (folder {root})"
+    )
+    print("  cloud: llama.cpp's OpenAI-compatible server on 127.0.0.1 (the tiny model)")
+    server = [
+        py, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", "tiny-cloud",
+        "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--n_gpu_layers", "0",
+    ]  # fmt: skip
+    with _process(server, env, logs / "cloud.log") as cloud:
+        _wait_http(f"http://127.0.0.1:{port}/v1/models", cloud, 60)
+        with _process([py, "-m", "gpulock", "governor"], env, logs / "governor.log"):
+            print("  governor: running (watchdog at 75 %, ladder at 80 %)")
+            # The assistant is the one long-lived agent: started once, here, for the whole run.
+            assistant = [py, "-m", "agents", "run", "assistant"]
+            run = [py, "-m", "gpulock", "fleet", str(fleet), "--for", f"{args.seconds}s"]
+            with (
+                _process(assistant, env, logs / "assistant.log"),
+                _process(run, env, logs / "fleet.log") as fleet_proc,
+            ):
+                start = time.monotonic()
+                while fleet_proc.poll() is None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        fleet_proc.wait(min(10.0, max(1.0, args.seconds / 6)))
+                    print(_progress(state, time.monotonic() - start), flush=True)
+                if fleet_proc.returncode != 0:
+                    print(f"warning: the fleet exited {fleet_proc.returncode}; see {logs}")
+
+    data_ = report.build(_events(state))
+    print("\nsummary")
+    for line in report.summary_lines(data_):
+        print("  " + line)
+    out = Path(args.report).absolute()
+    report.write_report(state, out)
+    print(f"\nreport: {out}  (the same for any state folder: gpulock report --out FILE)")
+    print(f"logs: {logs}; agents' own logs: {state}/agents/<name>/log.jsonl")
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -410,10 +410,12 @@ def _history_line(e: dict[str, Any]) -> str:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["ts"]))
     gpu = f"gpu{e['gpu']}" if isinstance(e.get("gpu"), int) else "-"
     ticket = str(e.get("ticket", "-"))
-    who = f"{e.get('name', '')}[{e.get('pid', '')}]" if "pid" in e else ""
+    # Agents' and the fleet's events name their agent; the lock's name their holder.
+    label_key = "name" if "name" in e else "agent"
+    who = f"{e.get(label_key, '')}[{e.get('pid', '')}]" if "pid" in e else ""
     details = []
     for k, v in e.items():
-        if k in _SHOWN or v is None:
+        if k in _SHOWN or v is None or (who and k == label_key):
             continue
         if k.endswith("_s") and isinstance(v, int | float):
             v = format_duration(v)

@@ -11,7 +11,7 @@ import time
 from datetime import datetime
 
 import pytest
-from cli_helpers import REPO, Cli, Result, assert_clean_error, error_lines, wait_until
+from cli_helpers import Cli, Result, assert_clean_error, error_lines, wait_until
 
 
 def hint_lines(r: Result) -> list[str]:
@@ -407,16 +407,3 @@ def test_gpulock_run_stays_light(cli: Cli) -> None:
     assert r.code == 0, r.describe()
     assert json.loads(r.stdout) == {"rc": 0, "loaded": []}, r.stdout
     assert cli.events("release"), cli.describe()
-
-
-# --- make demo --------------------------------------------------------------------------------
-
-
-def test_demo_runs(cli: Cli) -> None:
-    env = cli.env(GPULOCK_SIMULATE=None, PYTHONPATH=str(REPO))
-    r = cli.run("-m", "agents.demo", argv0=[sys.executable], env=env, timeout_s=60)
-    assert r.code == 0, r.describe()
-    lines = r.stdout.splitlines()
-    assert any("gave up" in ln and "exit 75" in ln for ln in lines), r.stdout
-    assert any(ln.startswith("after the SIGKILL") for ln in lines), r.stdout
-    assert (cli.root / ".demo" / "state" / "events.jsonl").exists()
