@@ -1,0 +1,131 @@
+"""An agent run's JSON log: ``<state>/agents/<name>/log.jsonl``, one JSON line per record.
+
+Records carry ``ts``, ``agent``, ``pid``, ``level``, ``msg`` and the fields given in ``extra=``
+(any key, ``name`` included: ``RunLogger``), and ``exc`` with the traceback of a failure.  Each
+line is one ``write()`` on ``O_APPEND``; the file is rotated to ``log.jsonl.1`` past 1 MiB.
+Writing never raises: a full disk must not turn a good run into a failed one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final, TextIO
+
+LOG_NAME: Final = "log.jsonl"
+LOG_MAX_BYTES: Final = 1024 * 1024
+
+# Attributes every LogRecord has: anything else on a record came from ``extra=``.
+_RECORD_ATTRS: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "extra_fields",
+}
+
+
+class RunLogger(logging.Logger):
+    """A Logger whose ``extra=`` may use any key, ``name`` and ``args`` included.
+
+    A plain Logger refuses keys that clash with LogRecord's own attributes (KeyError); an
+    agent writing ``extra={"name": model.name}`` should get a log line, not a failed run.  The
+    fields ride on the record as ``extra_fields``.
+    """
+
+    def makeRecord(  # logging names it so
+        self,
+        name: str,
+        level: int,
+        fn: str,
+        lno: int,
+        msg: object,
+        args: Any,
+        exc_info: Any,
+        func: str | None = None,
+        extra: Mapping[str, object] | None = None,
+        sinfo: str | None = None,
+    ) -> logging.LogRecord:
+        record = super().makeRecord(name, level, fn, lno, msg, args, exc_info, func, None, sinfo)
+        record.extra_fields = dict(extra or {})
+        return record
+
+
+class JsonLineHandler(logging.Handler):
+    """Appends each record as one JSON line (one ``write()`` on ``O_APPEND``), rotated by size.
+
+    Never raises: a full disk must not turn a good run into a failed one.
+    """
+
+    def __init__(
+        self, path: Path, agent: str, *, mode: int = 0o600, max_bytes: int = LOG_MAX_BYTES
+    ) -> None:
+        super().__init__()
+        self.path = path
+        self.agent = agent
+        self.mode = mode
+        self.max_bytes = max_bytes
+
+    def line(self, record: logging.LogRecord) -> bytes:
+        data: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "agent": self.agent,
+            "pid": record.process or os.getpid(),
+            "level": record.levelname.lower(),
+            "msg": record.getMessage(),
+        }
+        extra = dict(getattr(record, "extra_fields", None) or {})
+        extra.update((k, v) for k, v in vars(record).items() if k not in _RECORD_ATTRS)
+        for key, value in extra.items():
+            data.setdefault(str(key), value)  # ts, agent, pid, level and msg are the runtime's
+        if record.exc_info and record.exc_info[1] is not None:
+            data["exc"] = "".join(traceback.format_exception(record.exc_info[1])).rstrip()
+        return (json.dumps(data, default=str, separators=(",", ":")) + "\n").encode()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            append_line(self.path, self.line(record), mode=self.mode, max_bytes=self.max_bytes)
+        except Exception:
+            pass  # see the class docstring
+
+
+def append_line(path: Path, data: bytes, *, mode: int, max_bytes: int) -> None:
+    """Append ``data`` with one write; past ``max_bytes``, rotate the file to ``<path>.1``."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, mode)
+    try:
+        os.write(fd, data)
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    if size <= max_bytes:
+        return
+    # Under a short flock, so that two runs (a run and a skip) never rotate at once.
+    lfd = os.open(path.with_name(".log.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+    try:
+        fcntl.flock(lfd, fcntl.LOCK_EX)
+        if os.stat(path).st_size > max_bytes:
+            os.replace(path, path.with_name(path.name + ".1"))
+    finally:
+        os.close(lfd)
+
+
+def open_run_log(
+    name: str, folder: Path, mode: int, verbose: bool, stderr: TextIO
+) -> tuple[logging.Logger, list[logging.Handler]]:
+    """A fresh logger for one run of ``name``, writing to ``folder/log.jsonl`` (and ``stderr``
+    when ``verbose``); the caller removes and closes the handlers when the run ends."""
+    log = RunLogger(f"agents.run.{name}")  # not in logging's registry: one per run
+    log.setLevel(logging.DEBUG if verbose else logging.INFO)
+    log.propagate = False  # the root logger's handlers would print under cron
+    handlers: list[logging.Handler] = [JsonLineHandler(folder / LOG_NAME, name, mode=mode)]
+    if verbose:
+        echo = logging.StreamHandler(stderr)
+        echo.setFormatter(logging.Formatter(f"{name}: %(levelname)s: %(message)s"))
+        handlers.append(echo)
+    for h in handlers:
+        log.addHandler(h)
+    return log, handlers
