@@ -164,13 +164,19 @@ def make_room(
     was tried; nothing when the GPU's free memory is unknown.
     """
     dev = probe_devices(settings).get(gpu)
-    if dev is None or dev.free_bytes is None or dev.free_bytes >= need_bytes:
+    if dev is None or dev.free_bytes is None:
         return []
-    short = need_bytes - dev.free_bytes
+    records = Registry(settings).records()
+    # The requester's own models are in memory already: a persistent model's next call needs
+    # no room for itself, so nobody else's idle model should pay for it.
+    own = sum(r.bytes or 0 for r in records if r.gpu == gpu and r.pid == exclude_pid)
+    short = need_bytes - dev.free_bytes - own
+    if short <= 0:
+        return []
     victims = sorted(
         (
             r
-            for r in Registry(settings).records()
+            for r in records
             if r.gpu == gpu and r.pid != exclude_pid and r.policy != "pinned" and not r.in_use
         ),
         key=lambda r: (r.policy != "cold-start", r.last_used_wall),

@@ -221,10 +221,30 @@ def usage_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
         budget_usd = None
     return {
         "day": day,
-        "cloud_spend_usd": round(cloud, 6),
+        "cloud_spend_usd": round(float(cloud), 6),
         "daily_budget_usd": budget_usd,
-        **{f"by_{axis}": usage.get(axis) or {} for axis in ("agent", "task", "tier")},
+        **{f"by_{axis}": _usage_rows(usage.get(axis)) for axis in ("agent", "task", "tier")},
     }
+
+
+def _usage_rows(rows: Any) -> dict[str, dict[str, Any]]:
+    """name -> counts as the documented types (the ledger keeps every figure as a float)."""
+    if not isinstance(rows, dict):
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for name, row in rows.items():
+        if not isinstance(row, dict):
+            continue
+        try:
+            out[str(name)] = {
+                "calls": int(row.get("calls", 0)),
+                "tokens_in": int(row.get("tokens_in", 0)),
+                "tokens_out": int(row.get("tokens_out", 0)),
+                "cost_usd": round(float(row.get("cost_usd", 0)), 8),
+            }
+        except (TypeError, ValueError):
+            continue  # a damaged row: skip it, as every reader of state files does
+    return out
 
 
 _COLUMNS = ("#", "TICKET", "STATE", "NAME", "PID", "USER", "NEED", "WAITED", "HELD", "LEASE")
@@ -246,6 +266,7 @@ def render(snap: dict[str, Any]) -> str:
         lines.append(f"no GPU queues yet (state folder {snap['state_dir']})")
         lines += _render_residents(snap.get("residents", []))
         lines += _render_processes(snap["devices"])
+        lines += _render_usage(snap.get("usage"))
         return "\n".join(lines)
     for g in snap["gpus"]:
         entries = g["holders"] + g["waiters"]

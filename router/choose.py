@@ -12,7 +12,7 @@ tests cover "no GPU", "6 GB laptop", "governor says reduce", "queue longer than 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpulock.units import format_duration, format_size
@@ -20,6 +20,9 @@ from router.routes import Candidate
 
 REDUCE_MIN_CTX = 512
 REDUCE_MIN_BATCH = 32
+# The governor's ladder: each level includes the actions of those below it, so smaller contexts
+# apply from ``reduce`` up (at ``freeze`` GPU candidates are skipped altogether).
+REDUCING_LEVELS = ("reduce", "evict-idle", "force-evict")
 
 
 def cid(c: Candidate) -> str:
@@ -110,9 +113,13 @@ def choose(
     *,
     deadline_s: float | None = None,
     prefer: str | None = None,
-    exclude: frozenset[str] = frozenset(),
+    exclude: Collection[str] = frozenset(),
 ) -> Choice:
-    """Judge every candidate, pick one (see the module doc); ``exclude`` holds cids to skip."""
+    """Judge every candidate, pick one (see the module doc).
+
+    ``exclude``: cids to skip (those that failed on this call); a mapping cid -> what went
+    wrong puts the failure in the reason, so NoModelAvailable says why, not just "failed".
+    """
     ordered = list(candidates)
     if prefer:
         ordered.sort(key=lambda c: 0 if prefer in (c.tier, c.name, c.model) else 1)
@@ -132,11 +139,16 @@ def choose(
     return Choice(task, chosen, tuple(verdicts), host.level)
 
 
-def _judge(c: Candidate, host: Host, deadline_s: float | None, exclude: frozenset[str]) -> Verdict:
+def _judge(c: Candidate, host: Host, deadline_s: float | None, exclude: Collection[str]) -> Verdict:
     key = cid(c)
     warm = key in host.warm
     if key in exclude:
-        return Verdict(c, False, "failed on this call already")
+        what = exclude.get(key) if isinstance(exclude, Mapping) else None
+        return Verdict(
+            c,
+            False,
+            f"failed on this call already: {what}" if what else "failed on this call already",
+        )
     until = host.cooldown_until.get(key)
     if until is not None and until[0] > host.now_wall:
         left = format_duration(until[0] - host.now_wall)
@@ -184,11 +196,11 @@ def _judge_gpu(c: Candidate, host: Host, deadline_s: float | None, warm: bool) -
     if host.level == "freeze":
         return Verdict(c, False, "governor level freeze: new GPU work waits")
     note = ""
-    if host.level == "reduce":
+    if host.level in REDUCING_LEVELS:
         n_ctx = max(min(c.n_ctx, REDUCE_MIN_CTX), c.n_ctx // 2)
         n_batch = max(min(c.n_batch, REDUCE_MIN_BATCH), c.n_batch // 2)
         if (n_ctx, n_batch) != (c.n_ctx, c.n_batch):
-            note = f"; governor level reduce: n_ctx {c.n_ctx} -> {n_ctx}"
+            note = f"; governor level {host.level}: n_ctx {c.n_ctx} -> {n_ctx}"
             c = replace(c, n_ctx=n_ctx, n_batch=n_batch)
     need = host.vram_of(c)
     gpus = [g for g in host.gpus if c.gpu is None or g.index == c.gpu]

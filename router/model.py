@@ -46,7 +46,7 @@ class Model:
         self._deadline_at = deadline_at
         self._prefer = prefer
         self._backends: dict[str, Any] = {}
-        self._failed: set[str] = set()
+        self._failed: dict[str, str] = {}  # cid -> what went wrong, on this handle
         self.fallbacks: list[str] = []  # "model: why" for each candidate given up on this handle
 
     # --- what was chosen ---------------------------------------------------------------------
@@ -97,7 +97,7 @@ class Model:
         if stream:
             return self._stream("text", prompt, kw)
         return self._call(
-            lambda b, wait, label: b.complete(prompt, wait_s=wait, label=label, **kw), kw
+            lambda b, wait, label, args: b.complete(prompt, wait_s=wait, label=label, **args), kw
         )
 
     def chat(self, messages: list[dict[str, Any]], *, stream: bool = False, **kw: Any) -> Any:
@@ -105,7 +105,7 @@ class Model:
         if stream:
             return self._stream("chat", messages, kw)
         return self._call(
-            lambda b, wait, label: b.chat(messages, wait_s=wait, label=label, **kw), kw
+            lambda b, wait, label, args: b.chat(messages, wait_s=wait, label=label, **args), kw
         )
 
     def unload(self) -> None:
@@ -115,14 +115,17 @@ class Model:
 
     close = unload
 
-    def _call(self, run: Callable[[Any, float | None, str], Result], kw: dict[str, Any]) -> str:
+    def _call(
+        self, run: Callable[[Any, float | None, str, dict[str, Any]], Result], kw: dict[str, Any]
+    ) -> str:
         while True:
             v = self._verdict
-            kw.setdefault("max_tokens", v.candidate.max_tokens)
+            # Each attempt its own keywords: the next candidate's default max_tokens is its own.
+            args = {"max_tokens": v.candidate.max_tokens, **kw}
             backend = self._backend(v)
             start = time.monotonic()
             try:
-                result = run(backend, self._wait_s(v.candidate), self._label())
+                result = run(backend, self._wait_s(v.candidate), self._label(), args)
             except BackendError as e:
                 self._give_up(v, e, time.monotonic() - start)
                 continue
@@ -132,7 +135,7 @@ class Model:
     def _stream(self, kind: str, payload: Any, kw: dict[str, Any]) -> Iterator[str]:
         while True:
             v = self._verdict
-            kw.setdefault("max_tokens", v.candidate.max_tokens)
+            args = {"max_tokens": v.candidate.max_tokens, **kw}
             backend = self._backend(v)
             usage: dict[str, int] = {}
             start = time.monotonic()
@@ -144,7 +147,7 @@ class Model:
                     wait_s=self._wait_s(v.candidate),
                     label=self._label(),
                     usage=usage,
-                    **kw,
+                    **args,
                 )
                 for piece in pieces:
                     started = True
@@ -189,7 +192,7 @@ class Model:
     def _give_up(self, v: Verdict, e: BackendError, elapsed: float, *, retry: bool = True) -> None:
         c = v.candidate
         key = cid(c)
-        self._failed.add(key)
+        self._failed[key] = e.short
         rs = self._table.settings
         cooled = None
         if e.kind != "busy":  # a long queue is not the model's fault: no cooldown
@@ -243,7 +246,7 @@ class Model:
             h,
             deadline_s=deadline_s,
             prefer=self._prefer,
-            exclude=frozenset(self._failed),
+            exclude=dict(self._failed),
         )
 
     def _account(self, v: Verdict, tokens_in: int, tokens_out: int, elapsed: float) -> None:

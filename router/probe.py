@@ -44,7 +44,9 @@ def recent_holds(state_dir: Path, gpu: int, *, limit: int = HOLD_HISTORY) -> lis
             e = json.loads(line)
         except ValueError:
             continue
-        held = e.get("held_s") if isinstance(e, dict) else None
+        if not isinstance(e, dict):
+            continue
+        held = e.get("held_s")
         if e.get("event") == "release" and e.get("gpu") == gpu and isinstance(held, int | float):
             holds.append(float(held))
     return holds[-limit:]

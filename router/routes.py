@@ -224,10 +224,12 @@ def _candidate(cfg: Config, task: str, key: str, f: dict[str, Any]) -> Candidate
                 "an openai candidate needs api_key_env: the NAME of an environment variable",
                 hint="keys never go in the config file: api_key_env: OPENAI_API_KEY",
             )
-        if not api_key_env.replace("_", "").isalnum():
+        if not _env_name(api_key_env):
+            # Never echo the value: it may be the key itself, and errors end up in cron mail.
             raise cfg.error(
                 f"{key}.api_key_env",
-                f"expected an environment variable name like OPENAI_API_KEY, got {api_key_env!r}",
+                "expected an environment variable name like OPENAI_API_KEY, got a value that "
+                f"looks like a key ({_masked(api_key_env)})",
                 hint="this is the variable's name, not the key itself",
             )
     default_policy = "api-fallback" if tier == "cloud" else "persistent"
@@ -260,6 +262,19 @@ def _candidate(cfg: Config, task: str, key: str, f: dict[str, Any]) -> Candidate
         gpu=_opt_int(cfg, f"{key}.gpu", f.get("gpu"), low=0),
         max_tokens=_int(cfg, f"{key}.max_tokens", f.get("max_tokens"), low=1),
     )
+
+
+def _env_name(text: str) -> bool:
+    """A plausible variable name, not a pasted key (``sk-...``, ``sk_live_...``)."""
+    if text.lower().startswith(("sk-", "sk_")):
+        return False
+    return text.isascii() and text.replace("_", "").isalnum() and not text[0].isdigit()
+
+
+def _masked(text: str) -> str:
+    """Enough to recognise the mistake (``sk-``... and a length), nothing of the secret."""
+    prefix = text[:3] if text.lower().startswith(("sk-", "sk_")) else ""
+    return f"{prefix}... {len(text)} characters"
 
 
 def with_context(c: Candidate, n_ctx: int, n_batch: int) -> Candidate:

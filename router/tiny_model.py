@@ -138,7 +138,7 @@ def write_tiny_llama(
     n_embd: int = 64,
     n_head: int = 4,
     n_ff: int = 128,
-    n_ctx_train: int = 512,
+    n_ctx_train: int = 4096,
 ) -> pathlib.Path:
     """Write a tiny llama-architecture GGUF model with random weights to ``path``; return it.
 

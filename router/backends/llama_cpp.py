@@ -57,7 +57,8 @@ class LlamaBackend:
         self.need = need
         self._llm: Any = None
         self._resident: Any = None
-        self._call_lock = threading.Lock()  # llama.cpp contexts are not thread-safe
+        # llama.cpp contexts are not thread-safe; re-entrant: a cold-start call unloads inside
+        self._call_lock = threading.RLock()
         self.loads = 0
 
     @property
@@ -149,10 +150,13 @@ class LlamaBackend:
             with lease:
                 if self._resident is None:
                     self._resident = self._register()
-                with self._resident.use() as llm:
-                    yield llm
-                if self.candidate.policy == "cold-start":
-                    self.unload()
+                try:
+                    with self._resident.use() as llm:
+                        yield llm
+                finally:
+                    # A failed call too: cold-start leaves nothing loaded, whatever happened.
+                    if self.candidate.policy == "cold-start":
+                        self.unload()
 
     # --- loading and unloading ---------------------------------------------------------------
 
@@ -215,7 +219,12 @@ class LlamaBackend:
         )
 
     def unload(self) -> None:
-        """Free the model now; the next call loads it again."""
+        """Free the model now (after a call in progress in another thread); the next call loads
+        it again."""
+        with self._call_lock:
+            self._unload()
+
+    def _unload(self) -> None:
         if self._resident is not None:
             res, self._resident = self._resident, None
             baseline = self._process_gpu_bytes()
@@ -260,22 +269,27 @@ _cache: dict[tuple[Any, ...], LlamaBackend] = {}
 def backend_for(
     c: Candidate, settings: Settings, *, gpu: int | None, need: int | None
 ) -> LlamaBackend:
-    """This process's backend for a candidate: persistent models are shared between handles."""
-    key = (
-        c.model,
-        c.tier,
-        c.policy,
-        c.n_ctx,
-        c.n_batch,
-        c.n_gpu_layers,
-        gpu,
-        str(settings.state_dir),
-    )
+    """This process's backend for a candidate: persistent models are shared between handles.
+
+    One copy of a model per process: when the governor's ``reduce`` asks for a smaller context
+    while the model is loaded with a larger one, the loaded one serves (a second, smaller copy
+    would add memory at the very moment memory is short); when a larger context is asked for
+    than the loaded one has, the loaded one is unloaded before the new one loads.
+    """
+    same = (c.model, c.tier, c.policy, c.n_gpu_layers, gpu, str(settings.state_dir))
+    key = (*same, c.n_ctx, c.n_batch)
     with _lock:
         b = _cache.get(key)
+        others = [o for k, o in _cache.items() if k[:-2] == same and k != key and o.loaded]
+        if b is None or not b.loaded:
+            roomy = next((o for o in others if o.candidate.n_ctx >= c.n_ctx), None)
+            if roomy is not None:
+                return roomy
         if b is None:
             b = _cache[key] = LlamaBackend(c, settings, gpu=gpu, need=need)
-        return b
+    for o in others:  # outside _lock: a reload inside another call may need it
+        o.unload()
+    return b
 
 
 def loaded_models() -> set[str]:

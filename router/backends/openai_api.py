@@ -113,6 +113,9 @@ class OpenAIBackend:
     ) -> Iterator[str]:
         client = self._get()
         model = self.candidate.model
+        # Without it OpenAI sends no usage when streaming: the prompt's tokens (and their cost,
+        # against the budget) would go uncounted.  Servers that do not know it ignore it.
+        kw.setdefault("stream_options", {"include_usage": True})
         try:
             if kind == "chat":
                 chunks = client.chat.completions.create(
