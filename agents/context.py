@@ -193,6 +193,18 @@ class Context:
         )
 
     def close(self) -> None:
-        """End any progress line (a batch left by an exception leaves its bar open)."""
+        """End any progress line and unload the run's models.
+
+        A batch left by an exception leaves its bar open; a llama.cpp model still loaded at
+        interpreter exit prints a traceback from its ``__del__``, which cron would mail.
+        """
         for bar in self._bars:
             bar.close()
+        for model in list(self._models.values()):
+            try:
+                model.unload()
+            except Exception as e:  # a failed unload must not turn a good run into an error
+                self.log.warning(
+                    "unloading a model failed", extra={"model": repr(model), "error": str(e)}
+                )
+        self._models.clear()
