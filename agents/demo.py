@@ -1,4 +1,7 @@
-"""``make demo``: a fleet of twenty agents shares one simulated 24 GiB GPU for a minute.
+"""``make demo``: a fleet of twenty agents shares one GPU for a minute.
+
+The GPU is a simulated 24 GiB one, or the real GPU 0 when NVML lists one (``--gpu``); on a real
+GPU every declared size is scaled to its memory, so the line forms the same way.
 
 What runs, all of it real and in its own processes:
 
@@ -46,8 +49,31 @@ def _free_port() -> int:
         return port
 
 
-def _config(root: Path, model: Path, port: int) -> str:
+GIB = 1024**3
+
+
+def _gpu(mode: str) -> tuple[int | None, str]:
+    """(the real GPU 0's size, or None to simulate 24 GiB; a line saying which)."""
+    if mode == "simulated":
+        return None, "one simulated 24 GiB GPU"
+    from gpulock import devices
+
+    report = devices.probe(None, environ={})
+    dev = report.get(0)
+    if dev is not None and dev.total_bytes:
+        return dev.total_bytes, f"the real GPU 0 ({dev.name}, {dev.total_bytes / GIB:.0f} GiB)"
+    if mode == "real":
+        raise SystemExit(f"error: no real GPU: {report.problem or 'NVML lists none'}")
+    return None, f"one simulated 24 GiB GPU (no real one: {report.problem or 'none listed'})"
+
+
+def _config(root: Path, model: Path, port: int, real_bytes: int | None) -> str:
     m = str(model)
+    scale = 1.0 if real_bytes is None else real_bytes / (24 * GIB)
+
+    def gib(n: float) -> str:
+        return f"{max(1, int(n * 1024 * scale))}MiB"
+
     cloud = (
         f"{{tier: cloud, backend: openai, model: tiny-cloud, base_url: http://127.0.0.1:{port}/v1,"
         f" api_key_env: {CLOUD_KEY_ENV}, price: {{input: 0.01, output: 0.03}}, timeout: 20s}}"
@@ -56,8 +82,8 @@ def _config(root: Path, model: Path, port: int) -> str:
 # Written by `make demo` (agents/demo.py).  One simulated 24 GiB GPU; every model is the same
 # tiny llama.cpp file, declared at the sizes real ones would have (vram:), so the line forms.
 state_dir: {root / "state"}
-simulate: 24GiB
-reserve: 2GiB
+{"simulate: 24GiB" if real_bytes is None else "# the real GPU: NVML"}
+reserve: {gib(2)}
 watchdog:
   interval: 1s
   threshold: 75%
@@ -73,7 +99,7 @@ router:
   defaults: {{n_ctx: 2048, max_tokens: 24}}
 routes:
   summarize:
-    - {{tier: gpu, backend: llama_cpp, model: {m}, vram: 6GiB, name: qwen-7b-q4}}
+    - {{tier: gpu, backend: llama_cpp, model: {m}, vram: {gib(6)}, name: qwen-7b-q4}}
     - {{tier: cpu, backend: llama_cpp, model: {m}, name: qwen-0.5b-q8}}
   summarize-fast:
     - {cloud}
@@ -81,15 +107,15 @@ routes:
   classify:
     - {{tier: cpu, backend: llama_cpp, model: {m}, name: qwen-0.5b-q8, n_ctx: 1024}}
   tag:
-    - {{tier: gpu, backend: llama_cpp, model: {m}, vram: 4GiB, policy: cold-start,
+    - {{tier: gpu, backend: llama_cpp, model: {m}, vram: {gib(4)}, policy: cold-start,
        name: tagger-3b}}
     - {{tier: cpu, backend: llama_cpp, model: {m}, name: qwen-0.5b-q8}}
   draft:
     - {cloud}
-    - {{tier: gpu, backend: llama_cpp, model: {m}, vram: 8GiB, name: qwen-14b-q4}}
+    - {{tier: gpu, backend: llama_cpp, model: {m}, vram: {gib(8)}, name: qwen-14b-q4}}
     - {{tier: cpu, backend: llama_cpp, model: {m}, name: qwen-0.5b-q8}}
   chat:
-    - {{tier: gpu, backend: llama_cpp, model: {m}, vram: 9GiB, name: assistant-8b}}
+    - {{tier: gpu, backend: llama_cpp, model: {m}, vram: {gib(9)}, name: assistant-8b}}
     - {{tier: cpu, backend: llama_cpp, model: {m}, name: qwen-0.5b-q8}}
 """
 
@@ -175,6 +201,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="how long the fleet runs")
     p.add_argument("--dir", default=".demo", help="the demo's folder (state, model, inputs)")
     p.add_argument("--report", default="demo-report.html", help="where the HTML report goes")
+    p.add_argument(
+        "--gpu",
+        choices=("auto", "real", "simulated"),
+        default="auto",
+        help="the real GPU 0 when NVML lists one (auto), or a simulated 24 GiB GPU",
+    )
     args = p.parse_args(argv)
 
     from gpulock import report
@@ -191,8 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for folder in sorted(set(INPUTS.values())):
         shutil.copytree(data / folder, work / folder)
     port = _free_port()
+    real_bytes, gpu_text = _gpu(args.gpu)
     config = root / "gpulock.yaml"
-    config.write_text(_config(root, model, port))
+    config.write_text(_config(root, model, port, real_bytes))
     fleet = root / "fleet.yaml"
     fleet.write_text(_fleet(work))
 
@@ -203,12 +236,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         GPULOCK_AGENT_MODULES="agents.demo_agents",
         GPULOCK_DEMO_ASSISTANT_S=str(max(5.0, args.seconds - 5)),
         GPULOCK_NO_PROGRESS="1",
+        GPULOCK_DEMO_SCALE=str(1.0 if real_bytes is None else real_bytes / (24 * GIB)),
         **{CLOUD_KEY_ENV: "demo-not-a-secret"},
     )
     py = sys.executable
     print(
-        f"gpulock demo: {len(VARIANTS) + 1} agents on a fleet and an assistant share one "
-        f"simulated 24 GiB GPU for {args.seconds:.0f} s (folder {root})"
+        f"gpulock demo: {len(VARIANTS) + 1} agents on a fleet and an assistant share "
+        f"{gpu_text} for {args.seconds:.0f} s (folder {root})"
     )
     print("  cloud: llama.cpp's OpenAI-compatible server on 127.0.0.1 (the tiny model)")
     server = [

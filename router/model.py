@@ -149,9 +149,19 @@ class Model:
                     usage=usage,
                     **args,
                 )
-                for piece in pieces:
-                    started = True
-                    yield piece
+                n = 0
+                try:
+                    for piece in pieces:
+                        started = True
+                        n += 1
+                        yield piece
+                except GeneratorExit:
+                    # The caller stopped reading: end the backend's stream now (a gpu call
+                    # gives the GPU back here, not at garbage collection) and count what it got.
+                    pieces.close()
+                    elapsed = time.monotonic() - start
+                    self._account(v, usage.get("tokens_in", 0), usage.get("tokens_out", n), elapsed)
+                    raise
             except BackendError as e:
                 if started:
                     # Half an answer cannot be completed by another model: say so.

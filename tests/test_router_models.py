@@ -221,6 +221,19 @@ def test_a_stream_holds_the_lock_and_the_model_until_it_ends(world: World, tiny:
     assert (call["tokens_in"], call["tokens_out"], call["tier"]) == (7, 5, "gpu")
 
 
+def test_a_stream_left_half_read_gives_the_gpu_back_and_is_counted(
+    world: World, tiny: Path
+) -> None:
+    s = configure(world, gpu_and_cpu(tiny, policy="cold-start"))
+    pieces = router.get_model("t").complete("hello", max_tokens=8, stream=True)
+    got = [next(pieces), next(pieces)]
+    assert world.snapshot()["gpus"][0]["holders"] != []
+    pieces.close()  # the caller stops reading (a break out of the loop does the same)
+    assert world.snapshot()["gpus"][0]["holders"] == [] and records(s) == []
+    (call,) = world.events("call")
+    assert (call["ok"], call["tokens_out"], call["tier"]) == (True, len(got), "gpu")
+
+
 def test_gpu_cold_start_loads_and_unloads_every_call(world: World, tiny: Path) -> None:
     s = configure(world, gpu_and_cpu(tiny, policy="cold-start"))
     need = estimate(tiny, 256)
