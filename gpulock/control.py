@@ -46,10 +46,18 @@ def ask(path: Path, request: dict[str, Any], timeout_s: float) -> dict[str, Any]
             s.settimeout(timeout_s)
             s.connect(where)
             send(s, request)
-            reply = json.loads(recv_line(s))
+            line = recv_line(s)
     finally:
         if dfd is not None:
             os.close(dfd)
+    if not line:
+        # The owner hung up without a word: it is exiting, or was killed mid-answer.  The
+        # caller treats it like any failed connection, never as a crash of its own.
+        raise OSError("the owner closed the connection without answering")
+    try:
+        reply = json.loads(line)
+    except ValueError:
+        raise OSError("malformed answer") from None
     if not isinstance(reply, dict):
         raise OSError("malformed answer")
     return reply

@@ -645,3 +645,30 @@ def test_report_torch_is_a_quiet_no_op_without_cuda(world: Any) -> None:
         assert h.record.torch_reserved_bytes is None
     finally:
         h.release()
+
+
+@pytest.mark.parametrize("answer", [b"", b"not json\n", b"[1, 2]\n"])
+def test_an_owner_that_hangs_up_or_mumbles_is_a_failed_connection_not_a_crash(
+    tmp_path: Path, answer: bytes
+) -> None:
+    # Seen in the demo: an owner exiting while a waiter asked it to evict closed the socket
+    # without a word, and the waiter's json.loads(b"") crashed the agent that was waiting.
+    import threading
+
+    path = tmp_path / "owner.sock"
+    server = control.listen(path)
+
+    def owner() -> None:
+        conn, _ = server.accept()
+        with conn:
+            control.recv_line(conn)
+            conn.sendall(answer)
+
+    t = threading.Thread(target=owner)
+    t.start()
+    try:
+        with pytest.raises(OSError):
+            control.ask(path, {"op": "evict", "id": "x"}, timeout_s=5)
+    finally:
+        t.join(5)
+        server.close()
