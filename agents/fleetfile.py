@@ -1,4 +1,4 @@
-"""The fleet file (``gpulock fleet FLEET.yaml``): reading, validating, and planning the jobs.
+"""The fleet file (``gpulock fleet FLEET.yaml``): reading it and validating every key.
 
 ::
 
@@ -16,18 +16,15 @@
       - {name: fast, every: 2s, enabled: false}
 
 An agent has a ``name`` and one of ``schedule`` (crontab: 5 fields, or 6 with seconds first, or
-``@daily`` and friends) or ``every`` (a duration).  Without ``command`` a run is
-``python -m agents run NAME ARGS... [--timeout T] [--module M]``; with it, ``command`` is the
-whole argv (no shell) and ``args``/``timeout``/``module`` do not apply.
-
-Schedules mean what they mean to cron, not what APScheduler 3 would make of them: day-of-week
-0 and 7 are Sunday (APScheduler 3 counts from Monday), and a day-of-month and a day-of-week that
-are both restricted match either one (cron's rule; APScheduler would want both).
+``@daily`` and friends; read as cron reads it, see ``agents.schedules``) or ``every`` (a
+duration).  Without ``command`` a run is ``python -m agents run NAME ARGS... [--timeout T]
+[--module M]``; with it, ``command`` is the whole argv (no shell) and ``args``/``timeout``/
+``module`` do not apply.
 
 Everything here is pure but ``read`` (the file) and ``check_schedules`` (imports APScheduler to
 let its triggers judge each expression, so that a bad one is reported with its line now, not
-when the scheduler starts).  ``plan`` turns the file into ``JobSpec`` records that table tests
-read without a scheduler.
+when the scheduler starts).  ``plan`` (in ``agents.fleetplan``) turns the file into ``JobSpec``
+records; it and the schedule names are re-exported here, where callers have always found them.
 """
 
 from __future__ import annotations
@@ -41,9 +38,16 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
+from agents.fleetplan import JobSpec, agent_command, log_dir, plan, trigger_spec
+from agents.schedules import (
+    SCHEDULE_HINT,
+    CronFields,
+    TriggerSpec,
+    cron_weekdays,
+    parse_schedule,
+)
 from gpulock.config import Config, parse_config
 from gpulock.errors import ConfigError
-from gpulock.state import expand_path
 from gpulock.units import parse_duration
 
 __all__ = [
@@ -57,10 +61,13 @@ __all__ = [
     "TriggerSpec",
     "agent_command",
     "check_schedules",
+    "cron_weekdays",
+    "log_dir",
     "parse_fleet",
     "parse_schedule",
     "plan",
     "read",
+    "trigger_spec",
 ]
 
 FLEET_KEYS: Final = ("jitter", "misfire_grace", "grace", "max_parallel", "log_dir", "env")
@@ -79,16 +86,6 @@ AGENT_KEYS: Final = (
 TOP_KEYS: Final = ("fleet", "agents")
 # Used as a file name (<log_dir>/<name>.log) and an APScheduler job id.
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
-_ALIASES: Final = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
-_WEEKDAYS: Final = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")  # cron's numbering: 0..6
 
 
 def _empty() -> Mapping[str, str]:
@@ -133,50 +130,6 @@ class FleetFile:
 
     def agent(self, name: str) -> AgentEntry | None:
         return next((a for a in self.agents if a.name == name), None)
-
-
-@dataclass(frozen=True, slots=True)
-class CronFields:
-    """Keyword arguments of one APScheduler ``CronTrigger``, already in APScheduler's terms."""
-
-    second: str
-    minute: str
-    hour: str
-    day: str
-    month: str
-    day_of_week: str
-
-    def kwargs(self) -> dict[str, str]:
-        return {
-            "second": self.second,
-            "minute": self.minute,
-            "hour": self.hour,
-            "day": self.day,
-            "month": self.month,
-            "day_of_week": self.day_of_week,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class TriggerSpec:
-    """When a job fires: every ``every_s`` seconds, or when any of ``cron`` matches."""
-
-    text: str  # for people: "cron */5 * * * *", "every 2s"
-    every_s: float | None = None
-    cron: tuple[CronFields, ...] = ()  # two: cron's day-of-month OR day-of-week rule
-
-
-@dataclass(frozen=True, slots=True)
-class JobSpec:
-    """Everything needed to schedule and run one agent; ``env`` is the run's whole environment."""
-
-    name: str
-    trigger: TriggerSpec
-    jitter_s: float
-    command: tuple[str, ...]
-    env: Mapping[str, str]
-    log_path: Path
-    enabled: bool
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -419,7 +372,7 @@ def _when(
     try:
         parse_schedule(schedule)
     except ValueError as exc:
-        raise cfg.error(f"{where}.schedule", str(exc), hint=_SCHEDULE_HINT) from None
+        raise cfg.error(f"{where}.schedule", str(exc), hint=SCHEDULE_HINT) from None
     return schedule, None
 
 
@@ -439,88 +392,6 @@ def _command(cfg: Config, where: str, raw: dict[Any, Any]) -> tuple[str, ...] | 
     return command
 
 
-_SCHEDULE_HINT: Final = (
-    "crontab: minute hour day month weekday, e.g. '*/5 * * * *' or '0 3 * * 1-5' "
-    "(a sixth field in front is seconds); or use every: 10m"
-)
-
-
-# --- schedules ---------------------------------------------------------------------------------
-
-
-def parse_schedule(text: str) -> tuple[CronFields, ...]:
-    """A crontab expression -> the CronTrigger arguments that fire exactly when cron would.
-
-    Raises ValueError for what cron would refuse here; APScheduler judges the values of the
-    fields (``check_schedules``).
-    """
-    expr = text.strip()
-    if expr.startswith("@"):
-        if expr == "@reboot":
-            raise ValueError(
-                "'@reboot' is not a clock time; run 'gpulock fleet FILE --once NAME' at boot"
-            )
-        if expr not in _ALIASES:
-            raise ValueError(f"unknown schedule {expr!r}; known: {', '.join(_ALIASES)}")
-        expr = _ALIASES[expr]
-    fields = expr.split()
-    if len(fields) == 5:
-        fields = ["0", *fields]
-    elif len(fields) != 6:
-        raise ValueError(f"expected 5 crontab fields (or 6 with seconds), got {len(fields)}")
-    second, minute, hour, day, month, weekday = fields
-    day_of_week = cron_weekdays(weekday)
-    if day.startswith("*") or weekday.startswith("*"):
-        return (CronFields(second, minute, hour, day, month, day_of_week),)
-    # cron: when both are restricted, a day matching either one fires.
-    return (
-        CronFields(second, minute, hour, day, month, "*"),
-        CronFields(second, minute, hour, "*", month, day_of_week),
-    )
-
-
-def cron_weekdays(field: str) -> str:
-    """Cron's day-of-week field (0 or 7 = Sunday, names, ranges, steps) -> APScheduler's.
-
-    APScheduler 3 numbers Monday 0, so numbers are turned into the names both agree on.
-    """
-    if field in ("*", "?"):
-        return "*"
-    days: set[int] = set()
-    for item in field.lower().split(","):
-        base, _, step_text = item.partition("/")
-        step = 1
-        if step_text:
-            if not step_text.isdigit() or int(step_text) == 0:
-                raise ValueError(f"day of week: bad step in {item!r}")
-            step = int(step_text)
-        if base == "*":
-            first, last = 0, 6
-        elif "-" in base:
-            a, _, b = base.partition("-")
-            first, last = _weekday(a), _weekday(b)
-            if last == 0 and first > 0:
-                last = 7  # "5-7" and "fri-sun" end on Sunday
-            if first > last:
-                raise ValueError(f"day of week: range {item!r} runs backwards")
-        else:
-            first = _weekday(base)
-            last = 6 if step_text else first
-        days.update(d % 7 for d in range(first, last + 1, step))
-    if len(days) == 7:
-        return "*"
-    return ",".join(_WEEKDAYS[d] for d in sorted(days))
-
-
-def _weekday(text: str) -> int:
-    t = text.strip()
-    if t.isdigit() and int(t) <= 7:
-        return int(t) % 7
-    if t[:3] in _WEEKDAYS and len(t) == 3:
-        return _WEEKDAYS.index(t)
-    raise ValueError(f"day of week: {text!r} is not 0-7 or sun..sat")
-
-
 def check_schedules(fleet: FleetFile) -> None:
     """Let APScheduler's CronTrigger judge every schedule now, naming the line of a bad one."""
     from apscheduler.triggers.cron import CronTrigger
@@ -535,83 +406,5 @@ def check_schedules(fleet: FleetFile) -> None:
                 raise fleet.config.error(
                     f"{agent.key}.schedule",
                     f"bad schedule {agent.schedule!r}: {exc}",
-                    hint=_SCHEDULE_HINT,
+                    hint=SCHEDULE_HINT,
                 ) from None
-
-
-# --- planning ----------------------------------------------------------------------------------
-
-
-def _seconds_text(seconds: float) -> str:
-    """Seconds as a duration ``parse_duration`` reads back exactly enough (no exponent)."""
-    return f"{seconds:.3f}".rstrip("0").rstrip(".") + "s"
-
-
-def _expand(arg: str, environ: Mapping[str, str]) -> str:
-    if arg == "~" or arg.startswith("~/"):
-        return str(expand_path(arg, environ))
-    return arg
-
-
-def agent_command(agent: AgentEntry, *, python: str, environ: Mapping[str, str]) -> tuple[str, ...]:
-    """The argv of one run: ``command`` as given, else ``python -m agents run NAME ...``."""
-    if agent.command is not None:
-        return tuple(_expand(a, environ) for a in agent.command)
-    argv = [python, "-m", "agents", "run", agent.name, *(_expand(a, environ) for a in agent.args)]
-    if agent.timeout_s is not None:
-        argv += ["--timeout", _seconds_text(agent.timeout_s)]
-    if agent.module is not None:
-        argv += ["--module", agent.module]
-    return tuple(argv)
-
-
-def trigger_spec(agent: AgentEntry) -> TriggerSpec:
-    if agent.every_s is not None:
-        return TriggerSpec(text=f"every {_seconds_text(agent.every_s)}", every_s=agent.every_s)
-    assert agent.schedule is not None  # parse_fleet checked that one of them is set
-    return TriggerSpec(text=f"cron {agent.schedule}", cron=parse_schedule(agent.schedule))
-
-
-def log_dir(fleet: FleetFile, state_dir: Path, environ: Mapping[str, str]) -> Path:
-    """``fleet.log_dir`` (``~`` expanded, relative to the fleet file) or ``<state>/fleet``."""
-    if fleet.options.log_dir is None:
-        return state_dir / "fleet"
-    path = expand_path(fleet.options.log_dir, environ)
-    if not path.is_absolute():
-        path = fleet.path.parent.absolute() / path
-    return path
-
-
-# Never passed on to a run: a lease the fleet's own parent held is not the agent's.
-_DROPPED_ENV: Final = ("GPULOCK_TICKET",)
-
-
-def plan(
-    fleet: FleetFile, *, state_dir: Path, environ: Mapping[str, str], python: str
-) -> tuple[JobSpec, ...]:
-    """The jobs for ``fleet``: pure, every input an argument.
-
-    A run's environment is ``environ`` less a held ticket, with ``GPULOCK_STATE_DIR`` set to the
-    fleet's state folder (so agents queue where the fleet logs, whatever their config says),
-    then ``fleet.env``, then the agent's ``env``.
-    """
-    logs = log_dir(fleet, state_dir, environ)
-    base = {k: v for k, v in environ.items() if k not in _DROPPED_ENV}
-    base["GPULOCK_STATE_DIR"] = str(state_dir)
-    base.update(fleet.options.env)
-    jobs = []
-    for agent in fleet.agents:
-        env = dict(base)
-        env.update(agent.env)
-        jobs.append(
-            JobSpec(
-                name=agent.name,
-                trigger=trigger_spec(agent),
-                jitter_s=fleet.options.jitter_s if agent.jitter_s is None else agent.jitter_s,
-                command=agent_command(agent, python=python, environ=environ),
-                env=MappingProxyType(env),
-                log_path=logs / f"{agent.name}.log",
-                enabled=agent.enabled,
-            )
-        )
-    return tuple(jobs)
