@@ -186,13 +186,14 @@ def _progress(state: Path, elapsed: float) -> str:
     evictions = sum(1 for e in evs if e.get("event") == "evict")
     level = "normal"
     for e in evs:
-        if e.get("event") == "governor" and e.get("level"):
+        if e.get("event") in ("escalate", "deescalate") and e.get("level"):
             level = str(e["level"])
+    changes = sum(1 for e in evs if e.get("event") in ("escalate", "deescalate"))
     done = ", ".join(f"{k} {v}" for k, v in sorted(runs.items())) or "none yet"
     calls = ", ".join(f"{k} {v}" for k, v in sorted(tiers.items())) or "none yet"
     return (
         f"  {elapsed:4.0f}s  runs: {done} | GPU grants {grants} | model calls: {calls} | "
-        f"evictions {evictions} | governor {level}"
+        f"evictions {evictions} | governor {level} ({changes} changes)"
     )
 
 
