@@ -25,6 +25,13 @@ REDUCE_MIN_BATCH = 32
 REDUCING_LEVELS = ("reduce", "evict-idle", "force-evict")
 
 
+def usd(amount: float) -> str:
+    """``$5.00``, ``$0.005``: cents at least, and every digit a small budget has (to 1e-6);
+    rounding a $0.005 budget to "$0.01" would misstate it by half."""
+    whole, _, cents = f"{amount:.6f}".rstrip("0").partition(".")
+    return f"${whole}.{cents.ljust(2, '0')}"
+
+
 def cid(c: Candidate) -> str:
     """What cooldowns, spend and rate limits are kept by: one endpoint's model, across tasks."""
     if c.local:
@@ -40,6 +47,9 @@ class GpuView:
     free_bytes: int | None
     ahead: int = 0  # tickets in the queue now (holders and waiters)
     est_wait_s: float | None = 0.0  # None: cannot tell (no history)
+    # The holders' needs summed when a newcomer with a need could join them now (nobody waits,
+    # nobody holds exclusively), as gpulock's queue rule shares a GPU; None: it waits in line.
+    shared_bytes: int | None = None
 
 
 def _no_estimate(c: Candidate) -> int | None:
@@ -171,14 +181,14 @@ def _judge_cloud(c: Candidate, host: Host, warm: bool) -> Verdict:
     spent = host.spend_today_usd.get(key, 0.0)
     if c.daily_budget_usd is not None and spent >= c.daily_budget_usd:
         return Verdict(
-            c, False, f"daily budget spent: ${spent:.4f} of ${c.daily_budget_usd:.2f} today"
+            c, False, f"daily budget spent: ${spent:.4f} of {usd(c.daily_budget_usd)} today"
         )
     total = sum(host.spend_today_usd.values())
     if host.daily_budget_usd is not None and total >= host.daily_budget_usd:
         return Verdict(
             c,
             False,
-            f"cloud budget spent: ${total:.4f} of ${host.daily_budget_usd:.2f} today "
+            f"cloud budget spent: ${total:.4f} of {usd(host.daily_budget_usd)} today "
             "(router.daily_budget)",
         )
     used = host.requests_last_min.get(key, 0)
@@ -219,10 +229,15 @@ def _judge_gpu(c: Candidate, host: Host, deadline_s: float | None, warm: bool) -
 
     def rank(g: GpuView) -> tuple[int, float, int]:
         fits_now = need is None or g.free_bytes is None or g.free_bytes >= need
-        return (0 if fits_now else 1, g.est_wait_s or 0.0, -(g.free_bytes or 0))
+        return (0 if fits_now else 1, _wait_s(g, need) or 0.0, -(g.free_bytes or 0))
 
     best = min(usable, key=rank)
-    wait = "" if not best.ahead else f", ~{format_duration(best.est_wait_s)} queue wait"
+    if not best.ahead:
+        wait = ""
+    elif _shares(best, need):
+        wait = f", shared with {best.ahead} holder{'s' if best.ahead > 1 else ''}"
+    else:
+        wait = f", ~{format_duration(best.est_wait_s)} queue wait"
     size = f"needs {format_size(need)}" if need is not None else "needs the whole GPU"
     reason = f"gpu{best.index}: {size}{wait}" + (" (warm)" if warm else "") + note
     return Verdict(c, True, reason, gpu=best.index, need_bytes=need, warm=warm)
@@ -240,10 +255,21 @@ def _gpu_problem(
             f"too little VRAM: needs {format_size(need)}, "
             f"gpu{g.index} has {format_size(g.budget_bytes)} (after the reserve)"
         )
-    wait = g.est_wait_s
+    wait = _wait_s(g, need)
     if deadline_s is not None and g.ahead and wait is not None and wait > deadline_s:
         return (
             f"gpu{g.index} queue: ~{format_duration(wait)} wait "
             f"({g.ahead} ahead) > deadline {format_duration(deadline_s)}"
         )
     return None
+
+
+def _shares(g: GpuView, need: int | None) -> bool:
+    """Would the lock grant ``need`` at once, next to the holders (its sharing rule)?"""
+    if need is None or g.shared_bytes is None or g.budget_bytes is None:
+        return False
+    return g.shared_bytes + need <= g.budget_bytes
+
+
+def _wait_s(g: GpuView, need: int | None) -> float | None:
+    return 0.0 if _shares(g, need) else g.est_wait_s

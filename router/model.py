@@ -2,9 +2,11 @@
 
 A call goes to the chosen candidate.  When it fails (the model will not load, out of memory, HTTP
 429 or 5xx, a timeout, the GPU not free before the deadline) the candidate is cooled down (in the
-ledger, so other agents skip it too), the task's candidates are judged again without it, and the
-call goes to the next that fits; ``.tier``, ``.name`` and ``.why`` follow.  When none is left,
-``NoModelAvailable`` lists every candidate and why.
+ledger, so other agents skip it too; not for a busy GPU, a queue is not the model's fault), the
+task's candidates are judged again without it, and the call goes to the next that fits;
+``.tier``, ``.name`` and ``.why`` follow.  A cloud candidate is also judged again before each
+call (budget, rate limit, cooldown: they change as calls are made) and given up the same way,
+without a cooldown.  When none is left, ``NoModelAvailable`` lists every candidate and why.
 
 Every call is accounted: a ``call`` event (task, agent, tier, model, tokens in and out, latency,
 estimated cost) in the event log, and cloud spend and requests in the ledger.
@@ -46,7 +48,7 @@ class Model:
         self._deadline_at = deadline_at
         self._prefer = prefer
         self._backends: dict[str, Any] = {}
-        self._failed: dict[str, str] = {}  # cid -> what went wrong, on this handle
+        self._failed: dict[str, str] = {}  # cid -> what went wrong, on the call under way
         self.fallbacks: list[str] = []  # "model: why" for each candidate given up on this handle
 
     # --- what was chosen ---------------------------------------------------------------------
@@ -118,8 +120,9 @@ class Model:
     def _call(
         self, run: Callable[[Any, float | None, str, dict[str, Any]], Result], kw: dict[str, Any]
     ) -> str:
+        self._new_call()
         while True:
-            v = self._verdict
+            v = self._still_fits()
             # Each attempt its own keywords: the next candidate's default max_tokens is its own.
             args = {"max_tokens": v.candidate.max_tokens, **kw}
             backend = self._backend(v)
@@ -133,8 +136,9 @@ class Model:
             return result.text
 
     def _stream(self, kind: str, payload: Any, kw: dict[str, Any]) -> Iterator[str]:
+        self._new_call()
         while True:
-            v = self._verdict
+            v = self._still_fits()
             args = {"max_tokens": v.candidate.max_tokens, **kw}
             backend = self._backend(v)
             usage: dict[str, int] = {}
@@ -174,6 +178,40 @@ class Model:
             return
 
     # --- the parts ---------------------------------------------------------------------------
+
+    def _new_call(self) -> None:
+        """Each call starts afresh: what failed on an earlier call is kept out by its cooldown
+        (which ends), not by this handle for ever; a handle left with nothing chooses again."""
+        self._failed = {}
+        if self.choice.chosen is None:
+            self.choice = self._choose_again()
+
+    def _still_fits(self) -> Verdict:
+        """The chosen candidate, a cloud one judged again first: calls spend its budget and
+        rate limit, and other agents' errors cool it down, so a handle kept for hours must not
+        go on calling past them.  When it no longer fits, the call moves on, as on a failure."""
+        v = self._verdict
+        c = v.candidate
+        if c.tier != "cloud":
+            return v  # a local model's limits (the lock, the governor) apply inside the call
+        now = choose(self.task, [c], probe.host(self._settings, [c], self._table.settings))
+        if now.chosen is not None:
+            return v
+        why = now.verdicts[0].reason
+        self.fallbacks.append(f"{c.name}: {why}")
+        self.choice = self._choose_again()
+        nxt = self.choice.chosen
+        self._settings.emit(
+            "fallback",
+            task=self.task,
+            agent=self.agent,
+            from_model=c.name,
+            from_tier=c.tier,
+            error=why,
+            to_model=nxt.candidate.name if nxt else None,
+            to_tier=nxt.candidate.tier if nxt else None,
+        )
+        return self._verdict
 
     def _backend(self, v: Verdict) -> Any:
         c = v.candidate

@@ -132,6 +132,7 @@ def _gpu_view(
         free = max(0, free - reserve)
     holders_elapsed: list[float] = []
     waiters = 0
+    shared: int | None = 0  # the holders' needs, while a newcomer could share (queue.decide)
     qdir = QueueDir(settings, index, create=False)
     for seq, tf, _why in qdir.scan():
         if tf is None or not qdir.alive(seq):
@@ -139,14 +140,19 @@ def _gpu_view(
         t = tf.ticket
         if t.holding and t.granted_wall is not None:
             holders_elapsed.append(max(0.0, now - t.granted_wall))
+            if shared is not None and t.need_bytes is not None:
+                shared += t.need_bytes
+            else:
+                shared = None  # an exclusive holder
         else:
             waiters += 1
+            shared = None  # a waiter ahead: FIFO, nobody overtakes it
     ahead = len(holders_elapsed) + waiters
     wait = 0.0
     if ahead:
         holds = recent_holds(settings.state_dir, index)
         wait = estimate_wait(holders_elapsed, waiters, holds, rs.hold_estimate_s)
-    return GpuView(index, total, budget, free, ahead, wait)
+    return GpuView(index, total, budget, free, ahead, wait, shared)
 
 
 def warm_models() -> set[str]:

@@ -138,20 +138,30 @@ def load_table(cfg: Config) -> Table:
         ),
     )
     routes = _mapping(cfg, "routes", cfg.section("routes") or {})
-    resolved: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    # Each candidate's fields, and where each field was written when not in the candidate
+    # itself (router.defaults, an inheriting task), so that a mistake names that key.
+    Item = tuple[str, dict[str, Any], dict[str, str]]
+    resolved: dict[str, list[Item]] = {}
 
-    def resolve(task: str, chain: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
+    def resolve(task: str, chain: tuple[str, ...]) -> list[Item]:
         if task in resolved:
             return resolved[task]
         key = f"routes.{task}"
         body = routes[task]
         if isinstance(body, list):
             body = {"candidates": body}
-        body = _mapping(cfg, key, body)
+        if not isinstance(body, Mapping):
+            got = "nothing" if body is None else f"{type(body).__name__}: {body!r}"
+            raise cfg.error(
+                key,
+                f"expected a list of candidates, best first (or a mapping with candidates: "
+                f"and/or inherit: TASK), got {got}",
+            )
         for k in body:
             _known_key(cfg, key, k, TASK_KEYS)
         overrides = {k: v for k, v in body.items() if k in CANDIDATE_KEYS}
-        items: list[tuple[str, dict[str, Any]]] = []
+        written = dict.fromkeys(overrides, key)
+        items: list[Item] = []
         if "inherit" in body:
             parent = body["inherit"]
             if not isinstance(parent, str) or parent not in routes:
@@ -163,7 +173,10 @@ def load_table(cfg: Config) -> Table:
             if parent in chain:
                 cycle = " -> ".join((*chain, task, parent))
                 raise cfg.error(f"{key}.inherit", f"inheritance loop: {cycle}")
-            items = [(k, {**fields, **overrides}) for k, fields in resolve(parent, (*chain, task))]
+            items = [
+                (k, {**fields, **overrides}, {**where, **written})
+                for k, fields, where in resolve(parent, (*chain, task))
+            ]
         if "candidates" in body:
             cands = body["candidates"]
             ckey = key if isinstance(routes[task], list) else f"{key}.candidates"
@@ -175,37 +188,53 @@ def load_table(cfg: Config) -> Table:
                 fields = _mapping(cfg, k, raw)
                 for f in fields:
                     _known_key(cfg, k, f, CANDIDATE_KEYS)
-                items.append((k, {**overrides, **fields}))
+                items.append((k, {**overrides, **fields}, {**written, **dict.fromkeys(fields, k)}))
         if not items:
             raise cfg.error(key, "a task needs candidates (a list) or inherit: TASK")
         resolved[task] = items
         return items
 
+    from_defaults = dict.fromkeys(raw_defaults, "router.defaults")
     tasks: dict[str, tuple[Candidate, ...]] = {}
     for task in routes:
         if not isinstance(task, str) or not task:
             raise cfg.error("routes", f"a task name must be text, got {task!r}")
         tasks[task] = tuple(
-            _candidate(cfg, task, k, {**defaults, **fields}) for k, fields in resolve(task, ())
+            _candidate(cfg, task, k, {**defaults, **fields}, {**from_defaults, **where})
+            for k, fields, where in resolve(task, ())
         )
     return Table(tasks, settings)
 
 
-def _candidate(cfg: Config, task: str, key: str, f: dict[str, Any]) -> Candidate:
+def _candidate(
+    cfg: Config, task: str, key: str, f: dict[str, Any], where: dict[str, str]
+) -> Candidate:
+    """``where``: field -> the key it was written under when not the candidate's own
+    (``router.defaults``, ``routes.digest``): a mistake there is named there."""
+
+    def at(name: str) -> str:
+        return f"{where.get(name, key)}.{name}"
+
+    def of(name: str) -> str:
+        """For a field written elsewhere, which candidate it failed on."""
+        return "" if where.get(name, key) == key else f" (applied to {key})"
+
     backend = f.get("backend")
     if backend not in BACKENDS:
         raise cfg.error(
-            f"{key}.backend",
+            at("backend"),
             f"expected one of {', '.join(BACKENDS)}, got {backend!r}",
         )
     tier = f.get("tier", "cloud" if backend == "openai" else "cpu")
     if tier not in BACKENDS[backend]:
         allowed = " or ".join(BACKENDS[backend])
-        raise cfg.error(f"{key}.tier", f"backend {backend} serves tier {allowed}, got {tier!r}")
+        raise cfg.error(
+            at("tier"), f"backend {backend} serves tier {allowed}, got {tier!r}{of('tier')}"
+        )
     model = f.get("model")
     if not isinstance(model, str) or not model.strip():
         what = "a GGUF file path" if backend == "llama_cpp" else "a model id like gpt-4o-mini"
-        raise cfg.error(f"{key}.model", f"expected {what}, got {model!r}")
+        raise cfg.error(at("model"), f"expected {what}, got {model!r}")
     if backend == "llama_cpp":
         model = os.path.expanduser(model)
         if not os.path.isabs(model) and cfg.path is not None:
@@ -213,21 +242,21 @@ def _candidate(cfg: Config, task: str, key: str, f: dict[str, Any]) -> Candidate
         label = os.path.splitext(os.path.basename(model))[0]
     else:
         label = model
-    base_url = _text(cfg, f"{key}.base_url", f.get("base_url"))
-    api_key_env = _text(cfg, f"{key}.api_key_env", f.get("api_key_env"))
+    base_url = _text(cfg, at("base_url"), f.get("base_url"))
+    api_key_env = _text(cfg, at("api_key_env"), f.get("api_key_env"))
     if backend == "openai":
         if base_url is None:
-            raise cfg.error(f"{key}.base_url", "an openai candidate needs base_url")
+            raise cfg.error(at("base_url"), "an openai candidate needs base_url")
         if api_key_env is None:
             raise cfg.error(
-                f"{key}.api_key_env",
+                at("api_key_env"),
                 "an openai candidate needs api_key_env: the NAME of an environment variable",
                 hint="keys never go in the config file: api_key_env: OPENAI_API_KEY",
             )
         if not _env_name(api_key_env):
             # Never echo the value: it may be the key itself, and errors end up in cron mail.
             raise cfg.error(
-                f"{key}.api_key_env",
+                at("api_key_env"),
                 "expected an environment variable name like OPENAI_API_KEY, got a value that "
                 f"looks like a key ({_masked(api_key_env)})",
                 hint="this is the variable's name, not the key itself",
@@ -235,9 +264,20 @@ def _candidate(cfg: Config, task: str, key: str, f: dict[str, Any]) -> Candidate
     default_policy = "api-fallback" if tier == "cloud" else "persistent"
     policy = f.get("policy", default_policy)
     if policy not in POLICIES:
-        raise cfg.error(f"{key}.policy", f"expected one of {', '.join(POLICIES)}, got {policy!r}")
-    price_in, price_out = _price(cfg, f"{key}.price", f.get("price"))
-    gpu_layers = _int(cfg, f"{key}.n_gpu_layers", f.get("n_gpu_layers", -1), low=-1)
+        raise cfg.error(at("policy"), f"expected one of {', '.join(POLICIES)}, got {policy!r}")
+    if tier == "cloud":
+        # A task's or the defaults' residency policy is for its local candidates: a cloud
+        # candidate loads nothing here, whatever it inherits.
+        policy = "api-fallback"
+    elif policy == "api-fallback":
+        raise cfg.error(
+            at("policy"),
+            f"api-fallback is the cloud tier's policy; a {tier} candidate is persistent or "
+            f"cold-start{of('policy')}",
+            hint="falling back along the list happens anyway: add a cloud candidate after it",
+        )
+    price_in, price_out = _price(cfg, at("price"), f.get("price"))
+    gpu_layers = _int(cfg, at("n_gpu_layers"), f.get("n_gpu_layers", -1), low=-1)
     return Candidate(
         task=task,
         key=key,
@@ -245,22 +285,22 @@ def _candidate(cfg: Config, task: str, key: str, f: dict[str, Any]) -> Candidate
         backend=backend,
         model=model,
         name=str(f.get("name") or label),
-        n_ctx=_int(cfg, f"{key}.n_ctx", f.get("n_ctx"), low=64),
+        n_ctx=_int(cfg, at("n_ctx"), f.get("n_ctx"), low=64),
         n_gpu_layers=0 if tier == "cpu" else gpu_layers,
-        n_batch=_int(cfg, f"{key}.n_batch", f.get("n_batch"), low=1),
-        n_threads=_opt_int(cfg, f"{key}.n_threads", f.get("n_threads")),
-        vram_bytes=_size(cfg, f"{key}.vram", f.get("vram")),
-        min_vram_bytes=_size(cfg, f"{key}.min_vram", f.get("min_vram")),
+        n_batch=_int(cfg, at("n_batch"), f.get("n_batch"), low=1),
+        n_threads=_opt_int(cfg, at("n_threads"), f.get("n_threads")),
+        vram_bytes=_size(cfg, at("vram"), f.get("vram")),
+        min_vram_bytes=_size(cfg, at("min_vram"), f.get("min_vram")),
         price_in_per_1k=price_in,
         price_out_per_1k=price_out,
-        daily_budget_usd=_money(cfg, f"{key}.daily_budget", f.get("daily_budget")),
-        rate_limit_per_min=_opt_int(cfg, f"{key}.rate_limit", f.get("rate_limit")),
+        daily_budget_usd=_money(cfg, at("daily_budget"), f.get("daily_budget")),
+        rate_limit_per_min=_opt_int(cfg, at("rate_limit"), f.get("rate_limit")),
         base_url=base_url,
         api_key_env=api_key_env,
         policy=policy,
-        timeout_s=_duration(cfg, f"{key}.timeout", f.get("timeout")),
-        gpu=_opt_int(cfg, f"{key}.gpu", f.get("gpu"), low=0),
-        max_tokens=_int(cfg, f"{key}.max_tokens", f.get("max_tokens"), low=1),
+        timeout_s=_duration(cfg, at("timeout"), f.get("timeout")),
+        gpu=_opt_int(cfg, at("gpu"), f.get("gpu"), low=0),
+        max_tokens=_int(cfg, at("max_tokens"), f.get("max_tokens"), low=1),
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from gpulock import settings as settings_mod
 from gpulock.config import Config
 from gpulock.settings import Settings
+from gpulock.units import parse_duration
 from router import probe
 from router.choose import Choice, choose
 from router.errors import NoModelAvailable, UnknownTask
@@ -78,14 +79,28 @@ def _agent_name(agent: str | None) -> str:
     return os.environ.get(AGENT_ENV) or os.path.basename(sys.argv[0] or "python") or "python"
 
 
+def _deadline_s(deadline: float | str | None) -> float | None:
+    """Seconds, or a duration as ``gpulock.acquire``'s timeout takes it (``"30s"``, ``"2m"``)."""
+    if deadline is None:
+        return None
+    if isinstance(deadline, str):
+        return parse_duration(deadline, key="deadline")
+    if isinstance(deadline, bool) or not isinstance(deadline, int | float) or not deadline >= 0:
+        raise ValueError(
+            f"deadline must be seconds >= 0 (or a duration like '30s'), got {deadline!r}"
+        )
+    return float(deadline)
+
+
 def decide(
     task: str,
     *,
-    deadline: float | None = None,
+    deadline: float | str | None = None,
     prefer: str | None = None,
     config: Config | str | None = None,
     state_dir: str | None = None,
 ) -> tuple[Settings, Table, Choice]:
+    deadline = _deadline_s(deadline)
     settings, table = context(config, state_dir)
     cands = table.tasks.get(task)
     if cands is None:
@@ -98,7 +113,7 @@ def decide(
 def get_model(
     task: str,
     *,
-    deadline: float | None = None,
+    deadline: float | str | None = None,
     prefer: str | None = None,
     agent: str | None = None,
     config: Config | str | None = None,
@@ -106,13 +121,12 @@ def get_model(
 ) -> Model:
     """A Model for ``task``, chosen for this machine now; raises NoModelAvailable or UnknownTask.
 
-    ``deadline``: seconds the caller can wait for an answer to start (GPU queue included);
-    candidates whose estimated wait is longer are passed over.  ``prefer``: a tier (``cpu``,
-    ``gpu``, ``cloud``) or a candidate's name to try first.  ``agent``: whose calls these are in
-    the accounting (default ``$GPULOCK_AGENT``, else the program's name).
+    ``deadline``: seconds (or ``"2m"``) the caller can wait for an answer to start (GPU queue
+    included); candidates whose estimated wait is longer are passed over.  ``prefer``: a tier
+    (``cpu``, ``gpu``, ``cloud``) or a candidate's name to try first.  ``agent``: whose calls
+    these are in the accounting (default ``$GPULOCK_AGENT``, else the program's name).
     """
-    if deadline is not None and deadline < 0:
-        raise ValueError(f"deadline must be seconds >= 0, got {deadline!r}")
+    deadline = _deadline_s(deadline)
     settings, table, choice = decide(
         task, deadline=deadline, prefer=prefer, config=config, state_dir=state_dir
     )
@@ -139,7 +153,7 @@ def get_model(
 def explain(
     task: str,
     *,
-    deadline: float | None = None,
+    deadline: float | str | None = None,
     prefer: str | None = None,
     config: Config | str | None = None,
     state_dir: str | None = None,

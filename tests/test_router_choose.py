@@ -211,6 +211,24 @@ def test_no_deadline_waits_for_any_queue_and_an_unknown_wait_is_not_a_reason() -
     assert chosen(choose("t", ALL, host(unknown), deadline_s=1)) == "qwen-7b"
 
 
+def test_holders_that_leave_room_are_shared_with_not_waited_for() -> None:
+    # gpulock grants a need at once next to holders whose needs leave room in the budget
+    # (21.6 GiB here): that is no queue, whatever the typical hold time says.
+    room = gpu(24, ahead=2, est_wait_s=90.0, shared_bytes=6 * GiB)
+    c = choose("t", ALL, host(room), deadline_s=30)
+    assert chosen(c) == "qwen-7b"
+    assert reasons(c)["qwen-7b"] == "gpu0: needs 8.0 GiB, shared with 2 holders"
+    full = gpu(24, ahead=2, est_wait_s=90.0, shared_bytes=16 * GiB)  # 16 + 8 > 21.6
+    c = choose("t", ALL, host(full), deadline_s=30)
+    assert reasons(c)["qwen-7b"] == "gpu0 queue: ~1m30s wait (2 ahead) > deadline 30.0 s"
+    assert chosen(c) == "qwen-1.5b"  # 16 + 2 fits: it shares
+    assert reasons(c)["qwen-1.5b"] == "gpu0: needs 2.0 GiB, shared with 2 holders"
+    # no estimate: the lock would ask for the whole GPU, which never shares
+    unsized = replace(BIG_GPU, vram_bytes=None)
+    c = choose("t", (unsized, CPU), host(room), deadline_s=30)
+    assert chosen(c) == "qwen-0.5b"
+
+
 def test_the_shorter_queue_wins_among_gpus() -> None:
     long_q = gpu(24, index=0, ahead=4, est_wait_s=120.0)
     short_q = gpu(24, index=1, ahead=1, est_wait_s=10.0)
@@ -242,6 +260,14 @@ def test_budget_spent_for_one_candidate() -> None:
     c = choose("t", (capped, CPU), spent)
     assert chosen(c) == "qwen-0.5b"
     assert reasons(c)["gpt-small"] == "daily budget spent: $1.2500 of $1.00 today"
+    # a budget under a cent is shown as written, not rounded to "$0.01"
+    tiny = replace(CLOUD, daily_budget_usd=0.005)
+    c = choose("t", (tiny, CPU), host(spend_today_usd={cid(tiny): 0.03}))
+    assert reasons(c)["gpt-small"] == "daily budget spent: $0.0300 of $0.005 today"
+    c = choose("t", (CLOUD,), host(spend_today_usd={cid(CLOUD): 1}, daily_budget_usd=0.0125))
+    assert reasons(c)["gpt-small"] == (
+        "cloud budget spent: $1.0000 of $0.0125 today (router.daily_budget)"
+    )
 
 
 def test_router_daily_budget_counts_every_cloud_candidate() -> None:

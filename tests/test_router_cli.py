@@ -157,6 +157,21 @@ def test_deadline_against_a_real_holder(cli: Cli, tiny: Path) -> None:
     holder.wait()
 
 
+def test_a_holder_with_a_need_that_leaves_room_is_no_queue(cli: Cli, tiny: Path) -> None:
+    # gpulock shares the GPU between needs that fit: a deadline must not send the work away
+    cfg = routes(cli, tiny, extra="router: {hold_estimate: 30s}")
+    env = cli.env(GPULOCK_CONFIG=str(cfg))
+    holder = cli.hold("holder", "--need", "1GiB")
+    r = cli.run("route", "summarize", "--deadline", "5s", env=env)
+    assert r.code == 0, r.describe()
+    assert r.stdout == (
+        f"summarize: gpu tiny-llama (routes.summarize[0]): gpu0: needs "
+        f"{format_size(need(tiny, 256))}, shared with 1 holder\n"
+    )
+    holder.release()
+    holder.wait()
+
+
 def test_nothing_fits_exits_75_and_says_why(cli: Cli, tiny: Path) -> None:
     cfg = routes(cli, tiny)
     r = cli.run("route", "remote", "--config", str(cfg))

@@ -249,6 +249,24 @@ def test_failures_in_a_row_double_the_cooldown_and_a_success_clears_it(
     assert world.events("call", ok=False)[-1]["cooldown_s"] == 0.3  # counting from one again
 
 
+def test_a_handle_whose_call_found_nothing_tries_again_after_the_cooldown(
+    world: World, fault: FaultServer
+) -> None:
+    fault.mode = "500"
+    s = configure(world, "t:\n" + cloud("only", fault.base_url), "cooldown: 300ms\n")
+    m = router.get_model("t")
+    with pytest.raises(router.NoModelAvailable, match="failed on this call already"):
+        m.complete("x")
+    with pytest.raises(router.NoModelAvailable, match="cooling down after errors"):
+        m.complete("x")  # the same handle, judged again: the cooldown, not a stale failure
+    assert fault.count() == 1
+    cool = cooldown_of(s, fault.base_url)
+    assert cool is not None
+    wait_until(lambda: time.time() > cool["until_wall"], 10, "the cooldown to end")
+    fault.mode = "ok"
+    assert m.complete("x") == "fine" and m.name == "only"
+
+
 def test_a_hang_past_the_timeout_falls_back(
     world: World, llama_server: LlamaServer, fault: FaultServer
 ) -> None:
@@ -344,6 +362,29 @@ def test_a_spent_daily_budget_moves_to_the_next_candidate(
     assert "rejected: cloud capped (routes.t[0]): daily budget spent: $0.0115 of $0.01 today" in (
         m.why
     )
+
+
+def test_a_handle_kept_between_calls_stops_at_the_budget(
+    world: World, llama_server: LlamaServer, fault: FaultServer
+) -> None:
+    # An agent that asks once and calls all day must not spend past the budget with that handle.
+    fault.mode = "ok"
+    configure(
+        world,
+        "t:\n"
+        + cloud("capped", fault.base_url, extra=", daily_budget: 0.01")
+        + cloud("steady", llama_server.base_url),
+    )
+    m = router.get_model("t")
+    assert m.complete("x") == "fine" and m.name == "capped"  # $0.0115: the budget is spent
+    text = m.complete("x", max_tokens=2)
+    assert m.name == "steady" and isinstance(text, str)
+    assert fault.count("/completions") == 1  # the capped endpoint was not called again
+    assert m.fallbacks == ["capped: daily budget spent: $0.0115 of $0.01 today"]
+    assert "rejected: cloud capped (routes.t[0]): daily budget spent" in m.why
+    (fb,) = world.events("fallback")
+    assert (fb["from_model"], fb["to_model"]) == ("capped", "steady")
+    assert cooldown_of(world.settings(), fault.base_url) is None  # not the endpoint's fault
 
 
 def test_the_routers_daily_budget_covers_every_cloud_candidate(

@@ -477,6 +477,22 @@ def test_a_bad_deadline_is_a_value_error(world: World, tiny: Path) -> None:
     configure(world, gpu_and_cpu(tiny))
     with pytest.raises(ValueError, match="deadline must be seconds >= 0"):
         router.get_model("t", deadline=-1)
+    with pytest.raises(ValueError, match="deadline must be seconds >= 0"):
+        router.explain("t", deadline=float("nan"))
+    with pytest.raises(ValueError, match="'soon' is not a duration"):
+        router.get_model("t", deadline="soon")
+
+
+def test_a_deadline_may_be_a_duration_as_gpulock_acquire_takes_it(world: World, tiny: Path) -> None:
+    configure(world, gpu_and_cpu(tiny), extra="router: {hold_estimate: 90s}\n")
+    holder = world.hold("holder")  # a real process holding gpu0, whole
+    chosen = router.explain("t", deadline="2m").candidate
+    assert chosen is not None and chosen.tier == "gpu"  # ~90 s is within 2 minutes
+    m = router.get_model("t", deadline="1m")
+    assert m.tier == "cpu"
+    assert "(1 ahead) > deadline 1m00s" in m.why
+    holder.release()
+    holder.wait_exit()
 
 
 def test_prefer_picks_the_cpu_even_with_a_gpu_free(world: World, tiny: Path) -> None:

@@ -345,6 +345,42 @@ def test_bad_price_mapping_and_router_values(tmp_path: Path) -> None:
     assert_names(tmp_path, e, "router.daily_budget", "daily_budget")
 
 
+OPENAI_TOO = """
+            - backend: openai
+              model: gpt-4o-mini
+              base_url: https://api.example/v1
+              api_key_env: KEY
+"""
+
+
+def test_a_bad_inherited_or_default_field_is_named_where_it_is_written(tmp_path: Path) -> None:
+    both = CPU + OPENAI_TOO
+    e = error(
+        tmp_path, both + "          digest:\n            inherit: t\n            n_ctx: big\n"
+    )
+    assert_names(tmp_path, e, "routes.digest.n_ctx", "n_ctx: big")
+    e = error(tmp_path, both + "          digest:\n            inherit: t\n            tier: gpu\n")
+    assert_names(tmp_path, e, "routes.digest.tier", "tier: gpu")
+    assert e.problem == "backend openai serves tier cloud, got 'gpu' (applied to routes.t[1])"
+    defaults = "        router:\n          defaults:\n            timeout: soon\n"
+    e = error(tmp_path, defaults + CPU)
+    assert_names(tmp_path, e, "router.defaults.timeout", "timeout: soon")
+
+
+def test_api_fallback_is_the_cloud_tiers_policy(tmp_path: Path) -> None:
+    e = error(tmp_path, CPU + "              policy: api-fallback\n")
+    assert_names(tmp_path, e, "routes.t[0].policy", "policy: api-fallback")
+    assert e.problem == (
+        "api-fallback is the cloud tier's policy; a cpu candidate is persistent or cold-start"
+    )
+    # a task-wide policy is for the local candidates: the cloud one stays api-fallback
+    t = table(
+        tmp_path,
+        CPU + OPENAI_TOO + "          d:\n            inherit: t\n            policy: cold-start\n",
+    )
+    assert [c.policy for c in t.tasks["d"]] == ["cold-start", "api-fallback"]
+
+
 def test_inherit_loop(tmp_path: Path) -> None:
     loop = "routes:\n  a:\n    inherit: b\n  b:\n    inherit: c\n  c:\n    inherit: a\n"
     e = error(tmp_path, loop)
@@ -364,7 +400,7 @@ def test_inherit_from_an_unknown_task(tmp_path: Path) -> None:
     [
         ("[]", "routes.t", 2, "expected a list of candidates, best first"),
         ("{}", "routes.t", 2, "a task needs candidates (a list) or inherit: TASK"),
-        ("", "routes.t", 2, "expected a mapping, got NoneType: None"),
+        ("", "routes.t", 2, "expected a list of candidates, best first (or a mapping"),
         ("\n    candidates: nope", "routes.t.candidates", 3, "expected a list of candidates"),
     ],
 )
