@@ -320,18 +320,26 @@ def render(snap: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _usd(amount: float) -> str:
+    """Dollars with at least cents and as many digits as the amount has (a $0.005 budget)."""
+    text = f"{amount:.6f}".rstrip("0")
+    whole, _, cents = text.partition(".")
+    return f"${whole}.{cents.ljust(2, '0')}"
+
+
 def _render_usage(u: dict[str, Any] | None) -> list[str]:
     if not u:
         return []
     budget = u["daily_budget_usd"]
-    spend = f"${u['cloud_spend_usd']:.4f}" + (f" of ${budget:.2f}" if budget is not None else "")
+    spend = f"${u['cloud_spend_usd']:.4f}" + (f" of {_usd(budget)}" if budget is not None else "")
     tiers = ", ".join(
         f"{tier} {int(row.get('calls', 0))}" for tier, row in sorted(u["by_tier"].items())
     )
     lines = [f"model calls today: {tiers or 'none'}; cloud spend {spend}"]
     for agent, row in sorted(u["by_agent"].items()):
+        calls = int(row.get("calls", 0))
         lines.append(
-            f"  {agent}: {int(row.get('calls', 0))} calls, "
+            f"  {agent}: {calls} call{'' if calls == 1 else 's'}, "
             f"{int(row.get('tokens_in', 0))}+{int(row.get('tokens_out', 0))} tokens, "
             f"${row.get('cost_usd', 0):.4f}"
         )

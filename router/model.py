@@ -243,7 +243,7 @@ class Model:
         self._failed[key] = e.short
         rs = self._table.settings
         cooled = None
-        if e.kind != "busy":  # a long queue is not the model's fault: no cooldown
+        if _cools_down(e):
             cooled = ledger.record_failure(
                 self._settings,
                 key,
@@ -323,3 +323,20 @@ class Model:
             latency_s=round(elapsed, 6),
             cost_usd=round(cost, 8),
         )
+
+
+# HTTP statuses that blame this one request (its keywords, its size), not the endpoint.
+_REQUEST_FAULTS = frozenset({400, 413, 422})
+
+
+def _cools_down(e: BackendError) -> bool:
+    """Whether a failure should keep every agent off this candidate for a while.
+
+    A long GPU queue is not the model's fault, and a request the server refused for its own
+    content (HTTP 400, 413, 422) says nothing about the next agent's request; both fall back
+    without a cooldown.  Everything else (429, 5xx, timeouts, refused connections, 401/403/404,
+    a model that will not load) cools the candidate down for all.
+    """
+    if e.kind == "busy":
+        return False
+    return not (e.kind == "client" and e.status in _REQUEST_FAULTS)

@@ -199,7 +199,7 @@ class FaultServer:
         if mode == "ok":
             self._send(h, 200, _ok_answer(h.path, body))
             return
-        status = 429 if mode == "429" else 500
+        status = {"429": 429, "400": 400}.get(mode, 500)
         # A careless server that echoes the request's credentials in its error body.
         err = {"error": {"message": f"failing as told; you sent {auth}", "type": "test"}}
         headers = {"Retry-After": self.retry_after} if status == 429 and self.retry_after else {}

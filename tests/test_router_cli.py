@@ -311,4 +311,5 @@ def test_status_shows_todays_usage(cli: Cli, tiny: Path, monkeypatch: pytest.Mon
     text = cli.run("status", env=env).stdout
     assert "model calls today: cpu 3; cloud spend $0.0000 of $2.50" in text
     assert "  beta: 2 calls, 14+6 tokens, $0.0000" in text
+    assert "  alpha: 1 call, 7+3 tokens, $0.0000" in text
     m.unload()

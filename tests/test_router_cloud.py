@@ -307,6 +307,25 @@ def test_a_refused_connection_and_a_5xx_stream_fall_back(
     assert [f["to_model"] for f in world.events("fallback")] == ["flaky", "steady"]
 
 
+def test_a_request_the_server_refuses_falls_back_without_cooling_the_endpoint_down(
+    world: World, llama_server: LlamaServer, fault: FaultServer
+) -> None:
+    # HTTP 400 blames this request (its keywords), not the endpoint: the next agent's request
+    # may be fine, so nobody is kept off it; a 500 does cool it down.
+    s = configure(
+        world, "t:\n" + cloud("picky", fault.base_url) + cloud("steady", llama_server.base_url)
+    )
+    fault.mode = "400"
+    m = router.get_model("t")
+    assert m.complete("hi", max_tokens=2) and m.name == "steady"
+    assert m.fallbacks == ["picky: client (HTTP 400)"]
+    assert ledger.read(s).cooldowns == {}
+    assert router.get_model("t").name == "picky"  # still first in line
+    fault.mode = "500"
+    router.get_model("t").complete("hi", max_tokens=2)
+    assert [c["reason"] for c in ledger.read(s).cooldowns.values()] == ["server (HTTP 500)"]
+
+
 def test_a_stream_that_breaks_off_is_not_completed_by_another_model(
     world: World, llama_server: LlamaServer, fault: FaultServer
 ) -> None:
