@@ -261,6 +261,7 @@ class Model:
             model=c.name,
             ok=False,
             error=e.short,
+            detail=e.detail,
             latency_s=round(elapsed, 6),
             cooldown_s=cooled,
             tokens_in=0,

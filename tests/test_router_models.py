@@ -407,6 +407,8 @@ def test_a_load_error_falls_back_cools_down_and_the_next_get_model_skips_it(
     assert m.name == "tiny-llama" and m.fallbacks == ["bad: load"]
     failed, ok = world.events("call")
     assert (failed["model"], failed["error"], failed["cooldown_s"]) == ("bad", "load", 60.0)
+    # llama-cpp-python only says "Failed to load model"; llama.cpp's own log says why.
+    assert "Failed to load model" in failed["detail"] and "gguf" in failed["detail"].lower()
     assert ok["tokens_out"] == 5  # the route's max_tokens of the candidate that answered
     (cool,) = ledger.read(s).cooldowns.values()
     assert (cool["reason"], cool["failures"]) == ("load", 1)
@@ -415,6 +417,35 @@ def test_a_load_error_falls_back_cools_down_and_the_next_get_model_skips_it(
     assert nxt.name == "tiny-llama"
     assert "rejected: cpu bad (routes.t[0]): cooling down after errors for " in nxt.why
     assert "more (last: load)" in nxt.why
+
+
+def test_an_allocation_failure_in_llama_cpps_log_is_an_oom_the_governor_counts(
+    world: World, tiny: Path
+) -> None:
+    # A CUDA out-of-memory shows only in llama.cpp's log ("Failed to create llama_context" is
+    # all the exception says); this machine has no GPU to run out of, so the log is given.
+    from router.backends import BackendError
+    from router.backends.llama_cpp import LlamaBackend
+    from router.routes import load_table
+
+    s = configure(world, gpu_and_cpu(tiny))
+    c = load_table(s.config).tasks["t"][0]
+    b = LlamaBackend(c, s, gpu=0, need=1 << 30)
+    log = [
+        "llama_init_from_model: n_ctx = 8192",
+        "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 4096.00 MiB on device 0: "
+        "cudaMalloc failed: out of memory",
+        "llama_init_from_model: failed to initialize the context",
+    ]
+    with pytest.raises(BackendError) as e:
+        b._failed(ValueError("Failed to create llama_context"), "load", log)
+    assert e.value.kind == "oom" and e.value.detail is not None
+    assert "cudaMalloc failed: out of memory" in e.value.detail
+    (oom,) = world.events("oom")
+    assert (oom["gpu"], oom["name"]) == (0, c.name)
+    with pytest.raises(BackendError) as e:
+        b._failed(ValueError("Failed to load model from file"), "load", log[:1])
+    assert e.value.kind == "load"
 
 
 def test_when_every_candidate_fails_the_error_lists_each_and_why(world: World) -> None:

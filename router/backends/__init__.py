@@ -32,16 +32,20 @@ class BackendError(Exception):
         *,
         status: int | None = None,
         retry_after_s: float | None = None,
+        detail: str | None = None,
     ) -> None:
         super().__init__(message)
         self.kind = kind
         self.status = status
         self.retry_after_s = retry_after_s
+        # Safe to log: set only by local backends (llama.cpp's own words), never from an HTTP
+        # body, which may echo a request's credentials.
+        self.detail = detail
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _rebuild,
-            (self.kind, str(self), self.status, self.retry_after_s),
+            (self.kind, str(self), self.status, self.retry_after_s, self.detail),
         )
 
     @property
@@ -50,5 +54,7 @@ class BackendError(Exception):
         return f"{self.kind}" + (f" (HTTP {self.status})" if self.status else "")
 
 
-def _rebuild(kind: str, message: str, status: int | None, retry: float | None) -> BackendError:
-    return BackendError(kind, message, status=status, retry_after_s=retry)
+def _rebuild(
+    kind: str, message: str, status: int | None, retry: float | None, detail: str | None
+) -> BackendError:
+    return BackendError(kind, message, status=status, retry_after_s=retry, detail=detail)

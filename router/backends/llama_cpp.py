@@ -13,10 +13,12 @@ no lock and register nothing.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from gpulock import devices
@@ -33,18 +35,61 @@ _lock = threading.Lock()
 
 def _llama_class() -> Any:
     try:
+        import llama_cpp
         from llama_cpp import Llama
     except ImportError as e:
         raise GpulockError(
             f"llama-cpp-python is not installed ({e})",
             hint="pip install 'gpulock[llama]'",
         ) from None
+    _install_log_tap(llama_cpp)
     return Llama
 
 
 def _is_oom(text: str) -> bool:
     t = text.lower()
     return "out of memory" in t or "cudamalloc" in t or "failed to allocate" in t
+
+
+# llama.cpp's last log lines, numbered.  With verbose=False llama-cpp-python raises only
+# "Failed to load model from file" or "Failed to create llama_context"; why (a cudaMalloc that
+# ran out of memory, a damaged file) is in llama.cpp's log, which the tap keeps a window of.
+_log: deque[tuple[int, str]] = deque(maxlen=64)
+_log_count = itertools.count(1)
+_tap: Any = None
+
+
+def _install_log_tap(llama_cpp: Any) -> None:
+    """Route llama.cpp's log through a tap that remembers it, then on to llama-cpp-python's
+    own handler (which prints what its verbosity allows), so nothing else changes."""
+    global _tap
+    if _tap is not None:
+        return
+    import ctypes
+
+    try:
+        from llama_cpp import _logger
+
+        forward = _logger.llama_log_callback
+    except (ImportError, AttributeError):
+        forward = None
+
+    @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+    def tap(level: int, text: bytes, user_data: Any) -> None:
+        _log.append((next(_log_count), text.decode("utf-8", "replace").strip()))
+        if forward is not None:
+            forward(level, text, user_data)
+
+    _tap = tap  # ctypes calls it for ever: it must outlive this function
+    llama_cpp.llama_log_set(tap, ctypes.c_void_p(0))
+
+
+def _log_mark() -> int:
+    return _log[-1][0] if _log else 0
+
+
+def _log_since(mark: int) -> list[str]:
+    return [line for n, line in list(_log) if n > mark and line]
 
 
 class LlamaBackend:
@@ -112,10 +157,11 @@ class LlamaBackend:
         self, call: Callable[[Any], Any], kind: str, wait_s: float | None, label: str
     ) -> Result:
         with self._session(wait_s, label) as llm:
+            mark = _log_mark()
             try:
                 out = call(llm)
             except (RuntimeError, ValueError, OSError) as e:
-                self._failed(e, "server")
+                self._failed(e, "server", _log_since(mark))
         choice = out["choices"][0]
         text = choice["text"] if kind == "text" else (choice["message"].get("content") or "")
         usage = out.get("usage") or {}
@@ -175,11 +221,12 @@ class LlamaBackend:
         if c.n_threads:
             kwargs["n_threads"] = c.n_threads
         start = time.monotonic()
+        mark = _log_mark()
         try:
             with _lock:  # llama.cpp's backend init is not safe to run twice at once
                 llm = Llama(**kwargs)
         except (RuntimeError, ValueError, OSError) as e:
-            self._failed(e, "load")
+            self._failed(e, "load", _log_since(mark))
         self.loads += 1
         self.settings.emit(
             "model-load",
@@ -193,15 +240,23 @@ class LlamaBackend:
         )
         return llm
 
-    def _failed(self, e: BaseException, kind: str) -> Any:
+    def _failed(self, e: BaseException, kind: str, log: Sequence[str] = ()) -> Any:
+        """Raise the BackendError for ``e``; ``log``: llama.cpp's lines meanwhile (the why)."""
         text = str(e) or type(e).__name__
+        detail = next((line for line in reversed(log) if _is_oom(line)), None)
+        if detail is None and log:
+            detail = log[-1]
+        if detail and detail not in text:
+            text = f"{text} ({detail})"
         if _is_oom(text):
             if self._resident is not None:
                 self._resident.report_oom()
             elif self.gpu is not None:
                 self.settings.emit("oom", name=self.candidate.name, gpu=self.gpu)
-            raise BackendError("oom", f"{self.candidate.name}: out of memory: {text}") from e
-        raise BackendError(kind, f"{self.candidate.name}: {text}") from e
+            raise BackendError(
+                "oom", f"{self.candidate.name}: out of memory: {text}", detail=text
+            ) from e
+        raise BackendError(kind, f"{self.candidate.name}: {text}", detail=text) from e
 
     def _register(self) -> Any:
         from gpulock.residents import resident
