@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,8 +39,9 @@ EX_OK, EX_USAGE = 0, 2
 EPILOG = """\
 exit codes: 0 done; 1 the agent raised (traceback in <state>/agents/NAME/log.jsonl); 2 usage
 (unknown agent, bad arguments, an agent module that cannot be imported); 75 skipped: already
-running, or the GPU or a model could not be had before --timeout (silent unless stderr is a
-terminal: cron tries again at the next run); 128+N stopped by signal N (checkpoint kept).
+running, the GPU or a model could not be had before --timeout, or the agent exited 75 itself
+(silent unless stderr is a terminal: cron tries again at the next run); 128+N stopped by signal
+N (checkpoint kept).
 
 Agents are found in agents.examples, the config's agents.modules, $GPULOCK_AGENT_MODULES
 (comma-separated) and --module (a dotted module name or a path to a .py file)."""
@@ -231,16 +234,16 @@ def _show(spec: AgentSpec, settings: Settings, as_json: bool) -> int:
         **spec.as_dict(),
         "state": str(folder),
         "checkpoint": progress,
-        "last_run": _last_end(folder / LOG_NAME),
+        "last_run": _last_run(folder / LOG_NAME),
     }
     if as_json:
         print(json.dumps(data, indent=2))
         return EX_OK
     for key, value in data.items():
         if key == "last_run" and isinstance(value, dict):
-            value = (
-                f"{value.get('outcome')} ({value.get('msg')}), pid {value.get('pid')}, "
-                f"exit {value.get('exit_code')}"
+            code = value.get("exit_code")
+            value = f"{value.get('outcome')} ({value.get('msg')}), pid {value.get('pid')}" + (
+                "" if code is None else f", exit {code}"
             )
         elif key == "checkpoint" and isinstance(value, dict):
             value = value.get("error") or f"{value['done']} of {value['total']} done"
@@ -256,18 +259,61 @@ def _show(spec: AgentSpec, settings: Settings, as_json: bool) -> int:
 _LABELS = {"timeout_s": "timeout", "need_bytes": "need", "last_run": "last run"}
 
 
-def _last_end(log: Path) -> dict[str, Any] | None:
-    """The newest ``end`` record of an agent's log (the rotated generation as a fallback)."""
-    for path in (log, log.with_name(log.name + ".1")):
+def _last_run(log: Path) -> dict[str, Any] | None:
+    """The newest run in an agent's log: its ``end`` record, or its ``start`` made into one.
+
+    A run that never wrote its end (SIGKILL, the OOM killer, a power cut) would otherwise hide
+    behind the run before it: its start record comes back with ``outcome`` ``running`` (the
+    process is still there) or ``died``.  The rotated generation is read too.
+    """
+    records: list[dict[str, Any]] = []
+    for path in (log.with_name(log.name + ".1"), log):  # oldest first
         try:
             lines = path.read_bytes().splitlines()
         except OSError:
             continue
-        for raw in reversed(lines):
+        for raw in lines:
             try:
                 record = json.loads(raw)
             except ValueError:
                 continue
-            if isinstance(record, dict) and record.get("event") == "end":
-                return record
-    return None
+            if isinstance(record, dict) and record.get("event") in ("start", "end"):
+                records.append(record)
+    ended: dict[object, dict[str, Any]] = {}  # pid -> its newest end, newer than the scan
+    for record in reversed(records):
+        if record["event"] == "end":
+            ended.setdefault(record.get("pid"), record)
+            continue
+        end = ended.get(record.get("pid"))
+        if end is not None:
+            return end
+        return _unfinished(record)
+    return next(iter(ended.values()), None)  # ends without starts: an older log's format
+
+
+def _unfinished(start: dict[str, Any]) -> dict[str, Any]:
+    """A start record without its end, as the ``end`` record ``show`` would have printed."""
+    pid, raw_ts = start.get("pid"), start.get("ts")
+    ts = float(raw_ts) if isinstance(raw_ts, int | float) and not isinstance(raw_ts, bool) else None
+    when = "?" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    if isinstance(pid, int) and ts is not None and _running_since(pid, ts):
+        outcome, text = "running", f"since {when}"
+    else:
+        outcome = "died"
+        text = f"started {when}, no end record: killed by SIGKILL or the OOM killer, or a crash"
+    return {**start, "msg": text, "outcome": outcome, "reason": text, "exit_code": None}
+
+
+def _running_since(pid: int, ts: float) -> bool:
+    """Whether ``pid`` is alive and started before ``ts`` (not a later process reusing it)."""
+    from gpulock.identity import start_ticks
+
+    ticks = start_ticks(pid)
+    if ticks is None:
+        return False
+    try:
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return True  # alive; when it started cannot be told
+    started_wall = time.time() - (uptime_s - ticks / os.sysconf("SC_CLK_TCK"))
+    return started_wall <= ts + 5.0  # ticks are coarse; a reused pid starts after the record

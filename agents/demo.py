@@ -33,7 +33,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from agents.demo_agents import INPUTS, VARIANTS
@@ -139,13 +139,55 @@ def _fleet(work: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class _Stopped(Exception):
+    """SIGTERM or SIGHUP reached the demo: unwind, so that what it started is stopped too."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_signal(signum: int, _frame: object) -> None:
+    for s in _STOP_SIGNALS:  # once: a second signal must not cut the clean-up short
+        signal.signal(s, signal.SIG_IGN)
+    raise _Stopped(signum)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn that has the kernel SIGTERM the child when the demo dies, even by SIGKILL
+    (a CI timeout): the cloud server and the governor would otherwise run on for ever."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: the demo's own clean-up must do
+        return None
+
+    parent = os.getpid()
+
+    def set_pdeathsig() -> None:
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the demo died between the fork and here: too late for it
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return set_pdeathsig
+
+
 @contextlib.contextmanager
 def _process(
     argv: Sequence[str], env: dict[str, str], log: Path
 ) -> Iterator[subprocess.Popen[bytes]]:
     with open(log, "ab") as out:
         p = subprocess.Popen(
-            argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(),  # safe: the demo starts no threads
         )
     try:
         yield p
@@ -209,7 +251,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the real GPU 0 when NVML lists one (auto), or a simulated 24 GiB GPU",
     )
     args = p.parse_args(argv)
+    # SIGTERM (`timeout`, CI, systemd) would end Python without its `finally` blocks, leaving
+    # the cloud server, the governor and the fleet running: unwind instead, like Ctrl-C.
+    previous = {s: signal.signal(s, _on_signal) for s in _STOP_SIGNALS}
+    try:
+        return _demo(args)
+    except _Stopped as e:
+        print(f"demo stopped by {signal.Signals(e.signum).name}", file=sys.stderr)
+        return 128 + e.signum
+    except KeyboardInterrupt:
+        print("demo interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
+
+def _demo(args: argparse.Namespace) -> int:
     from gpulock import report
     from router.tiny_model import ensure_tiny_llama
 
@@ -262,10 +320,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _process(run, env, logs / "fleet.log") as fleet_proc,
             ):
                 start = time.monotonic()
+                shown = ""
                 while fleet_proc.poll() is None:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         fleet_proc.wait(min(10.0, max(1.0, args.seconds / 6)))
-                    print(_progress(state, time.monotonic() - start), flush=True)
+                    line = _progress(state, time.monotonic() - start)
+                    if line != shown:  # the fleet ending just after a line: not twice
+                        print(line, flush=True)
+                        shown = line
                 if fleet_proc.returncode != 0:
                     print(f"warning: the fleet exited {fleet_proc.returncode}; see {logs}")
 

@@ -83,7 +83,10 @@ QUESTIONS = (
 )
 
 
-@agent("assistant", task="chat", timeout="30s")
+# The timeout bounds every wait until the run's deadline (start + timeout), not each wait: a
+# long-lived agent needs one that covers its whole run, or its GPU calls past it cannot wait
+# in line at all and fall back to the CPU.
+@agent("assistant", task="chat", timeout="10m")
 def assistant(ctx: Context) -> None:
     """demo: keep a chat model warm on the GPU and answer a question every few seconds."""
     seconds = float(os.environ.get("GPULOCK_DEMO_ASSISTANT_S", "40"))

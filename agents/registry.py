@@ -10,6 +10,7 @@ Looked in, in this order (each module imported once, however often it is named):
 
 A module is a dotted name (``mypkg.agents``) or a path to a ``.py`` file.  One that cannot be
 imported is an error naming where it was given; in the config, with the file, line and key.
+An agent of the user's named like an example replaces the example (``agents.spec``).
 """
 
 from __future__ import annotations

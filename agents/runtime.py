@@ -5,8 +5,9 @@
 1. takes ``<state>/agents/<name>/run.lock`` with a non-blocking ``flock``: while a run of the
    agent is alive, another start logs a skip and returns 75 (the kernel drops the lock when the
    run dies, however it dies, so a crash never wedges the agent);
-2. calls the agent with a ``Context`` (``agents.context``); the agent's waits (``ctx.gpu()``,
-   ``ctx.model()``) are bounded by the timeout, and one that runs out (``gpulock.LockTimeout``,
+2. calls the agent with a ``Context`` (``agents.context``) and ``$GPULOCK_AGENT`` set to its
+   name (the router's accounting); the agent's waits (``ctx.gpu()``, ``ctx.model()``) are
+   bounded by the timeout, and one that runs out (``gpulock.LockTimeout``,
    ``gpulock.AdmissionRefused``, ``router.NoModelAvailable``) is a skip (75), not an error:
    cron tries again at the next run and nothing piles up;
 3. SIGTERM and SIGINT unwind the agent like Ctrl-C (``finally`` blocks run, the GPU is released,
@@ -15,8 +16,9 @@
    ``agent`` event to the shared ``events.jsonl``.
 
 Exit codes: 0 done; 1 the agent raised (the traceback is in the log, stderr gets one ``error:``
-line); 75 skipped (already running, or the GPU or a model could not be had in time); 128+N
-stopped by signal N.  A skip prints nothing unless stderr is a terminal: cron mails any output.
+line); 75 skipped (already running, the GPU or a model could not be had in time, or the agent
+raised ``SystemExit(75)`` itself); 128+N stopped by signal N.  A skip prints nothing unless
+stderr is a terminal: cron mails any output.
 
 Log records (``agents.logs``) are JSON lines: ``ts``, ``agent``, ``pid``, ``level``, ``msg``
 and the fields given in ``extra=``; the ``end`` record (``"event": "end"``) adds ``outcome``
@@ -59,6 +61,10 @@ __all__ = ["EX_ERROR", "EX_OK", "EX_SKIP", "Context", "Stopped", "agent_dir", "r
 
 EX_OK, EX_ERROR, EX_SKIP = 0, 1, 75
 LOCK_NAME: Final = "run.lock"
+# Whose model calls these are, for the router's accounting (router.select reads it): set for
+# the run, so that an agent calling router.get_model() itself, or a program it starts, is
+# counted under the agent's name rather than "python".
+AGENT_ENV: Final = "GPULOCK_AGENT"
 
 # Errors that mean "not now" rather than "broken", by (top package, class name): matched by
 # name so that catching them does not import the router (or gpulock's resident machinery).
@@ -122,6 +128,8 @@ def classify(exc: BaseException | None) -> tuple[str, str | None, int]:
         if exc.code is None or exc.code == 0:
             return "ok", None, EX_OK
         code = exc.code if isinstance(exc.code, int) else EX_ERROR
+        if code == EX_SKIP:  # the agent's own "try again later": as quiet as any other skip
+            return "skip", f"the agent exited {EX_SKIP}", EX_SKIP
         return "error", f"exit {exc.code}", code
     reason = skip_reason(exc)
     if reason is not None:
@@ -191,10 +199,14 @@ def run_agent(
                     log=log,
                     stderr=err,
                 )
+                previous_agent = os.environ.get(AGENT_ENV)
+                os.environ[AGENT_ENV] = spec.name
                 try:
                     spec.func(ctx)
                 except BaseException as e:  # every ending is logged and made an exit code
                     failure = e
+                finally:
+                    _restore_env(AGENT_ENV, previous_agent)
                 outcome = classify(failure)
         except Stopped as e:  # a signal before the agent ran: still one end record
             failure = e
@@ -257,6 +269,13 @@ def _finish(
         _say(err, "hint", hint if isinstance(hint, str) else f"traceback in {folder / LOG_NAME}")
     elif kind != "ok" and _is_tty(err):  # a skip or a stop: only a person at a terminal is told
         _say(err, spec.name, text)
+
+
+def _restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def _say(err: TextIO, kind: str, text: str) -> None:

@@ -88,6 +88,7 @@ class AgentSpec:
 
 
 _REGISTRY: dict[str, AgentSpec] = {}
+EXAMPLES_PACKAGE: Final = "agents.examples"  # the built-in examples: a user's agent replaces one
 
 
 def agent(
@@ -114,9 +115,15 @@ def agent(
         module = getattr(func, "__module__", None) or "?"
         previous = _REGISTRY.get(name)
         if previous is not None:
-            raise ValueError(
-                f"agent {name!r} is defined twice: in {previous.module} and in {module}"
-            )
+            # A built-in example must not cost the user their own agent of the same name (their
+            # whole module would fail to import): theirs wins, whichever is imported first.
+            if _is_example(module) and not _is_example(previous.module):
+                return func
+            if not (_is_example(previous.module) and not _is_example(module)):
+                raise ValueError(
+                    f"agent {name!r} is defined twice: {_where(previous.func, previous.module)} "
+                    f"and {_where(func, module)}"
+                )
         fields = dict(spec_fields)
         fields["description"] = fields["description"] or _summary(func)
         _REGISTRY[name] = AgentSpec(name=name, func=func, module=module, **fields)
@@ -165,6 +172,18 @@ def _checked(
         "flush_every": flush_every,
         "description": description.strip(),
     }
+
+
+def _is_example(module: str) -> bool:
+    return module == EXAMPLES_PACKAGE or module.startswith(EXAMPLES_PACKAGE + ".")
+
+
+def _where(func: Callable[..., Any], module: str) -> str:
+    """``at FILE:LINE`` of a function (a file agent's module name is made up), else its module."""
+    code = getattr(func, "__code__", None)
+    if code is not None:
+        return f"at {code.co_filename}:{code.co_firstlineno}"
+    return f"in {module}"
 
 
 def _summary(func: Callable[..., Any]) -> str:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import select
 import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +134,21 @@ def test_a_module_that_cannot_be_imported_is_a_usage_error(cli: Cli) -> None:
     r = cli.run("run", "t-hello", "--module", "no_such_agents_module", argv0=AGENTS)
     assert_clean_error(r, 2)
     assert "no_such_agents_module" in error_lines(r.stderr)[0]
+
+
+def test_an_agent_that_exits_75_itself_is_a_quiet_skip(cli: Cli) -> None:
+    module = cli.root / "later_agents.py"
+    module.write_text(
+        "from agents import agent\n\n"
+        "@agent('t-later')\n"
+        "def later(ctx):\n"
+        "    raise SystemExit(75)  # EX_TEMPFAIL: nothing to do yet, try again next run\n"
+    )
+    r = cli.run("run", "t-later", "--module", str(module), argv0=AGENTS)
+    assert (r.code, r.stdout, r.stderr) == (75, "", ""), r.describe()  # cron mails nothing
+    (end,) = ends(cli, "t-later")
+    assert (end["outcome"], end["level"], end["exit_code"]) == ("skip", "warning", 75)
+    assert [e["outcome"] for e in cli.events("agent")] == ["skip"]
 
 
 # --- one instance at a time --------------------------------------------------------------------
@@ -288,6 +305,54 @@ def test_sigterm_stops_the_run_keeps_the_checkpoint_and_exits_143(cli: Cli) -> N
     assert (shown["name"], shown["task"]) == ("t-items", "summarize")
 
 
+def test_show_tells_a_running_run_and_one_that_died_without_an_end_record(cli: Cli) -> None:
+    out = cli.root / "items.txt"
+    assert run(cli, "run", "t-items", "2", "--out", str(out)).code == 0  # an earlier good run
+    proc = _blocked_run(cli, "victim", out, 6, 3)
+    shown = run(cli, "show", "t-items", "--json").json()["last_run"]
+    assert (shown["outcome"], shown["pid"], shown["exit_code"]) == ("running", proc.pid, None)
+    proc.kill_group()  # SIGKILL: the run never writes its end record
+    shown = run(cli, "show", "t-items", "--json").json()
+    # Not the good run before it: the newest run died, and its checkpoint waits.
+    assert (shown["last_run"]["outcome"], shown["last_run"]["pid"]) == ("died", proc.pid)
+    assert "no end record" in shown["last_run"]["reason"]
+    assert shown["checkpoint"] == {"done": 3, "total": 6}
+    text = run(cli, "show", "t-items")
+    assert (text.code, text.stderr) == (0, ""), text.describe()
+    assert "last run: died (started " in text.stdout and f"pid {proc.pid}\n" in text.stdout
+
+
+def test_the_agent_env_names_the_run_for_the_routers_accounting(cli: Cli) -> None:
+    from router.tiny_model import ensure_tiny_llama
+
+    gguf = ensure_tiny_llama(cli.root / "models")
+    # ./gpulock.yaml: what the router finds on its own, without the run's --config.
+    (cli.root / "gpulock.yaml").write_text(
+        "routes:\n  summarize:\n"
+        f"    - {{tier: cpu, backend: llama_cpp, model: {gguf}, n_ctx: 256}}\n"
+    )
+    module = cli.root / "direct_agents.py"
+    module.write_text(
+        "import os, subprocess, sys\n"
+        "import router\n"
+        "from agents import agent\n"
+        "\n"
+        "@agent('t-direct')\n"
+        "def direct(ctx):\n"
+        "    model = router.get_model('summarize')  # not ctx.model(): no agent= given\n"
+        "    model.complete('hello', max_tokens=2)\n"
+        "    model.unload()\n"
+        "    code = 'import os; print(os.environ[\"GPULOCK_AGENT\"])'\n"
+        "    child = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)\n"
+        "    ctx.out.write_text(child.stdout)\n"
+    )
+    out = cli.root / "child.txt"
+    r = cli.run("run", "t-direct", "--out", str(out), "--module", str(module), argv0=AGENTS)
+    assert (r.code, r.stderr) == (0, ""), r.describe()
+    assert out.read_text() == "t-direct\n"  # a program the agent starts is counted as it too
+    assert [(e["agent"], e["ok"]) for e in cli.events("call")] == [("t-direct", True)]
+
+
 # --- the progress bar --------------------------------------------------------------------------
 
 
@@ -405,6 +470,24 @@ def test_config_section_errors_name_file_line_and_key(
     assert error_lines(r.stderr)[0].startswith(f"error: {config}:{line}: {key}: "), r.describe()
 
 
+def test_your_agent_replaces_an_example_of_the_same_name(cli: Cli) -> None:
+    module = cli.root / "mine.py"
+    module.write_text(
+        "from agents import agent\n\n"
+        "@agent('digest')\n"
+        "def mine(ctx):\n"
+        "    ctx.out.write_text('mine')\n"
+    )
+    out = cli.root / "mine.txt"
+    r = cli.run("run", "digest", "--out", str(out), "--module", str(module), argv0=AGENTS)
+    assert (r.code, r.stderr) == (0, ""), r.describe()
+    assert out.read_text() == "mine"
+    r = cli.run("list", "--json", "--module", str(module), argv0=AGENTS)
+    found = {a["name"]: a["module"] for a in r.json()["agents"]}
+    assert found["digest"] == str(module), found
+    assert "inbox-triage" in found  # the other examples are still there
+
+
 def test_import_agents_stays_light() -> None:
     heavy = ("apscheduler", "router", "llama_cpp", "openai", "torch", "pynvml")
     code = f"import sys, agents; print([m for m in sys.modules if m.split('.')[0] in {heavy!r}])"
@@ -426,8 +509,15 @@ def test_agent_registers_a_checked_spec_and_returns_the_function() -> None:
     spec = get("t-inproc")
     assert isinstance(spec, AgentSpec) and spec.func is job
     assert (spec.timeout_s, spec.need_bytes, spec.description) == (120.0, 6 << 30, "First line.")
-    with pytest.raises(ValueError, match="defined twice"):
+    # Twice by the user is a mistake, told with both places (a file's module name is made up).
+    line = job.__code__.co_firstlineno
+    with pytest.raises(ValueError, match=re.escape(f"defined twice: at {__file__}:{line} and at ")):
         agent("t-inproc")(job)
+    # An example never displaces a user's agent, whichever registers first.
+    example = types.FunctionType(job.__code__, job.__globals__, "example")
+    example.__module__ = "agents.examples.fake"
+    assert agent("t-inproc")(example) is example
+    assert get("t-inproc") == spec
 
 
 @pytest.mark.parametrize(
@@ -500,6 +590,7 @@ def test_progress_line_and_when_it_is_wanted() -> None:
         (KeyboardInterrupt(), ("killed", "SIGINT", 130)),
         (SystemExit(0), ("ok", None, 0)),
         (SystemExit(3), ("error", "exit 3", 3)),
+        (SystemExit(75), ("skip", "the agent exited 75", 75)),
         (ValueError("x"), ("error", "ValueError: x", 1)),
         (LockTimeout(0, 1.0), ("skip", "gpu0 busy after 1.0 s", 75)),
     ],

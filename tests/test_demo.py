@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from procs import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,7 +32,9 @@ def test_short_demo_runs_the_fleet_and_writes_the_report(tmp_path: Path) -> None
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Traceback" not in r.stderr, r.stderr
-    summary = r.stdout.split("\nsummary\n", 1)[1]
+    progress, summary = r.stdout.split("\nsummary\n", 1)
+    shown = progress.splitlines()
+    assert all(a != b for a, b in itertools.pairwise(shown)), progress  # no repeats
     for heading in ("GPU handoffs:", "waits:", "runs:", "evictions:", "route choices by tier:"):
         assert heading in summary, summary
 
@@ -48,3 +53,59 @@ def test_short_demo_runs_the_fleet_and_writes_the_report(tmp_path: Path) -> None
 
     html = report.read_text()
     assert html.lower().startswith("<!doctype html>") and 'class="hold' in html
+
+
+def test_the_assistant_may_wait_in_line_for_its_whole_run() -> None:
+    from agents import demo_agents
+    from agents.spec import get
+
+    spec = get("assistant")
+    assert spec is not None and spec.func is demo_agents.assistant
+    # Its waits are bounded by start + timeout: the demo runs it for --seconds - 5 (60 s by
+    # default), and a GPU call past the deadline could not queue at all.
+    assert spec.timeout_s is not None and spec.timeout_s >= 60
+
+
+def _started_by(state: Path) -> list[int]:
+    """Pids of the processes whose environment names ``state``: all the demo started."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"GPULOCK_STATE_DIR={state}\0".encode() in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:  # gone, or not ours
+            continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_stopped_demo_leaves_nothing_running(tmp_path: Path, sig: int) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULOCK_")}
+    folder = tmp_path / "d"
+    out = tmp_path / "out.txt"
+    argv = ["--seconds", "60", "--dir", str(folder), "--report", str(tmp_path / "r.html")]
+    with open(out, "wb") as f:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "agents.demo", *argv],
+            cwd=tmp_path,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        # The cloud server answers and the governor runs; the fleet starts right after.
+        wait_until(lambda: b"governor: running" in out.read_bytes(), 60, out.read_text)
+        demo.send_signal(sig)
+        code = demo.wait(30)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    # SIGTERM: the demo unwinds and stops what it started; SIGKILL: the kernel tells them.
+    assert code == (128 + sig if sig == signal.SIGTERM else -sig), out.read_text()
+    if sig == signal.SIGTERM:
+        assert "demo stopped by SIGTERM" in out.read_text() and "Traceback" not in out.read_text()
+    state = folder / "state"
+    wait_until(lambda: not _started_by(state), 30, lambda: f"left running: {_started_by(state)}")
