@@ -114,6 +114,8 @@ routes:
     - {cloud}
     - {{tier: gpu, backend: llama_cpp, model: {m}, vram: {gib(8)}, name: qwen-14b-q4}}
     - {{tier: cpu, backend: llama_cpp, model: {m}, name: qwen-0.5b-q8}}
+  speech:
+    - {{tier: cpu, backend: llama_cpp, model: {m}, name: qwen-0.5b-q8, n_ctx: 1024}}
   chat:
     - {{tier: gpu, backend: llama_cpp, model: {m}, vram: {gib(9)}, name: assistant-8b}}
     - {{tier: cpu, backend: llama_cpp, model: {m}, name: qwen-0.5b-q8}}

@@ -31,7 +31,7 @@ from agents.examples.common import output_mode, paragraph
 from agents.examples.inbox_triage import LABELS, label_of
 from agents.examples.report_drafter import LineGuard, headings_from
 from agents.examples.tagger import normalise_tags, tags_for
-from agents.examples.tts_batch import CHAR_FRAMES, RATE_HZ, spoken_text, tone_hz
+from agents.examples.tts_batch import CHAR_FRAMES, RATE_HZ, spoken_text, stressed, tone_hz
 from gpulock import events
 from gpulock.config import parse_config
 from router.tiny_model import ensure_tiny_llama
@@ -49,7 +49,7 @@ EXAMPLES = {  # name: (task, schedule)
     "inbox-triage": ("classify", "*/10 * * * *"),
     "tagger": ("tag", "0 * * * *"),
     "report-drafter": ("draft", "30 7 * * mon-fri"),
-    "tts-batch": (None, "0 2 * * *"),
+    "tts-batch": ("speech", "0 2 * * *"),
     "embed-index": (None, "15 * * * *"),
 }
 
@@ -357,6 +357,41 @@ def test_tts_batch_writes_wavs_of_the_right_length_under_the_lock(world: World) 
     grants = events_of(world, "acquire", name="tts-batch")
     assert [g["need_bytes"] for g in grants] == [12 * GIB] * math.ceil(len(lines) / 8)
     assert_agent_ok(world, "tts-batch")
+
+
+def test_tts_batch_asks_the_routers_speech_model_for_each_line_inside_its_hold(
+    world: World, tiny: Path
+) -> None:
+    configure(world, tiny)
+    with world.config.open("a") as f:  # the "voice" runs on the gpu tier, inside the batch's hold
+        f.write(f"  speech: [{{backend: llama_cpp, model: {tiny}, tier: gpu, vram: 1GiB}}]\n")
+    source = DATA / "speech" / "lines.txt"
+    out = world.root / "speech"
+    run_ok(world, "tts-batch", str(source), "--out", str(out))
+    lines = [ln for ln in source.read_text().splitlines() if ln.strip()]
+    calls = events_of(world, "call", agent="tts-batch")
+    assert len(calls) == len(lines) and all(c["tier"] == "gpu" and c["ok"] for c in calls)
+    # The router's calls share the batch's hold (re-entrant): one grant per chunk, 12 GiB each.
+    grants = events_of(world, "acquire", name="tts-batch")
+    assert [g["need_bytes"] for g in grants] == [12 * GIB] * math.ceil(len(lines) / 8)
+    assert len(list(out.glob("*.wav"))) == len(lines)
+    assert_agent_ok(world, "tts-batch")
+
+
+@pytest.mark.parametrize(
+    ("line", "answer", "word"),
+    [
+        ("Good morning, Lisbon!", "lisbon", "Lisbon!"),
+        ("Good morning, Lisbon!", "The word is: MORNING.", "morning,"),
+        ("Good morning, Lisbon!", "x8#q zz", None),
+        ("", "anything", None),
+    ],
+)
+def test_stress_falls_on_the_first_word_of_the_line_the_answer_names(
+    line: str, answer: str, word: str | None
+) -> None:
+    r = stressed(line, answer)
+    assert (line[r.start : r.stop] if r else None) == word
 
 
 def test_tts_batch_skips_with_75_while_the_gpu_is_held_elsewhere(world: World) -> None:

@@ -7,12 +7,14 @@
 Every non-empty line of the ``*.txt`` files given (or found in the folders given) becomes
 ``<out>/<file stem>-<line number>.wav``: 16 kHz, mono, 16-bit, ``CHAR_S`` seconds per
 character of the line (whitespace collapsed), a short tone per letter or digit and silence for
-the rest.  There is no model here: the "voice" is computed from the text, so the output is the
-same on every machine.  What is real is the shape of the job: it declares ``need="12GiB"``,
-works in chunks of ``CHUNK_LINES`` lines, holds the GPU (``with ctx.gpu():``) for one chunk at a
-time so that other agents get a turn between chunks, checkpoints every chunk, and drops its
-voice cache every ``flush_every`` chunks.  When the GPU cannot be had before the timeout the run
-is a skip (exit 75) and cron tries again.  ``--out`` defaults to
+the rest.  The router's model for the ``speech`` task marks, per line, the word that carries
+the stress (the first word of the line that its answer names); that word is voiced louder.
+Without a ``speech`` route the lines are spoken flat, with one warning in the log.  The rest is
+the shape of a real TTS job: it declares ``need="12GiB"``, works in chunks of ``CHUNK_LINES``
+lines, holds the GPU (``with ctx.gpu():``) for one chunk at a time so that other agents get a
+turn between chunks (the router's calls inside it share that hold), checkpoints every chunk,
+and drops its voice cache every ``flush_every`` chunks.  When the GPU cannot be had before the
+timeout the run is a skip (exit 75) and cron tries again.  ``--out`` defaults to
 ``<state>/agents/tts-batch/out/``.
 """
 
@@ -25,7 +27,7 @@ import wave
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from agents.examples.common import input_files, one_line, out_folder, run_hint, write_bytes
 from agents.runtime import Context
@@ -102,14 +104,27 @@ class Voice:
     def clear(self) -> None:
         self._cache.clear()
 
-    def wav(self, text: str) -> bytes:
+    def wav(self, text: str, stress: range = range(0)) -> bytes:
+        """The line's audio; the characters in ``stress`` at full volume, the rest softer."""
         frames = array("h")
-        for ch in text:
+        for i, ch in enumerate(text):
             s = self._cache.get(ch)
             if s is None:
                 s = self._cache[ch] = samples_of(ch)
-            frames.extend(s)
+            frames.extend(s if i in stress else array("h", (x * 3 // 5 for x in s)))
         return _wav_bytes(frames)
+
+
+def stressed(line: str, answer: str) -> range:
+    """Where the stressed word is in ``line``: the first word of the line the answer names
+    (case and punctuation ignored); an empty range when it names none."""
+    named = {w.strip(".,;:!?\"'()").lower() for w in answer.split()}
+    pos = 0
+    for word in line.split(" "):
+        if word and word.strip(".,;:!?\"'()").lower() in named:
+            return range(pos, pos + len(word))
+        pos += len(word) + 1
+    return range(0)
 
 
 def _wav_bytes(frames: array[int]) -> bytes:
@@ -147,7 +162,7 @@ def chunks_of(paths: list[Path]) -> list[Chunk]:
     return out
 
 
-@agent(NAME, schedule="0 2 * * *", timeout="30m", need="12GiB", flush_every=25)
+@agent(NAME, task="speech", schedule="0 2 * * *", timeout="30m", need="12GiB", flush_every=25)
 def tts_batch(ctx: Context) -> None:
     """Turn lines of text into WAV files, a GPU-sized chunk at a time (need 12 GiB)."""
     paths = input_files(
@@ -161,11 +176,33 @@ def tts_batch(ctx: Context) -> None:
     voice = Voice()
     ctx.on_flush(voice.clear)  # every flush_every chunks: as a TTS job drops its model's cache
     said = 0
+    model = _speech_model(ctx)
     for chunk in ctx.batch(chunks, key=lambda c: c.key):
         with ctx.gpu():  # one chunk per hold: the queue moves between chunks
             for line in chunk.lines:
-                write_bytes(out / line.wav_name, voice.wav(line.text))
+                stress = range(0)
+                if model is not None:
+                    answer = model.complete(STRESS_PROMPT.format(line=line.text), max_tokens=8)
+                    stress = stressed(line.text, answer)
+                write_bytes(out / line.wav_name, voice.wav(line.text, stress))
                 said += 1
     ctx.log.info(
         f"wrote {said} WAV files", extra={"out": str(out), "files": said, "chunks": len(chunks)}
     )
+
+
+STRESS_PROMPT: Final = "Which one word of this line carries the stress?\n\n{line}\n\nWord:"
+
+
+def _speech_model(ctx: Context) -> Any:
+    """The router's model for ``speech``, or None (flat voice) when no route names the task."""
+    try:
+        return ctx.model()
+    except Exception as e:
+        if type(e).__name__ != "UnknownTask":
+            raise  # NoModelAvailable and the rest: the runtime makes them a skip or an error
+        ctx.log.warning(
+            "no route for task 'speech': speaking without stress",
+            extra={"hint": getattr(e, "hint", None)},
+        )
+        return None
