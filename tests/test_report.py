@@ -258,7 +258,7 @@ def test_route_call_and_agent_tables() -> None:
     assert (agents["writer"].error, agents["writer"].other) == (1, 1)
     assert agents["writer"].last_reason == "SIGTERM"
     lines = summary_lines(data)
-    assert "runs: 4 (ok 1, skips 1, errors 1, other 1)" in lines
+    assert "runs: 4 (ok 1, skips 1, errors 1, killed or stopped 1)" in lines
     assert "route choices by tier: cpu 2, cloud 1, none 1" in lines
     assert "model calls: 3 (1 failed), 400 tokens in, 100 out, $0.0125" in lines
     js = summary(data)
@@ -266,6 +266,20 @@ def test_route_call_and_agent_tables() -> None:
     assert {m["model"] for m in js["models"]} == {"qwen-0.5b", "gpt-x"}
     page = render_html(data)
     assert "gpu busy" in page and "qwen-0.5b" in page
+
+
+def test_a_run_the_fleet_saw_killed_counts_though_it_wrote_no_agent_event() -> None:
+    # SIGKILL (or the OOM killer) leaves no 'agent' event; the fleet's 'fleet-run' says it.
+    events = [
+        ev(1, "agent", agent="tts", outcome="ok", reason="", duration_s=1.0, pid=10),
+        ev(1, "fleet-run", agent="tts", pid=10, exit=0, duration_s=1.0, outcome="ok"),
+        ev(2, "fleet-run", agent="tts", pid=11, exit=137, duration_s=0.4, outcome="killed"),
+        ev(3, "agent", agent="tts", outcome="killed", reason="SIGTERM", duration_s=1, pid=12),
+        ev(3, "fleet-run", agent="tts", pid=12, exit=143, duration_s=1.0, outcome="killed"),
+    ]  # fmt: skip
+    (tts,) = build(events).agents
+    assert (tts.runs, tts.ok, tts.other) == (3, 1, 2)  # pid 12 is not counted twice
+    assert "runs: 3 (ok 1, skips 0, errors 0, killed or stopped 2)" in summary_lines(build(events))
 
 
 # --- robustness and escaping ------------------------------------------------------------------

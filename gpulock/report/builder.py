@@ -94,6 +94,7 @@ class _Builder:
     evictions: int = 0
     evictions_freed: int = 0
     agent_events: list[dict[str, Any]] = field(default_factory=list)
+    killed_runs: list[dict[str, Any]] = field(default_factory=list)  # fleet-run, outcome killed
     routes: list[dict[str, Any]] = field(default_factory=list)
     calls: list[dict[str, Any]] = field(default_factory=list)
 
@@ -303,6 +304,8 @@ def _dispatch(b: _Builder, ts: float, kind: str, e: dict[str, Any]) -> None:
         b.governor_event(ts, kind, e)
     elif ts >= b.lo and kind == "agent":
         b.agent_events.append(e)
+    elif ts >= b.lo and kind == "fleet-run" and e.get("outcome") == "killed":
+        b.killed_runs.append(e)
     elif ts >= b.lo and kind == "route":
         b.routes.append(e)
     elif ts >= b.lo and kind == "call":
@@ -340,7 +343,7 @@ def _assemble(
         held_by[h.name] += (span[1] - span[0]) if span else 0.0
         cut_by[h.name] += h.cut_short
     holders = holder_stats(b.runs, b.timeouts, held_by, cut_by)
-    agents = agent_stats(b.agent_events)
+    agents = agent_stats(b.agent_events + _unrecorded_deaths(b))
     models = model_stats(b.calls)
     totals = _totals(
         b, sum(1 for w in waits if w.start_wall >= lo), held_by, cut_by, agents, models
@@ -365,6 +368,23 @@ def _assemble(
         totals=totals,
         kinds=tuple(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))),
     )
+
+
+def _unrecorded_deaths(b: _Builder) -> list[dict[str, Any]]:
+    """Runs the fleet saw killed (SIGKILL, the OOM killer) that could not write their own
+    ``agent`` event: counted as runs with outcome ``killed``, not lost."""
+    recorded = {e.get("pid") for e in b.agent_events}
+    return [
+        {
+            "agent": e.get("agent"),
+            "outcome": "killed",
+            "reason": f"exit {e.get('exit')}",
+            "duration_s": e.get("duration_s"),
+            "pid": e.get("pid"),
+        }
+        for e in b.killed_runs
+        if e.get("pid") not in recorded
+    ]
 
 
 def _totals(

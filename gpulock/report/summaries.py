@@ -24,13 +24,14 @@ def summary_lines(data: ReportData) -> list[str]:
         f"({format_duration(data.end_wall - data.start_wall)}), {gpus}",
         f"GPU handoffs: {t.handoffs} ({t.cut_short} cut short), "
         f"held {format_duration(t.held_s)} in all",
-        f"waits: {t.waits}, p50 {format_duration(t.waits_p50_s)}, "
-        f"p99 {format_duration(t.waits_p99_s)}; timeouts: {t.timeouts}",
+        f"waits: p50 {format_duration(t.waits_p50_s)}, p99 {format_duration(t.waits_p99_s)} "
+        f"over {t.handoffs} grants ({t.waits} queued behind a holder); timeouts: {t.timeouts}",
     ]
     if t.agent_runs:
         lines.append(
             f"runs: {t.agent_runs} (ok {t.agent_ok}, skips {t.agent_skips}, "
-            f"errors {t.agent_errors}" + (f", other {t.agent_other})" if t.agent_other else ")")
+            f"errors {t.agent_errors}"
+            + (f", killed or stopped {t.agent_other})" if t.agent_other else ")")
         )
     else:
         holders = sum(1 for h in data.holders if h.runs)
