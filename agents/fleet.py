@@ -19,12 +19,13 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from agents import fleetfile
 from agents.fleetfile import FleetFile, JobSpec
@@ -112,8 +113,38 @@ def run_once(settings: Settings, fleet: FleetFile, spec: JobSpec) -> int:
     return done.exit if done is not None else EX_ERROR
 
 
+def unknown_agents(jobs: Sequence[JobSpec]) -> dict[str, list[str]]:
+    """Jobs that run ``python -m agents run NAME`` for a NAME no agent module defines, each
+    with the names that do exist: asked of ``agents list`` in the job's own environment (its
+    config, ``GPULOCK_AGENT_MODULES`` and ``--module``), exactly as a run would look."""
+    asked: dict[tuple[Any, ...], set[str] | None] = {}
+    missing: dict[str, list[str]] = {}
+    for spec in jobs:
+        argv = spec.command
+        if not spec.enabled or len(argv) < 5 or list(argv[1:4]) != ["-m", "agents", "run"]:
+            continue
+        modules = [a for i, a in enumerate(argv) if i and argv[i - 1] == "--module"]
+        key = (argv[0], tuple(modules), tuple(sorted(spec.env.items())))
+        if key not in asked:
+            cmd = [argv[0], "-m", "agents", "list", "--json"]
+            cmd += [x for m in modules for x in ("--module", m)]
+            r = subprocess.run(cmd, env=dict(spec.env), capture_output=True, text=True, timeout=60)
+            try:
+                asked[key] = {a["name"] for a in json.loads(r.stdout)["agents"]}
+            except (ValueError, KeyError, TypeError):
+                asked[key] = None  # the listing itself failed: the run will say why
+        known = asked[key]
+        if known is not None and argv[4] not in known:
+            missing[spec.name] = sorted(known)
+    return missing
+
+
 def dry_run(fleet: FleetFile, jobs: Sequence[JobSpec], state_dir: Path, *, as_json: bool) -> int:
-    """Print each agent's next run times (before jitter) and command; start nothing."""
+    """Print each agent's next run times (before jitter) and command; start nothing.
+
+    Exit 1 when a job names an agent that does not exist (every fire would exit 2).
+    """
+    missing = unknown_agents(jobs)
     now = datetime.now().astimezone()  # aware, local: triggers convert it to their zone
     fires = {
         spec.name: next_fires(make_trigger(spec, jitter=False), now) if spec.enabled else []
@@ -132,9 +163,11 @@ def dry_run(fleet: FleetFile, jobs: Sequence[JobSpec], state_dir: Path, *, as_js
             }
             for spec in jobs
         ]
+        for row in rows:
+            row["unknown_agent"] = row["name"] in missing
         doc = {"file": str(fleet.path), "state_dir": str(state_dir), "agents": rows}
         print(json.dumps(doc, indent=2))
-        return EX_OK
+        return EX_ERROR if missing else EX_OK
     print(f"{fleet.path}: {len(jobs)} agent(s), state {state_dir} (dry run: nothing runs)")
     for spec in jobs:
         print(f"\n{spec.name}  {spec.trigger.text}" + ("" if spec.enabled else "  (disabled)"))
@@ -144,7 +177,10 @@ def dry_run(fleet: FleetFile, jobs: Sequence[JobSpec], state_dir: Path, *, as_js
             print(f"  next:    {stamps}{jitter}")
         print(f"  command: {shell_words(spec.command)}")
         print(f"  log:     {spec.log_path}")
-    return EX_OK
+    for name, known in missing.items():
+        print(f"error: {fleet.path}: agent {name!r} is not defined", file=sys.stderr)
+        print(f"hint: known agents: {', '.join(known) or 'none'}", file=sys.stderr)
+    return EX_ERROR if missing else EX_OK
 
 
 # --- the command -------------------------------------------------------------------------------

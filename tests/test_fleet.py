@@ -468,8 +468,10 @@ def test_dry_run_shows_next_fire_times_and_commands(fw: FleetWorld) -> None:
     )
     before = datetime.now().astimezone()
     r = fw.run(str(path), "--dry-run", "--json")
-    assert r.code == 0, r.describe()
+    # "nightly" is no agent anywhere: every fire would exit 2, so the dry run says so (exit 1).
+    assert r.code == 1, r.describe()
     doc = r.json()
+    assert [a["name"] for a in doc["agents"] if a["unknown_agent"]] == ["nightly"]
     assert doc["file"] == str(path)
     nightly, fast, off = doc["agents"]
     times = [datetime.fromisoformat(t) for t in nightly["next_runs"]]
@@ -485,7 +487,10 @@ def test_dry_run_shows_next_fire_times_and_commands(fw: FleetWorld) -> None:
     assert off["enabled"] is False and off["next_runs"] == []
 
     text = fw.run(str(path), "--dry-run")
-    assert text.code == 0, text.describe()
+    assert text.code == 1, text.describe()
+    err = text.stderr.splitlines()
+    assert err[0] == f"error: {path}: agent 'nightly' is not defined"
+    assert err[1].startswith("hint: known agents: digest, ")
     assert "03:00:00" in text.stdout and "(disabled)" in text.stdout
     assert "up to 10 s jitter" in text.stdout
     assert not fw.lines() and not fw.events("fleet-run")  # nothing ran
