@@ -244,6 +244,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+def _environ(config: str | None) -> dict[str, str]:
+    """The environment runs start from: ``--config`` goes to them as ``GPULOCK_CONFIG``, so an
+    agent reads the same routes as the fleet that started it."""
+    environ = dict(os.environ)
+    if config is not None:
+        environ["GPULOCK_CONFIG"] = str(Path(config).expanduser().absolute())
+    return environ
+
+
 def _require_apscheduler() -> None:
     try:
         import apscheduler
@@ -274,7 +283,9 @@ def _main(argv: list[str]) -> int:
             state_dir = Path(args.state_dir).expanduser().absolute()
         else:
             state_dir = state.resolve_state_dir(load_config(args.config))
-        jobs = fleetfile.plan(fleet, state_dir=state_dir, environ=os.environ, python=sys.executable)
+        jobs = fleetfile.plan(
+            fleet, state_dir=state_dir, environ=_environ(args.config), python=sys.executable
+        )
         return dry_run(fleet, jobs, state_dir, as_json=args.json)
     if args.once is not None and fleet.agent(args.once) is None:
         raise UsageError(
@@ -285,7 +296,7 @@ def _main(argv: list[str]) -> int:
 
     settings = load(args.config, args.state_dir)
     jobs = fleetfile.plan(
-        fleet, state_dir=settings.state_dir, environ=os.environ, python=sys.executable
+        fleet, state_dir=settings.state_dir, environ=_environ(args.config), python=sys.executable
     )
     if args.once is not None:
         return run_once(settings, fleet, next(j for j in jobs if j.name == args.once))

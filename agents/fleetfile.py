@@ -161,7 +161,7 @@ def read(path: str | os.PathLike[str]) -> FleetFile:
 def parse_fleet(text: str, file: str) -> FleetFile:
     """Validate fleet-file ``text`` (``file`` names it in errors)."""
     try:
-        cfg = parse_config(text, file)  # line-aware YAML; fleet and agents are known sections
+        cfg = parse_config(text, file, sections=frozenset(TOP_KEYS))  # line-aware YAML
     except ConfigError as exc:
         if exc.key and "." not in exc.key and "[" not in exc.key and "unknown key" in exc.problem:
             raise _unknown(exc.key, TOP_KEYS, exc.file, exc.line) from None

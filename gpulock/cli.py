@@ -101,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Wait in line for the GPU, then run CMD (no shell) with CUDA_VISIBLE_DEVICES set. "
             "The GPU stays claimed until CMD and its children end, even if this process is "
-            "killed.  SIGINT/SIGTERM/SIGHUP are forwarded to CMD.  Exits with CMD's code, or "
-            "75 when the GPU could not be had within --timeout."
+            "killed.  SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGUSR1/2 are forwarded to CMD.  "
+            "Exits with CMD's code, or 75 when the GPU could not be had within --timeout."
         ),
         usage="gpulock run [options] -- CMD [ARG...]",
     )
@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
             "SIGKILL; verified by pid and start time) and remove its ticket.  Only the "
             "ticket's owner or root may do this."
         ),
-        usage="gpulock break (TICKET | --stale) [--force] [--grace S]",
+        usage="gpulock break (TICKET | --stale) [--force] [--grace S] [--json]",
     )
     p.add_argument("ticket", nargs="?", type=_ticket_number, help="ticket number (see status)")
     p.add_argument("--stale", action="store_true", help="every dead or hung ticket")

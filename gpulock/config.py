@@ -42,10 +42,9 @@ Sizes read like ``6GiB``, ``800MiB``, ``2GB`` or ``512M``; durations like ``30s`
 (see ``gpulock.units``).
 
 Sections owned by the other packages (``watchdog``, ``governor``, ``routes``, ``router``,
-``defaults``, ``agents``, ``fleet``, ``residents``, ``devices``) are kept as read, in
-``Config.sections``, and validated by their owners; ``Config.error`` lets them report a bad value
-with this file's name and the value's line.  Any other top-level key is an error, so that a typo
-is not silently ignored.
+``agents``) are kept as read, in ``Config.sections``, and validated by their owners;
+``Config.error`` lets them report a bad value with this file's name and the value's line.
+Any other top-level key is an error, so that a typo is not silently ignored.
 """
 
 from __future__ import annotations
@@ -100,17 +99,8 @@ DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
 )
 
 SECTIONS: Final[frozenset[str]] = frozenset(
-    {
-        "watchdog",
-        "governor",
-        "routes",
-        "router",
-        "defaults",
-        "agents",
-        "fleet",
-        "residents",
-        "devices",
-    }
+    # The other packages' sections: validated by them, kept raw here with their lines.
+    {"watchdog", "governor", "routes", "router", "agents"}
 )
 
 # Aliases can make a small file expand into a huge tree ("billion laughs"); a config never needs
@@ -268,8 +258,11 @@ def load_config(explicit: str | None = None, environ: Mapping[str, str] | None =
 # --- reading the YAML ------------------------------------------------------------------------
 
 
-def parse_config(text: str, file: str) -> Config:
+def parse_config(text: str, file: str, *, sections: frozenset[str] = SECTIONS) -> Config:
     """Validate config ``text``; ``file`` names it in errors and anchors a relative state_dir.
+
+    ``sections``: the top-level keys kept raw for another reader (the fleet file passes its
+    own); any other key that is not one of gpulock's is an error naming it.
 
     Pure but for the group lookup (``grp``) behind ``group``.
     """
@@ -306,7 +299,7 @@ def parse_config(text: str, file: str) -> Config:
         raise ConfigError(f"invalid YAML: {exc}", file=file) from None
     except RecursionError:
         raise ConfigError("invalid YAML: nested too deeply", file=file) from None
-    return _validate(document, builder.lines, file)
+    return _validate(document, builder.lines, file, sections)
 
 
 def _syntax_error(exc: yaml.MarkedYAMLError, file: str) -> ConfigError:
@@ -448,13 +441,15 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _validate(document: dict[Any, Any], lines: dict[str, int], file: str) -> Config:
+def _validate(
+    document: dict[Any, Any], lines: dict[str, int], file: str, section_names: frozenset[str]
+) -> Config:
     base = Config(path=pathlib.Path(file), lines=MappingProxyType(lines))
     sections: dict[str, Any] = {}
     values: dict[str, Any] = {}
-    known = sorted([*DEFAULTS, *SECTIONS])
+    known = sorted([*DEFAULTS, *section_names])
     for key, value in document.items():
-        if isinstance(key, str) and key in SECTIONS:
+        if isinstance(key, str) and key in section_names:
             sections[key] = value
         elif isinstance(key, str) and key in DEFAULTS:
             values[key] = value

@@ -2,8 +2,8 @@
 
 ``choose(task, candidates, host, deadline_s=, prefer=)`` walks the task's candidates best first
 and gives each a verdict with its reason; the first that fits wins, except that a warm model
-(already loaded here or registered as a resident) beats a cold one of the same tier that is
-written before it: a load costs more than the difference between two models of one tier.
+(already loaded in this process) beats a cold one of the same tier that is written before it:
+a load costs more than the difference between two models of one tier.
 
 Nothing here reads a file, a clock or the environment: ``Host`` carries all of it, so the table
 tests cover "no GPU", "6 GB laptop", "governor says reduce", "queue longer than the deadline" and

@@ -497,7 +497,7 @@ def test_alias_cycle_is_an_error() -> None:
 def test_alias_bomb_is_stopped() -> None:
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
     lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 8)]
-    text = "fleet:\n" + "".join(f"  {line}\n" for line in lines)
+    text = "router:\n" + "".join(f"  {line}\n" for line in lines)
     assert "more than 100000 values" in str(fails(text))
 
 
@@ -608,15 +608,37 @@ def test_merge_keys_are_not_duplicates() -> None:
 def test_merge_order_earlier_sources_win() -> None:
     c = parse(
         """
-        fleet:
+        router:
           a: &a {x: 1, y: 1}
           b: &b {x: 2, z: 2}
           c:
             <<: [*a, *b]
         """
     )
-    assert c.sections["fleet"]["c"] == {"x": 1, "y": 1, "z": 2}
+    assert c.sections["router"]["c"] == {"x": 1, "y": 1, "z": 2}
 
 
 def test_bad_merge_is_an_error() -> None:
-    assert "'<<' must merge a mapping" in str(fails("fleet:\n  <<: 3\n"))
+    assert "'<<' must merge a mapping" in str(fails("router:\n  <<: 3\n"))
+
+
+@pytest.mark.parametrize("key", ["fleet", "defaults", "residents", "devices"])
+def test_a_section_nothing_reads_is_refused_not_silently_ignored(key: str) -> None:
+    # A fleet: block belongs in a fleet file, defaults: under router:; none of them would act.
+    error = fails(f"{key}:\n  x: 1\n")
+    assert (error.line, error.key) == (1, key)
+    assert "router" in (error.hint or "") and "watchdog" in (error.hint or "")
+
+
+def test_the_fleet_file_parses_with_its_own_sections() -> None:
+    c = parse_config(
+        "fleet: {jitter: 1s}\nagents: []\n", FILE, sections=frozenset({"fleet", "agents"})
+    )
+    assert set(c.sections) == {"fleet", "agents"}
+    assert fails_with("routes: {}\n", frozenset({"fleet", "agents"})).key == "routes"
+
+
+def fails_with(text: str, sections: frozenset[str]) -> ConfigError:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, FILE, sections=sections)
+    return caught.value

@@ -682,3 +682,14 @@ def test_fleet_runs_real_agents_through_the_runtime(fw: FleetWorld) -> None:
     assert timeouts == {"45.0"}  # the fleet's timeout: reached the runtime as --timeout
     busy = fw.runs("fleet-busy")
     assert busy and {(e["exit"], e["outcome"]) for e in busy} == {(75, "skip")}, fleet.output()
+
+
+def test_config_given_to_the_fleet_reaches_its_runs(fw: FleetWorld) -> None:
+    # An agent must read the same routes as the fleet that started it, not the usual lookup.
+    config = fw.root / "other.yaml"
+    config.write_text("default_gpu: 0\n")
+    show = "import os; print('config=' + os.environ['GPULOCK_CONFIG'])"
+    path = fw.write([{"name": "probe", "every": "1h", "command": [PY, "-c", show]}])
+    r = fw.run(str(path), "--once", "probe", "--config", str(config), timeout_s=20)
+    assert r.code == 0, r.describe()
+    assert f"config={config}" in r.stdout.splitlines()
