@@ -46,7 +46,7 @@ from agents.schedules import (
     cron_weekdays,
     parse_schedule,
 )
-from gpulock.config import Config, parse_config
+from gpulock.config import Config, parse_config, show_value
 from gpulock.errors import ConfigError
 from gpulock.units import parse_duration
 
@@ -222,33 +222,21 @@ def _check_keys(cfg: Config, where: str, raw: Mapping[Any, Any], known: tuple[st
 
 def _duration(cfg: Config, key: str, value: Any, *, positive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise cfg.error(key, f"expected a duration like 30s or 5m, got {_show(value)}")
+        raise cfg.error(key, f"expected a duration like 30s or 5m, got {show_value(value)}")
     try:
         seconds = parse_duration(value)
     except ValueError as exc:
         raise cfg.error(key, str(exc)) from None
     if positive and seconds <= 0:
-        raise cfg.error(key, f"expected a duration above 0, got {_show(value)}")
+        raise cfg.error(key, f"expected a duration above 0, got {show_value(value)}")
     return seconds
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return repr(value)
 
 
 def _env(cfg: Config, key: str, value: Any) -> Mapping[str, str]:
     if value is None:
         return _empty()
     if not isinstance(value, dict):
-        raise cfg.error(key, f"expected a mapping of NAME: value, got {_show(value)}")
+        raise cfg.error(key, f"expected a mapping of NAME: value, got {show_value(value)}")
     out: dict[str, str] = {}
     for name, v in value.items():
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
@@ -256,7 +244,7 @@ def _env(cfg: Config, key: str, value: Any) -> Mapping[str, str]:
         if isinstance(v, bool) or not isinstance(v, str | int | float):
             raise cfg.error(
                 f"{key}.{name}",
-                f"expected a text or a number, got {_show(v)}",
+                f"expected a text or a number, got {show_value(v)}",
                 hint="quote it: NAME: 'true'",
             )
         out[name] = str(v)
@@ -268,17 +256,17 @@ def _options(cfg: Config) -> FleetOptions:
     if raw is None:
         return FleetOptions()
     if not isinstance(raw, dict):
-        raise cfg.error("fleet", f"expected a mapping of settings, got {_show(raw)}")
+        raise cfg.error("fleet", f"expected a mapping of settings, got {show_value(raw)}")
     _check_keys(cfg, "fleet", raw, FLEET_KEYS)
     base = FleetOptions()
     max_parallel = raw.get("max_parallel", base.max_parallel)
     if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
         raise cfg.error(
-            "fleet.max_parallel", f"expected a whole number >= 1, got {_show(max_parallel)}"
+            "fleet.max_parallel", f"expected a whole number >= 1, got {show_value(max_parallel)}"
         )
     log_dir = raw.get("log_dir")
     if log_dir is not None and (not isinstance(log_dir, str) or not log_dir.strip()):
-        raise cfg.error("fleet.log_dir", f"expected a folder path, got {_show(log_dir)}")
+        raise cfg.error("fleet.log_dir", f"expected a folder path, got {show_value(log_dir)}")
 
     def dur(key: str, default: float, positive: bool = False) -> float:
         value = raw.get(key)
@@ -298,11 +286,11 @@ def _options(cfg: Config) -> FleetOptions:
 
 def _strings(cfg: Config, key: str, value: Any, what: str) -> tuple[str, ...]:
     if not isinstance(value, list):
-        raise cfg.error(key, f"expected a list of {what}, got {_show(value)}")
+        raise cfg.error(key, f"expected a list of {what}, got {show_value(value)}")
     out = []
     for i, item in enumerate(value):
         if isinstance(item, bool) or not isinstance(item, str | int | float):
-            raise cfg.error(f"{key}[{i}]", f"expected a text or a number, got {_show(item)}")
+            raise cfg.error(f"{key}[{i}]", f"expected a text or a number, got {show_value(item)}")
         out.append(str(item))
     return tuple(out)
 
@@ -310,7 +298,7 @@ def _strings(cfg: Config, key: str, value: Any, what: str) -> tuple[str, ...]:
 def _agent(cfg: Config, where: str, raw: Any) -> AgentEntry:
     if not isinstance(raw, dict):
         raise cfg.error(
-            where, f"expected an agent like {{name: digest, every: 5m}}, got {_show(raw)}"
+            where, f"expected an agent like {{name: digest, every: 5m}}, got {show_value(raw)}"
         )
     _check_keys(cfg, where, raw, AGENT_KEYS)
     name = raw.get("name")
@@ -319,15 +307,15 @@ def _agent(cfg: Config, where: str, raw: Any) -> AgentEntry:
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise cfg.error(
             f"{where}.name",
-            f"expected a name of letters, digits, '.', '_' or '-', got {_show(name)}",
+            f"expected a name of letters, digits, '.', '_' or '-', got {show_value(name)}",
         )
     schedule, every_s = _when(cfg, where, raw, name)
     module = raw.get("module")
     if module is not None and (not isinstance(module, str) or not module.strip()):
-        raise cfg.error(f"{where}.module", f"expected a module name, got {_show(module)}")
+        raise cfg.error(f"{where}.module", f"expected a module name, got {show_value(module)}")
     enabled = raw.get("enabled", True)
     if not isinstance(enabled, bool):
-        raise cfg.error(f"{where}.enabled", f"expected true or false, got {_show(enabled)}")
+        raise cfg.error(f"{where}.enabled", f"expected true or false, got {show_value(enabled)}")
 
     def duration(key: str, positive: bool) -> float | None:
         value = raw.get(key)
@@ -367,7 +355,7 @@ def _when(
     if not isinstance(schedule, str):
         raise cfg.error(
             f"{where}.schedule",
-            f"expected a crontab expression like '*/5 * * * *', got {_show(schedule)}",
+            f"expected a crontab expression like '*/5 * * * *', got {show_value(schedule)}",
         )
     try:
         parse_schedule(schedule)

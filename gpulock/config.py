@@ -72,6 +72,7 @@ __all__ = [
     "find_config",
     "load_config",
     "parse_config",
+    "show_value",
 ]
 
 ENV_CONFIG: Final = "GPULOCK_CONFIG"
@@ -424,7 +425,7 @@ class _Builder:
 # --- validating gpulock's keys ---------------------------------------------------------------
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
     """A value as the user wrote it in YAML, for 'got ...' in error messages."""
     if value is None:
         return "null"
@@ -480,7 +481,7 @@ def _check_state_dir(base: Config, value: Any, file: str) -> tuple[str, Any]:
     if value is None:
         return "state_dir", None
     if not isinstance(value, str) or not value.strip():
-        raise base.error("state_dir", f"expected a folder path, got {_show(value)}")
+        raise base.error("state_dir", f"expected a folder path, got {show_value(value)}")
     path = pathlib.Path(os.path.expanduser(value))
     if not path.is_absolute():
         # Relative to the file, not to the current folder, which differs between cron and a shell.
@@ -492,7 +493,7 @@ def _check_group(base: Config, value: Any, file: str) -> tuple[str, Any]:
     if value is None:
         return "group", None
     if not isinstance(value, str) or not value.strip():
-        raise base.error("group", f"expected a group name, got {_show(value)}")
+        raise base.error("group", f"expected a group name, got {show_value(value)}")
     import grp
 
     try:
@@ -509,19 +510,19 @@ def _check_group(base: Config, value: Any, file: str) -> tuple[str, Any]:
 
 def _check_default_gpu(base: Config, value: Any, file: str) -> tuple[str, Any]:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise base.error("default_gpu", f"expected a whole number >= 0, got {_show(value)}")
+        raise base.error("default_gpu", f"expected a whole number >= 0, got {show_value(value)}")
     return "default_gpu", value
 
 
 def _positive_size(base: Config, key: str, value: Any, example: str) -> int:
     if not (isinstance(value, str) or _is_number(value)):
-        raise base.error(key, f"expected a size like {example}, got {_show(value)}")
+        raise base.error(key, f"expected a size like {example}, got {show_value(value)}")
     try:
         size = parse_size(value)
     except ValueError as exc:
         raise base.error(key, str(exc)) from None
     if size <= 0:
-        raise base.error(key, f"expected a size above zero, got {_show(value)}")
+        raise base.error(key, f"expected a size above zero, got {show_value(value)}")
     return size
 
 
@@ -543,14 +544,14 @@ def _check_simulate(base: Config, value: Any, file: str) -> tuple[str, Any]:
         return "simulate_bytes", sizes
     raise base.error(
         "simulate",
-        f"expected one size per GPU, like 24GiB, '24GiB,12GiB' or a list, got {_show(value)}",
+        f"expected one size per GPU, like 24GiB, '24GiB,12GiB' or a list, got {show_value(value)}",
     )
 
 
 def _check_reserve(base: Config, value: Any, file: str) -> tuple[str, Any]:
     if not (isinstance(value, str) or _is_number(value)):
         raise base.error(
-            "reserve", f"expected a size like 2GiB or a share like 10%, got {_show(value)}"
+            "reserve", f"expected a size like 2GiB or a share like 10%, got {show_value(value)}"
         )
     try:
         # Any total will do to check the syntax; the real one is known only per GPU.
@@ -563,13 +564,13 @@ def _check_reserve(base: Config, value: Any, file: str) -> tuple[str, Any]:
 def _check_on_hung(base: Config, value: Any, file: str) -> tuple[str, Any]:
     if value not in ON_HUNG_CHOICES or not isinstance(value, str):
         choices = " or ".join(repr(choice) for choice in ON_HUNG_CHOICES)
-        raise base.error("on_hung", f"expected {choices}, got {_show(value)}")
+        raise base.error("on_hung", f"expected {choices}, got {show_value(value)}")
     return "on_hung", value
 
 
 def _check_hung_grace(base: Config, value: Any, file: str) -> tuple[str, Any]:
     if not (isinstance(value, str) or _is_number(value)):
-        raise base.error("hung_grace", f"expected a duration like 10s, got {_show(value)}")
+        raise base.error("hung_grace", f"expected a duration like 10s, got {show_value(value)}")
     try:
         return "hung_grace_s", parse_duration(value)
     except ValueError as exc:

@@ -199,18 +199,7 @@ class Model:
             return v
         why = now.verdicts[0].reason
         self.fallbacks.append(f"{c.name}: {why}")
-        self.choice = self._choose_again()
-        nxt = self.choice.chosen
-        self._settings.emit(
-            "fallback",
-            task=self.task,
-            agent=self.agent,
-            from_model=c.name,
-            from_tier=c.tier,
-            error=why,
-            to_model=nxt.candidate.name if nxt else None,
-            to_tier=nxt.candidate.tier if nxt else None,
-        )
+        self._move_on(c, why)
         return self._verdict
 
     def _backend(self, v: Verdict) -> Any:
@@ -268,8 +257,11 @@ class Model:
             tokens_out=0,
             cost_usd=0.0,
         )
-        if not retry:
-            return
+        if retry:
+            self._move_on(c, e.short)
+
+    def _move_on(self, c: Candidate, why: str) -> None:
+        """Choose again without the candidates that failed, and say where the call went."""
         self.choice = self._choose_again()
         nxt = self.choice.chosen
         self._settings.emit(
@@ -278,7 +270,7 @@ class Model:
             agent=self.agent,
             from_model=c.name,
             from_tier=c.tier,
-            error=e.short,
+            error=why,
             to_model=nxt.candidate.name if nxt else None,
             to_tier=nxt.candidate.tier if nxt else None,
         )
