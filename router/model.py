@@ -242,20 +242,13 @@ class Model:
                 retry_after_s=e.retry_after_s,
             )
         self.fallbacks.append(f"{c.name}: {e.short}")
-        self._settings.emit(
-            "call",
-            task=self.task,
-            agent=self.agent,
-            tier=c.tier,
-            model=c.name,
+        self._call_event(
+            c,
             ok=False,
+            elapsed=elapsed,
             error=e.short,
             detail=e.detail,
-            latency_s=round(elapsed, 6),
             cooldown_s=cooled,
-            tokens_in=0,
-            tokens_out=0,
-            cost_usd=0.0,
         )
         if retry:
             self._move_on(c, e.short)
@@ -303,18 +296,28 @@ class Model:
             tokens_in=tokens_in,
             tokens_out=tokens_out,
         )
+        self._call_event(
+            c,
+            ok=True,
+            elapsed=elapsed,
+            gpu=v.gpu,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            cost_usd=round(cost, 8),
+        )
+
+    def _call_event(self, c: Candidate, *, ok: bool, elapsed: float, **fields: Any) -> None:
+        """One ``call`` event: who called, which model, how it went (see the module doc)."""
+        counts = {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0}
         self._settings.emit(
             "call",
             task=self.task,
             agent=self.agent,
             tier=c.tier,
             model=c.name,
-            ok=True,
-            gpu=v.gpu,
-            tokens_in=tokens_in,
-            tokens_out=tokens_out,
+            ok=ok,
             latency_s=round(elapsed, 6),
-            cost_usd=round(cost, 8),
+            **{**counts, **fields},
         )
 
 
