@@ -59,8 +59,8 @@ VARIANTS: dict[str, tuple[Callable[[Context], Any], str | None, str | None]] = {
     "draft-weekly": (report_drafter, "draft", None),
     "draft-standup": (report_drafter, "draft", None),
     "draft-incident": (report_drafter, "draft", None),
-    "tts-chapters": (tts_batch, None, gib(12)),
-    "tts-podcast": (tts_batch, None, gib(8)),
+    "tts-chapters": (tts_batch, "speech", gib(12)),
+    "tts-podcast": (tts_batch, "speech", gib(8)),
     "index-wiki": (embed_index, None, None),
     "index-notes": (embed_index, None, None),
 }

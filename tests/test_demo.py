@@ -40,6 +40,8 @@ def test_short_demo_runs_the_fleet_and_writes_the_report(tmp_path: Path) -> None
 
     log = tmp_path / "d" / "state" / "events.jsonl"
     events = [json.loads(line) for line in log.read_text().splitlines()]
+    errors = [e for e in events if e["event"] == "agent" and e["outcome"] == "error"]
+    assert errors == [], errors  # every agent of the demo works; a crash is a bug
     ok_agents = {e["agent"] for e in events if e["event"] == "agent" and e["outcome"] == "ok"}
     assert len(ok_agents) >= 15, sorted(ok_agents)  # periods 9-21 s + 2 s jitter in 26 s
     runs = [e for e in events if e["event"] == "fleet-run"]
