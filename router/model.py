@@ -328,11 +328,12 @@ _REQUEST_FAULTS = frozenset({400, 413, 422})
 def _cools_down(e: BackendError) -> bool:
     """Whether a failure should keep every agent off this candidate for a while.
 
-    A long GPU queue is not the model's fault, and a request the server refused for its own
-    content (HTTP 400, 413, 422) says nothing about the next agent's request; both fall back
-    without a cooldown.  Everything else (429, 5xx, timeouts, refused connections, 401/403/404,
-    a model that will not load) cools the candidate down for all.
+    A long GPU queue is not the model's fault, and a request refused for its own content (HTTP
+    400, 413, 422; a prompt longer than a local model's context) says nothing about the next
+    agent's request; these fall back without a cooldown.  Everything else (429, 5xx, timeouts,
+    refused connections, 401/403/404, a model that will not load) cools the candidate down for
+    all.
     """
-    if e.kind == "busy":
+    if e.kind in ("busy", "request"):
         return False
     return not (e.kind == "client" and e.status in _REQUEST_FAULTS)

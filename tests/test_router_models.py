@@ -78,7 +78,9 @@ def printable(text: str) -> bool:
     return all(" " <= ch <= "~" for ch in text)
 
 
-def gpu_and_cpu(tiny: Path, policy: str = "persistent", n_ctx: int = 256) -> str:
+def gpu_and_cpu(
+    tiny: Path, policy: str = "persistent", n_ctx: int = 256, cpu_ctx: int = 256
+) -> str:
     return f"""
     t:
       - tier: gpu
@@ -89,7 +91,7 @@ def gpu_and_cpu(tiny: Path, policy: str = "persistent", n_ctx: int = 256) -> str
       - tier: cpu
         backend: llama_cpp
         model: {tiny}
-        n_ctx: 256
+        n_ctx: {cpu_ctx}
     """
 
 
@@ -232,6 +234,18 @@ def test_a_stream_left_half_read_gives_the_gpu_back_and_is_counted(
     assert world.snapshot()["gpus"][0]["holders"] == [] and records(s) == []
     (call,) = world.events("call")
     assert (call["ok"], call["tokens_out"], call["tier"]) == (True, len(got), "gpu")
+
+
+def test_a_stream_whose_prompt_overflows_the_context_falls_back(world: World, tiny: Path) -> None:
+    # Seen in the demo: at governor level reduce a GPU context is halved, a long prompt no
+    # longer fits, and llama.cpp raises at the first piece; that must fall back, not crash.
+    configure(world, gpu_and_cpu(tiny, policy="cold-start", cpu_ctx=512))
+    m = router.get_model("t")
+    pieces = list(m.complete("x" * 300, max_tokens=3, stream=True))
+    assert len(pieces) == 3 and m.tier == "cpu"
+    assert m.fallbacks == ["tiny-llama: request"]
+    assert world.snapshot()["gpus"][0]["holders"] == []
+    assert ledger.read(world.settings()).cooldowns == {}  # the next, shorter prompt may fit
 
 
 def test_gpu_cold_start_loads_and_unloads_every_call(world: World, tiny: Path) -> None:

@@ -11,7 +11,19 @@ from dataclasses import dataclass
 from typing import Any
 
 # What went wrong, for the fallback and the cooldown: every kind falls back to the next candidate.
-KINDS = ("load", "oom", "rate-limit", "server", "timeout", "connection", "client", "busy")
+# "request": this request cannot be served by this candidate (a prompt longer than its context);
+# the next candidate may serve it, and the next request may fit: no cooldown.
+KINDS = (
+    "load",
+    "oom",
+    "rate-limit",
+    "server",
+    "timeout",
+    "connection",
+    "client",
+    "busy",
+    "request",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,19 +136,25 @@ class LlamaBackend:
     ) -> Iterator[str]:
         """Yield text pieces as they are generated; ``usage`` gets the token counts at the end."""
         with self._session(wait_s, label) as llm:
-            if kind == "chat":
-                chunks = llm.create_chat_completion(messages=payload, stream=True, **kw)
-            else:
-                chunks = llm.create_completion(payload, stream=True, **kw)
+            mark = _log_mark()
             n = 0
-            for chunk in chunks:
-                choice = (chunk.get("choices") or [{}])[0]
-                piece = choice.get("text")
-                if piece is None:
-                    piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    n += 1
-                    yield piece
+            try:
+                if kind == "chat":
+                    chunks = llm.create_chat_completion(messages=payload, stream=True, **kw)
+                else:
+                    chunks = llm.create_completion(payload, stream=True, **kw)
+                for chunk in chunks:  # llama.cpp raises here, at the first piece, not above
+                    choice = (chunk.get("choices") or [{}])[0]
+                    piece = choice.get("text")
+                    if piece is None:
+                        piece = (choice.get("delta") or {}).get("content")
+                    if piece:
+                        n += 1
+                        yield piece
+            except (RuntimeError, ValueError, OSError) as e:
+                # A prompt longer than the context (a context halved at governor level reduce,
+                # say) is a failure of this candidate, to fall back from, as in _run.
+                self._failed(e, "server", _log_since(mark))
             text = payload if kind != "chat" else " ".join(m.get("content", "") for m in payload)
             usage["tokens_in"] = len(llm.tokenize(str(text).encode(), add_bos=True))
             usage["tokens_out"] = n
@@ -248,6 +254,8 @@ class LlamaBackend:
             detail = log[-1]
         if detail and detail not in text:
             text = f"{text} ({detail})"
+        if "exceed context window" in text:
+            raise BackendError("request", f"{self.candidate.name}: {text}", detail=text) from e
         if _is_oom(text):
             if self._resident is not None:
                 self._resident.report_oom()
