@@ -69,7 +69,7 @@ def decode(data: bytes) -> Checkpoint:
     """Parse a checkpoint; CheckpointError says what is wrong with it."""
     try:
         record = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # RecursionError: thousands of nested brackets
         raise CheckpointError("not JSON") from None
     if not isinstance(record, dict):
         raise CheckpointError("not a JSON object")
@@ -96,7 +96,15 @@ def load(path: Path) -> Checkpoint | None:
 
 
 def save(path: Path, agent: str, done: Sequence[str], total: int, *, mode: int = 0o600) -> None:
-    atomic_write(path, encode(agent, done, total), mode=mode)
+    """Write the checkpoint at once; StateDirError (with a hint) when it cannot be written."""
+    try:
+        atomic_write(path, encode(agent, done, total), mode=mode)
+    except OSError as e:
+        raise StateDirError(
+            str(path),
+            f"cannot save the batch's checkpoint: {e.strerror or e}",
+            hint=f"free some space, or move {path} away if it is not a file",
+        ) from None
 
 
 def remove(path: Path) -> None:

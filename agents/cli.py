@@ -257,6 +257,7 @@ def _show(spec: AgentSpec, settings: Settings, as_json: bool) -> int:
 
 
 _LABELS = {"timeout_s": "timeout", "need_bytes": "need", "last_run": "last run"}
+LOG_TAIL_BYTES = 2 * 1024 * 1024  # of each log generation: more than one rotated at 1 MiB holds
 
 
 def _last_run(log: Path) -> dict[str, Any] | None:
@@ -266,25 +267,32 @@ def _last_run(log: Path) -> dict[str, Any] | None:
     behind the run before it: its start record comes back with ``outcome`` ``running`` (the
     process is still there) or ``died``.  The rotated generation is read too.
     """
+    from gpulock.errors import StateDirError
+    from gpulock.state import read_tail
+
     records: list[dict[str, Any]] = []
     for path in (log.with_name(log.name + ".1"), log):  # oldest first
         try:
-            lines = path.read_bytes().splitlines()
-        except OSError:
+            # The tail only: a log is rotated at 1 MiB, but a planted one may be any size; a
+            # symlink or a FIFO in its place is skipped, never followed or waited on.
+            data = read_tail(path, LOG_TAIL_BYTES)
+        except (OSError, StateDirError):
             continue
-        for raw in lines:
+        for raw in (data or b"").splitlines():
             try:
                 record = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(record, dict) and record.get("event") in ("start", "end"):
                 records.append(record)
     ended: dict[object, dict[str, Any]] = {}  # pid -> its newest end, newer than the scan
     for record in reversed(records):
+        pid = record.get("pid")
+        pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
         if record["event"] == "end":
-            ended.setdefault(record.get("pid"), record)
+            ended.setdefault(pid, record)
             continue
-        end = ended.get(record.get("pid"))
+        end = ended.get(pid)
         if end is not None:
             return end
         return _unfinished(record)
@@ -295,7 +303,10 @@ def _unfinished(start: dict[str, Any]) -> dict[str, Any]:
     """A start record without its end, as the ``end`` record ``show`` would have printed."""
     pid, raw_ts = start.get("pid"), start.get("ts")
     ts = float(raw_ts) if isinstance(raw_ts, int | float) and not isinstance(raw_ts, bool) else None
-    when = "?" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    try:
+        when = "?" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    except (OverflowError, OSError, ValueError):  # NaN, or a time no clock wrote
+        ts, when = None, "?"
     if isinstance(pid, int) and ts is not None and _running_since(pid, ts):
         outcome, text = "running", f"since {when}"
     else:

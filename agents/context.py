@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Final, TextIO, TypeVar
 from agents import checkpoint
 from agents.progress import ProgressBar, wanted
 from agents.spec import AgentError, AgentSpec
+from gpulock.errors import StateDirError
 from gpulock.lock import Lease, acquire
 from gpulock.settings import Settings
 from gpulock.state import ensure_subdir
@@ -158,6 +159,13 @@ class Context:
         try:
             resumed = checkpoint.resumed(path, keys)
         except checkpoint.CheckpointError as e:
+            if path.is_dir() and not path.is_symlink():
+                # Nothing could replace it: fail before the first item, not after it.
+                raise StateDirError(
+                    str(path),
+                    "is a folder, so the batch's progress could not be saved",
+                    hint=f"move it away (mv {path} {path}.bad)",
+                ) from None
             self.log.warning(
                 f"ignoring checkpoint {path}: {e}; starting the batch over",
                 extra={"checkpoint": str(path)},

@@ -7,7 +7,7 @@ agents with), so table tests read the jobs without a scheduler, a state folder o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final
@@ -33,7 +33,8 @@ class JobSpec:
     trigger: TriggerSpec
     jitter_s: float
     command: tuple[str, ...]
-    env: Mapping[str, str]
+    # Out of the repr: it holds the API keys the runs need, and a printed job must not show them.
+    env: Mapping[str, str] = field(repr=False)
     log_path: Path
     enabled: bool
 

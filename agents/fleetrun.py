@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -29,6 +30,8 @@ from types import FrameType
 from typing import IO, TYPE_CHECKING, Any, Final
 
 from agents.fleetplan import JobSpec
+from gpulock.errors import StateDirError
+from gpulock.state import open_regular
 from gpulock.units import format_duration
 
 if TYPE_CHECKING:
@@ -219,7 +222,7 @@ class Runner:
         if not to_terminal:
             try:
                 log = _open_log(spec.log_path, self.settings.file_mode)
-            except OSError as exc:
+            except (OSError, StateDirError) as exc:
                 return None, None, (EX_ERROR, f"cannot open {spec.log_path}: {_why(exc)}")
             log.write(f"=== {_stamp()} {spec.name}: {shell_words(spec.command)}\n".encode())
             log.flush()
@@ -317,7 +320,9 @@ def _killpg(pgid: int, sig: int) -> None:
         pass  # the group is gone already
 
 
-def _why(exc: OSError) -> str:
+def _why(exc: OSError | StateDirError) -> str:
+    if isinstance(exc, StateDirError):
+        return exc.reason
     return exc.strerror or str(exc)
 
 
@@ -326,13 +331,19 @@ def _stamp() -> str:
 
 
 def _open_log(path: Path, mode: int) -> IO[bytes]:
-    """``path`` opened for appending (so a run's output follows the last), rotated by size."""
+    """``path`` opened for appending (so a run's output follows the last), rotated by size.
+
+    Opened as every state file is (``open_regular``): a symlink, a folder or a FIFO in its
+    place is a StateDirError, not followed and not waited on (with the runner's lock held, a
+    FIFO would stop the whole fleet, its stop included); a new log gets exactly ``mode``.
+    """
     try:
-        if path.stat().st_size > LOG_MAX_BYTES:
+        st = path.lstat()
+        if stat.S_ISREG(st.st_mode) and st.st_size > LOG_MAX_BYTES:
             os.replace(path, path.with_name(path.name + ".1"))
     except FileNotFoundError:
         pass
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, mode)
+    fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
     return os.fdopen(fd, "ab")
 
 

@@ -30,7 +30,7 @@ from agents.fleetfile import FleetFile
 from agents.fleetplan import JobSpec
 from agents.fleetrun import EX_OK, Runner, Wakeup
 from agents.schedules import make_trigger
-from gpulock.errors import GpulockError
+from gpulock.errors import GpulockError, StateDirError
 from gpulock.units import format_duration
 
 if TYPE_CHECKING:
@@ -96,11 +96,19 @@ def _claim(settings: Settings, fleet: FleetFile) -> int:
     folder = state.ensure_subdir(settings.state_dir, "fleet", group=settings.group)
     digest = hashlib.sha256(str(fleet.path.absolute()).encode()).hexdigest()[:12]
     path = folder / f".fleet-{digest}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, settings.file_mode)
+    try:
+        # Not through a symlink, not stuck on a FIFO: StateDirError for either, or a folder.
+        fd = state.open_regular(path, os.O_RDWR | os.O_CREAT, settings.file_mode)
+    except OSError as exc:
+        raise StateDirError(
+            str(path),
+            f"cannot open the fleet's lock: {exc.strerror or exc}",
+            hint=f"check the owner and mode of {folder} (ls -la)",
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
         raise GpulockError(
             f"a fleet already runs {fleet.path} (pid {holder})",

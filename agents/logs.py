@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+from gpulock.state import open_regular
+
 LOG_NAME: Final = "log.jsonl"
 LOG_MAX_BYTES: Final = 1024 * 1024
 
@@ -93,9 +95,13 @@ class JsonLineHandler(logging.Handler):
 
 
 def append_line(path: Path, data: bytes, *, mode: int, max_bytes: int) -> None:
-    """Append ``data`` with one write; past ``max_bytes``, rotate the file to ``<path>.1``."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(path, flags, mode)
+    """Append ``data`` with one write; past ``max_bytes``, rotate the file to ``<path>.1``.
+
+    The log and its rotation lock are opened as every state file is (``open_regular``): a
+    symlink, a folder or a FIFO in their place raises StateDirError instead of being followed
+    or hanging the run; a new log gets exactly ``mode``, 0o660 included.
+    """
+    fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
     try:
         os.write(fd, data)
         size = os.fstat(fd).st_size
@@ -104,7 +110,7 @@ def append_line(path: Path, data: bytes, *, mode: int, max_bytes: int) -> None:
     if size <= max_bytes:
         return
     # Under a short flock, so that two runs (a run and a skip) never rotate at once.
-    lfd = os.open(path.with_name(".log.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+    lfd = open_regular(path.with_name(".log.lock"), os.O_RDWR | os.O_CREAT, mode)
     try:
         fcntl.flock(lfd, fcntl.LOCK_EX)
         if os.stat(path).st_size > max_bytes:

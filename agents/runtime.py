@@ -54,7 +54,7 @@ from agents.logs import open_run_log
 from agents.spec import AgentSpec
 from gpulock.errors import GpulockError, StateDirError
 from gpulock.settings import Settings, load
-from gpulock.state import read_small
+from gpulock.state import open_regular, read_small
 from gpulock.units import format_duration
 
 __all__ = ["EX_ERROR", "EX_OK", "EX_SKIP", "Context", "Stopped", "agent_dir", "run_agent"]
@@ -208,7 +208,9 @@ def run_agent(
                 finally:
                     _restore_env(AGENT_ENV, previous_agent)
                 outcome = classify(failure)
-        except Stopped as e:  # a signal before the agent ran: still one end record
+        except (Stopped, StateDirError) as e:
+            # A signal before the agent ran, or an unusable run lock or agent folder: still one
+            # end record, so that `show` does not take the run for one killed without a trace.
             failure = e
             outcome = classify(e)
         signals.finishing = True
@@ -293,12 +295,17 @@ def _is_tty(stream: TextIO) -> bool:
 
 
 def _take_run_lock(path: Path, mode: int) -> int | None:
-    """Hold ``path`` with a non-blocking flock and write our pid in it; None when it is busy."""
+    """Hold ``path`` with a non-blocking flock and write our pid in it; None when it is busy.
+
+    StateDirError when it cannot be opened, or is a symlink, a folder or a FIFO.
+    """
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        fd = open_regular(path, os.O_RDWR | os.O_CREAT, mode)
     except OSError as e:
         raise StateDirError(
-            str(path), f"cannot open the run lock: {e.strerror or e}", hint="gpulock status"
+            str(path),
+            f"cannot open the run lock: {e.strerror or e}",
+            hint=f"check the owner and mode of {path.parent} (ls -la)",
         ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -41,7 +41,9 @@ __all__ = [
     "file_mode",
     "fs_type_of",
     "home_dir",
+    "open_regular",
     "read_small",
+    "read_tail",
     "resolve_state_dir",
 ]
 
@@ -436,4 +438,96 @@ def read_small(path: pathlib.Path, limit: int = 1 << 20) -> bytes | None:
     data = b"".join(chunks)
     if len(data) > limit:
         raise StateDirError(str(path), f"is larger than {limit} bytes; refusing to read it")
+    return data
+
+
+def open_regular(path: pathlib.Path, flags: int, mode: int = 0o600) -> int:
+    """Open a lock or log file of the state folder with ``os.open`` ``flags``; return the fd.
+
+    Never through a symlink, and never stuck on a FIFO put in the file's place (the open is
+    non-blocking until the file is known to be a regular one): either is refused with a
+    StateDirError, as is a folder or any other non-regular file.  With ``O_CREAT``, a file this
+    call makes gets exactly ``mode``: the umask would turn a shared 0o660 into 0o640, and the
+    group's other members could then not open the lock.  An existing file keeps its mode (it
+    may be another member's).  Other OS errors (permissions, a missing folder) propagate.
+    """
+    base = (flags & ~os.O_CREAT) | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        created = False
+        fd = -1
+        for _ in range(8):  # created, or opened as it was: retried only while both race away
+            if flags & os.O_CREAT:
+                try:
+                    fd = os.open(path, base | os.O_CREAT | os.O_EXCL, mode)
+                    created = True
+                    break
+                except FileExistsError:
+                    pass
+            try:
+                fd = os.open(path, base)
+                break
+            except FileNotFoundError:
+                if not flags & os.O_CREAT:
+                    raise
+        else:
+            raise FileNotFoundError(errno.ENOENT, "created and removed again", str(path))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StateDirError(
+                str(path),
+                "is a symlink; refusing to follow it",
+                hint="remove it: gpulock never puts symlinks in its state folder",
+            ) from None
+        if exc.errno in (errno.EISDIR, errno.ENXIO):  # a folder; a FIFO with no reader
+            raise _not_regular(path) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _not_regular(path)
+        if created:
+            os.fchmod(fd, mode)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _not_regular(path: pathlib.Path) -> StateDirError:
+    return StateDirError(
+        str(path),
+        "is not a regular file; refusing to use it",
+        hint=f"move it away (mv {path} {path}.bad): gpulock makes a new one",
+    )
+
+
+def read_tail(path: pathlib.Path, limit: int) -> bytes | None:
+    """The whole lines among the last ``limit`` bytes of a log; None when it does not exist.
+
+    When the file is longer, the line cut by the limit is dropped.  Refuses a symlink or a
+    non-regular file (StateDirError) as ``open_regular`` does; other OS errors propagate.
+    """
+    try:
+        fd = open_regular(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        # From one byte before the limit: when that byte ends a line, no line was cut.
+        cut_at = os.fstat(fd).st_size - limit
+        start = max(0, cut_at - 1)
+        chunks: list[bytes] = []
+        offset, remaining = start, limit + (cut_at > 0)
+        while remaining > 0:
+            chunk = os.pread(fd, min(remaining, 1 << 16), offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            offset += len(chunk)
+            remaining -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if cut_at > 0:
+        cut = data.find(b"\n")
+        data = b"" if cut < 0 else data[cut + 1 :]
     return data

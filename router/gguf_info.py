@@ -19,6 +19,7 @@ it when you have measured the real figure (``gpulock status`` shows what NVML sa
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -34,6 +35,7 @@ _STRUCT.update({10: "<Q", 11: "<q", 12: "<d"})
 _STRING, _ARRAY = 8, 9
 _WANTED = ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv")
 _MAX_KEY = 1 << 16
+_MAX_NESTING = 8  # arrays of arrays: llama.cpp writes one level; deeper is a damaged header
 
 
 class GGUFError(ValueError):
@@ -55,16 +57,26 @@ _cache: dict[tuple[str, int, int], GGUFInfo] = {}
 
 
 def read_info(path: str) -> GGUFInfo:
-    """The header numbers of a GGUF file (cached by path, size and mtime)."""
-    st = os.stat(path)
-    key = (path, st.st_size, st.st_mtime_ns)
-    hit = _cache.get(key)
-    if hit is not None:
-        return hit
-    with open(path, "rb") as f:
+    """The header numbers of a GGUF file (cached by path, size and mtime).
+
+    GGUFError for anything that is not a readable GGUF header, a FIFO or a folder included
+    (opened without blocking, then refused); OSError when the file cannot be opened.
+    """
+    with open(path, "rb", opener=_open_nonblocking) as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise GGUFError(f"{path}: not a regular file, so not a GGUF model")
+        key = (path, st.st_size, st.st_mtime_ns)
+        hit = _cache.get(key)
+        if hit is not None:
+            return hit
         info = _parse(f, path, st.st_size)
     _cache[key] = info
     return info
+
+
+def _open_nonblocking(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NONBLOCK)  # a FIFO named as the model must not hang us
 
 
 def _parse(f: BinaryIO, path: str, size: int) -> GGUFInfo:
@@ -84,7 +96,7 @@ def _parse(f: BinaryIO, path: str, size: int) -> GGUFInfo:
         elif vtype == _STRING:
             values[key] = _string(f)
         elif vtype == _ARRAY:
-            _skip_array(f)
+            _skip_array(f, size, 0)
         else:
             raise GGUFError(f"{path}: unknown GGUF value type {vtype} for {key!r}")
     arch = values.get("general.architecture")
@@ -125,18 +137,33 @@ def _string(f: BinaryIO) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _skip_array(f: BinaryIO) -> None:
+def _left(f: BinaryIO, n: int, size: int) -> None:
+    """Raise GGUFError unless ``n`` more bytes are there: a damaged count must neither seek to
+    anywhere nor loop billions of times."""
+    if n > size - f.tell():
+        raise GGUFError(f"{f.name}: the GGUF header ends early")
+
+
+def _skip(f: BinaryIO, n: int, size: int) -> None:
+    _left(f, n, size)
+    f.seek(n, os.SEEK_CUR)
+
+
+def _skip_array(f: BinaryIO, size: int, depth: int) -> None:
+    if depth >= _MAX_NESTING:
+        raise GGUFError(f"{f.name}: GGUF arrays nested {depth} deep: the header is damaged")
     itype = _unpack(f, "<I")
     count = _unpack(f, "<Q")
     if itype in _FIXED:
-        f.seek(_FIXED[itype] * count, os.SEEK_CUR)
+        _skip(f, _FIXED[itype] * count, size)
     elif itype == _STRING:
+        _left(f, 8 * count, size)  # each string has its 8-byte length at least
         for _ in range(count):
-            n = _unpack(f, "<Q")
-            f.seek(n, os.SEEK_CUR)
+            _skip(f, _unpack(f, "<Q"), size)
     elif itype == _ARRAY:
+        _left(f, 12 * count, size)  # each array has its type and count at least
         for _ in range(count):
-            _skip_array(f)
+            _skip_array(f, size, depth + 1)
     else:
         raise GGUFError(f"{f.name}: unknown GGUF array type {itype}")
 

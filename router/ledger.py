@@ -7,8 +7,10 @@ one must not walk into the same wall.  So the memory is a small JSON file,
 ``gpulock status`` reads it, without the router, to show today's spend.
 
 Spend is kept per local calendar day and forgotten the next day; request times only for the last
-minute; a cooldown until it ends.  A damaged file is read as empty: losing a cooldown costs one
-failed request, never a crash.
+minute; a cooldown until it ends.  A damaged file is read as empty, and a damaged entry (a number
+that is text, NaN or infinite) is dropped: losing a cooldown costs one failed request, never a
+crash, and a garbage number must not switch a budget or a rate limit off, or on for ever.  A lock
+or ledger that is not a regular file (a symlink, a folder, a FIFO) is a StateDirError with a hint.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -30,6 +33,8 @@ from gpulock.settings import Settings
 FORMAT = "gpulock.ledger/1"
 FOLDER = "router"
 FILE = "ledger.json"
+LOCK_FILE = "ledger.lock"
+_HINT = "move it away, or check the router folder's owner and mode (ls -la)"
 RATE_WINDOW_S = 60.0
 USAGE_AXES = ("agent", "task", "tier")
 USAGE_FIELDS = ("calls", "tokens_in", "tokens_out", "cost_usd")
@@ -71,50 +76,64 @@ class Ledger:
         }
 
 
+def _num(v: Any) -> float | None:
+    """A finite number from the file, else None (text, bool, NaN, infinity, a huge integer)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
 def parse(data: bytes | None, now_wall: float) -> Ledger:
-    """The ledger in ``data``, with yesterday's spend and expired entries dropped."""
+    """The ledger in ``data``, with yesterday's spend and expired or damaged entries dropped."""
     day = today(now_wall)
     fresh = Ledger(day)
     if not data:
         return fresh
     try:
         raw = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: thousands of nested brackets
         return fresh
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         return fresh
     led = Ledger(day)
     if raw.get("day") == day and isinstance(raw.get("spend_usd"), dict):
-        led.spend_usd = {
-            str(k): float(v)
-            for k, v in raw["spend_usd"].items()
-            if isinstance(v, int | float) and not isinstance(v, bool)
-        }
+        for k, v in raw["spend_usd"].items():
+            if (usd := _num(v)) is not None and usd >= 0:
+                led.spend_usd[str(k)] = usd
     if raw.get("day") == day and isinstance(raw.get("usage"), dict):
         for axis in USAGE_AXES:
             rows = raw["usage"].get(axis)
             if isinstance(rows, dict):
                 led.usage[axis] = {
-                    str(k): {f: float(row.get(f, 0)) for f in USAGE_FIELDS}
+                    str(k): {f: _num(row.get(f)) or 0.0 for f in USAGE_FIELDS}
                     for k, row in rows.items()
                     if isinstance(row, dict)
                 }
     if isinstance(raw.get("requests"), dict):
         for k, ts in raw["requests"].items():
             if isinstance(ts, list):
-                kept = [float(t) for t in ts if isinstance(t, int | float)]
-                kept = [t for t in kept if now_wall - t < RATE_WINDOW_S]
+                kept = [t for t in map(_num, ts) if t is not None]
+                # Within the window on either side: a time far in the future would count for ever.
+                kept = [t for t in kept if abs(now_wall - t) < RATE_WINDOW_S]
                 if kept:
                     led.requests[str(k)] = kept
     if isinstance(raw.get("cooldowns"), dict):
         for k, c in raw["cooldowns"].items():
-            # Kept a day past its end: "failures in a row" doubles the next cooldown.
-            if (
-                isinstance(c, dict)
-                and isinstance(c.get("until_wall"), int | float)
-                and now_wall - c["until_wall"] < 86400
-            ):
-                led.cooldowns[str(k)] = c
+            if not isinstance(c, dict) or (until := _num(c.get("until_wall"))) is None:
+                continue
+            # Kept a day past its end: "failures in a row" doubles the next cooldown.  One that
+            # ends more than a day from now was not written by record_failure (10 min at most).
+            if abs(now_wall - until) < 86400:
+                failures = _num(c.get("failures"))
+                led.cooldowns[str(k)] = {
+                    "until_wall": until,
+                    "reason": str(c.get("reason", "")),
+                    "failures": int(min(max(failures or 0, 0), 64)),
+                }
     return led
 
 
@@ -133,15 +152,29 @@ def read(settings: Settings, *, now_wall: float | None = None) -> Ledger:
 
 @contextlib.contextmanager
 def change(settings: Settings, *, now_wall: float | None = None) -> Iterator[Ledger]:
-    """Read, let the caller change, and write back the ledger, all under its lock."""
+    """Read, let the caller change, and write back the ledger, all under its lock.
+
+    StateDirError (with a hint) when the lock or the ledger cannot be used.
+    """
     folder = state.ensure_subdir(settings.state_dir, FOLDER, group=settings.group)
-    fd = os.open(folder / "ledger.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, settings.file_mode)
+    lock = folder / LOCK_FILE
+    try:
+        fd = state.open_regular(lock, os.O_RDWR | os.O_CREAT, settings.file_mode)
+    except OSError as e:
+        raise StateDirError(
+            str(lock), f"cannot open the ledger's lock: {e.strerror or e}", hint=_HINT
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         led = read(settings, now_wall=now_wall)
         yield led
         data = json.dumps(led.to_json(), separators=(",", ":")).encode()
-        state.atomic_write(folder / FILE, data, mode=settings.file_mode)
+        try:
+            state.atomic_write(folder / FILE, data, mode=settings.file_mode)
+        except OSError as e:
+            raise StateDirError(
+                str(folder / FILE), f"cannot write the ledger: {e.strerror or e}", hint=_HINT
+            ) from None
     finally:
         os.close(fd)
 

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from gpulock import events, level, registry
+from gpulock import events, level, registry, state
+from gpulock.errors import StateDirError
 from gpulock.queuedir import QueueDir
 from gpulock.settings import Settings
 from router import gguf_info, ledger
@@ -24,30 +25,38 @@ from router.routes import Candidate, RouterSettings
 
 TAIL_BYTES = 64 * 1024  # enough for the last few hundred events
 HOLD_HISTORY = 20  # recent holds averaged for the wait estimate
+MAX_HOLD_S = 365 * 86400.0  # a longer held_s in the log is garbage
 
 
 def recent_holds(state_dir: Path, gpu: int, *, limit: int = HOLD_HISTORY) -> list[float]:
-    """Hold times (``held_s`` of ``release`` events) of the last holds of ``gpu``, newest last."""
-    path = events.log_path(state_dir)
+    """Hold times (``held_s`` of ``release`` events) of the last holds of ``gpu``, newest last.
+
+    The log is read like every state file: a symlink or a FIFO in its place is not followed or
+    waited on (no history then), and a ``held_s`` no hold can have (negative, NaN, infinite,
+    longer than a year) is skipped rather than let one line drag the estimate anywhere.
+    """
     try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - TAIL_BYTES))
-            tail = f.read()
-    except OSError:
+        tail = state.read_tail(events.log_path(state_dir), TAIL_BYTES)
+    except (OSError, StateDirError):
         return []
     holds: list[float] = []
-    for line in tail.splitlines()[1:] if len(tail) >= TAIL_BYTES else tail.splitlines():
+    for line in (tail or b"").splitlines():
         if b'"release"' not in line:
             continue
         try:
             e = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if not isinstance(e, dict):
             continue
         held = e.get("held_s")
-        if e.get("event") == "release" and e.get("gpu") == gpu and isinstance(held, int | float):
+        if (
+            e.get("event") == "release"
+            and e.get("gpu") == gpu
+            and isinstance(held, int | float)
+            and not isinstance(held, bool)
+            and 0 <= held <= MAX_HOLD_S  # False for NaN as well
+        ):
             holds.append(float(held))
     return holds[-limit:]
 

@@ -246,7 +246,9 @@ def test_changed_items_count_only_the_keys_still_present(cli: Cli) -> None:
     assert any(rec["msg"] == "resuming: 2 of 5 done" for rec in log_of(cli, "t-items"))
 
 
-@pytest.mark.parametrize("garbage", [b"{not json", b'{"format": "other/9", "done": []}', b"[]"])
+@pytest.mark.parametrize(
+    "garbage", [b"{not json", b'{"format": "other/9", "done": []}', b"[]", b"[" * 100_000]
+)
 def test_garbage_checkpoint_is_logged_and_ignored(cli: Cli, garbage: bytes) -> None:
     path = folder_of(cli, "t-items") / "checkpoint.json"
     path.write_bytes(garbage)
@@ -257,6 +259,20 @@ def test_garbage_checkpoint_is_logged_and_ignored(cli: Cli, garbage: bytes) -> N
     warnings = [rec for rec in log_of(cli, "t-items") if rec["level"] == "warning"]
     assert len(warnings) == 1 and "ignoring checkpoint" in warnings[0]["msg"], warnings
     assert not path.exists()
+
+
+def test_a_folder_in_place_of_the_checkpoint_stops_the_run_before_the_first_item(
+    cli: Cli,
+) -> None:
+    path = folder_of(cli, "t-items") / "checkpoint.json"
+    path.mkdir()  # nothing can replace it: item 0 would be done, and never recorded as done
+    out = cli.root / "items.txt"
+    r = run(cli, "run", "t-items", "3", "--out", str(out))
+    assert_clean_error(r, 1)
+    assert "checkpoint.json: is a folder" in error_lines(r.stderr)[0], r.describe()
+    assert f"hint: move it away (mv {path} {path}.bad)" in r.stderr
+    assert lines(out) == []
+    assert ends(cli, "t-items")[0]["outcome"] == "error"
 
 
 def test_flush_every_n_items(cli: Cli) -> None:
@@ -412,6 +428,95 @@ def test_progress_bar_can_be_turned_off_on_a_terminal(cli: Cli, env_change: dict
 
 
 # --- logs, config, listing ---------------------------------------------------------------------
+
+CUT_S = 10.0  # a run still going after this hangs: before the fix, for ever
+
+
+@pytest.mark.parametrize("what", ["folder", "symlink", "fifo"])
+def test_a_run_lock_that_is_not_a_file_is_an_error_with_an_end_record(cli: Cli, what: str) -> None:
+    lock = folder_of(cli, "t-hello") / "run.lock"
+    outside = cli.root / "outside"
+    if what == "folder":
+        lock.mkdir()
+    elif what == "symlink":
+        lock.symlink_to(outside)
+    else:
+        os.mkfifo(lock)
+    out = cli.root / "hello.txt"
+    r = run(cli, "run", "t-hello", "a", "--out", str(out), timeout_s=CUT_S)
+    assert_clean_error(r, 1)
+    assert f"{lock}: " in error_lines(r.stderr)[0] and "hint: " in r.stderr, r.describe()
+    assert not out.exists() and not outside.exists()
+    # An end record: without it `show` took the run for one killed by SIGKILL.
+    (end,) = ends(cli, "t-hello")
+    assert (end["outcome"], end["exit_code"]) == ("error", 1)
+    assert run(cli, "show", "t-hello", "--json").json()["last_run"]["outcome"] == "error"
+
+
+def test_a_fifo_in_place_of_the_log_hangs_neither_the_run_nor_show(cli: Cli) -> None:
+    folder = folder_of(cli, "t-hello")
+    os.mkfifo(folder / "log.jsonl")
+    os.mkfifo(folder / "log.jsonl.1")
+    out = cli.root / "hello.txt"
+    r = run(cli, "run", "t-hello", "a", "--out", str(out), timeout_s=CUT_S)
+    assert (r.code, r.stderr) == (0, ""), r.describe()  # the log is lost, the work is not
+    assert out.read_text() == "hello a"
+    shown = run(cli, "show", "t-hello", "--json", timeout_s=CUT_S)
+    assert shown.code == 0 and shown.json()["last_run"] is None, shown.describe()
+
+
+def test_the_rotation_lock_is_not_followed_out_of_the_state_folder(cli: Cli) -> None:
+    folder = folder_of(cli, "t-hello")
+    (folder / "log.jsonl").write_bytes(b'{"msg": "old"}\n' * (1024 * 1024 // 15 + 1))
+    outside = cli.root / "outside"
+    (folder / ".log.lock").symlink_to(outside)
+    r = run(cli, "run", "t-hello", "a", "--out", str(cli.root / "o"))
+    assert r.code == 0, r.describe()
+    assert not outside.exists()
+
+
+def test_show_reads_past_garbage_in_the_log(cli: Cli) -> None:
+    garbage = [
+        '{"event": "end", "pid": [1], "outcome": "ok"}',  # a list: unhashable
+        '{"event": "start", "pid": 5, "ts": 1e300}',  # no clock can show it
+        '{"event": "start", "pid": 6, "ts": NaN}',
+        "[" * 100_000,
+    ]
+    for line in garbage:
+        (folder_of(cli, "t-hello") / "log.jsonl").write_text(line + "\n")
+        shown = run(cli, "show", "t-hello")
+        assert (shown.code, shown.stderr) == (0, ""), shown.describe()
+        assert run(cli, "show", "t-hello", "--json").code == 0
+
+
+def test_run_lock_and_log_are_shared_with_the_group(cli: Cli) -> None:
+    import grp
+
+    config = cli.root / "shared.yaml"
+    config.write_text(f"group: {grp.getgrgid(os.getgid()).gr_name}\n")
+    env = cli.env(GPULOCK_CONFIG=str(config))
+    old = os.umask(0o077)  # inherited by the run: every file 0600 unless set explicitly
+    try:
+        r = run(cli, "run", "t-hello", "a", "--out", str(cli.root / "o"), env=env)
+    finally:
+        os.umask(old)
+    assert r.code == 0, r.describe()
+    folder = cli.state / "agents" / "t-hello"
+    assert folder.stat().st_mode & 0o7777 == 0o2770
+    for name in ("run.lock", "log.jsonl"):
+        assert (folder / name).stat().st_mode & 0o777 == 0o660, name
+
+
+def test_the_runtime_writes_no_environment_into_logs_or_events(cli: Cli) -> None:
+    secret = "sk-test-0123456789abcdef"  # noqa: S105
+    env = cli.env(GPULOCK_TEST_API_KEY=secret, OPENAI_API_KEY=secret)
+    outputs = []
+    for name in ("t-hello", "t-boom"):
+        r = run(cli, "run", name, "a", "--out", str(cli.root / "o"), env=env)
+        outputs += [r.stdout, r.stderr]
+    written = [p.read_text() for p in cli.state.rglob("*") if p.is_file()]
+    assert ends(cli, "t-boom") and cli.events("agent")  # there was something to look in
+    assert not [text for text in written + outputs if secret in text]
 
 
 def test_log_is_rotated_past_1_mib(cli: Cli) -> None:

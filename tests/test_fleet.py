@@ -314,6 +314,14 @@ def test_plan_environment_jitter_and_log_path() -> None:
     assert relative.log_path == Path("/srv/fleets/logs/a.log")  # next to the fleet file
 
 
+def test_a_jobs_repr_shows_no_environment() -> None:
+    # The environment carries the runs' API keys: a printed or logged job must not show them.
+    secret = "sk-test-0123456789abcdef"  # noqa: S105
+    spec = _plan_one({"name": "a", "every": "1m"}, env={"OPENAI_API_KEY": secret})
+    assert spec.env["OPENAI_API_KEY"] == secret
+    assert secret not in repr(spec) and "/venv/bin/python" in repr(spec)
+
+
 def test_make_trigger_passes_jitter_and_interval() -> None:
     from apscheduler.triggers.combining import OrTrigger
     from apscheduler.triggers.cron import CronTrigger
@@ -693,3 +701,65 @@ def test_config_given_to_the_fleet_reaches_its_runs(fw: FleetWorld) -> None:
     r = fw.run(str(path), "--once", "probe", "--config", str(config), timeout_s=20)
     assert r.code == 0, r.describe()
     assert f"config={config}" in r.stdout.splitlines()
+
+
+# --- garbage in the fleet's folder, and its modes ----------------------------------------------
+
+
+def fleet_folder(fw: FleetWorld) -> Path:
+    folder = fw.world.state / "fleet"
+    folder.mkdir(mode=0o700, parents=True)
+    fw.world.state.chmod(0o700)
+    return folder
+
+
+@pytest.mark.parametrize("what", ["folder", "symlink", "fifo"])
+def test_a_fleet_lock_that_is_not_a_file_is_one_error_line(fw: FleetWorld, what: str) -> None:
+    import hashlib
+
+    path = fw.write([fw.agent("fast", every="1s")])
+    digest = hashlib.sha256(str(path.absolute()).encode()).hexdigest()[:12]
+    lock = fleet_folder(fw) / f".fleet-{digest}.lock"
+    outside = fw.root / "outside"
+    if what == "folder":
+        lock.mkdir()
+    elif what == "symlink":
+        lock.symlink_to(outside)
+    else:
+        os.mkfifo(lock)
+    r = fw.run(str(path), "--for", "1s", timeout_s=10)
+    assert_clean_error(r, 1)
+    assert str(lock) in error_lines(r.stderr)[0] and "hint: " in r.stderr, r.describe()
+    assert not outside.exists() and not fw.lines()
+
+
+def test_a_fifo_in_place_of_a_run_log_stops_neither_the_run_nor_the_fleet(fw: FleetWorld) -> None:
+    os.mkfifo(fleet_folder(fw) / "fast.log")
+    path = fw.write([fw.agent("fast", every="1s")])
+    # The log was opened for writing with the runner's lock held: the fleet hung for good, its
+    # SIGTERM and --for included.
+    r = fw.run(str(path), "--for", "2s", timeout_s=10)
+    assert r.code == 0, r.describe()
+    runs = fw.runs("fast")
+    assert runs and {(e["outcome"], e["pid"]) for e in runs} == {("error", None)}, runs
+    assert "fast.log: is not a regular file" in runs[0]["error"]
+
+
+def test_the_fleets_lock_and_logs_are_shared_with_the_group(fw: FleetWorld) -> None:
+    import grp
+
+    config = fw.root / "shared.yaml"
+    config.write_text(f"group: {grp.getgrgid(os.getgid()).gr_name}\n")
+    path = fw.write([fw.agent("fast", every="1s")])
+    old = os.umask(0o077)  # inherited by the fleet: every file 0600 unless set explicitly
+    try:
+        r = fw.run(str(path), "--for", "2s", "--config", str(config))
+    finally:
+        os.umask(old)
+    assert r.code == 0, r.describe()
+    folder = fw.world.state / "fleet"
+    assert folder.stat().st_mode & 0o7777 == 0o2770
+    files = [p for p in folder.iterdir() if p.name.endswith((".lock", ".log"))]
+    assert {p.suffix for p in files} == {".lock", ".log"}, files
+    for p in files:
+        assert p.stat().st_mode & 0o777 == 0o660, p

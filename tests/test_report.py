@@ -312,6 +312,14 @@ GARBAGE: list[Any] = [
     {"event": "acquire", "ts": T0 + 7, "gpu": 0, "ticket": 9, "need_bytes": 2**70},
     {"event": "release", "ts": T0 + 8, "gpu": 0, "ticket": 10, "held_s": 1e300},
     {"event": "call", "ts": T0 + 9, "tokens_in": 10**400, "latency_s": 10**400},
+    # Finite, but past what milliseconds (x 1000) or a percentile's interpolation can hold.
+    {"event": "call", "ts": T0 + 9, "tier": "cpu", "model": "m", "latency_s": 1e308},
+    {"event": "call", "ts": T0 + 9, "tier": "cpu", "model": "m", "latency_s": -1e308},
+    {"event": "timeout", "ts": T0 + 3, "gpu": 0, "ticket": 11, "waited_s": 1e308},
+    {"event": "agent", "ts": T0 + 5, "agent": "a", "outcome": "ok", "duration_s": 1e308},
+    # A pid that is a list cannot be looked up in a set.
+    {"event": "agent", "ts": T0 + 5, "agent": "a", "outcome": "ok", "pid": [1]},
+    {"event": "fleet-run", "ts": T0 + 5, "agent": "a", "outcome": "killed", "pid": [2]},
 ]
 
 

@@ -7,11 +7,17 @@ bad option, 1 a config error naming file, line and key; never a traceback.
 
 from __future__ import annotations
 
+import json
+import os
+import struct
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import Cli, assert_clean_error
+from cli_helpers import GPULOCK, Cli, assert_clean_error
 
 from gpulock.units import format_size
 from router import gguf_info
@@ -261,6 +267,120 @@ def test_route_loads_nothing_and_records_nothing(cli: Cli, tiny: Path) -> None:
         cli.run("route", *args, "--config", str(cfg))
     assert cli.events() == []
     assert not (cli.state / "gpu0").exists() and not (cli.state / "residents").exists()
+
+
+# --- garbage in the state folder and in model files ---------------------------------------------
+
+CUT_S = 10.0  # a command still running after this hangs: before the fix, for ever
+
+
+@pytest.mark.parametrize(
+    "ledger",
+    [
+        pytest.param("[" * 100_000, id="nested-past-the-parser"),
+        pytest.param(
+            json.dumps(
+                {
+                    "format": "gpulock.ledger/1",
+                    "day": time.strftime("%Y-%m-%d"),
+                    "usage": {"agent": {"a": {"calls": "many"}}},
+                }
+            ),
+            id="text-for-a-number",
+        ),
+    ],
+)
+def test_route_reads_past_a_damaged_ledger(cli: Cli, tiny: Path, ledger: str) -> None:
+    cfg = routes(cli, tiny)
+    (cli.state / "router").mkdir(mode=0o700, parents=True)
+    (cli.state / "router" / "ledger.json").write_text(ledger)
+    r = cli.run("route", "summarize", "--config", str(cfg), timeout_s=CUT_S)
+    assert r.code == 0 and "Traceback" not in r.stderr, r.describe()
+    assert r.stdout.startswith("summarize: gpu tiny-llama")
+
+
+def test_route_does_not_wait_on_a_fifo_in_place_of_the_event_log(cli: Cli, tiny: Path) -> None:
+    cfg = routes(cli, tiny, extra="router: {hold_estimate: 30s}")
+    holder = cli.hold("holder")  # a queue, so the probe reads recent holds from the log
+    log = cli.state / "events.jsonl"
+    log.unlink()
+    os.mkfifo(log, 0o600)
+    argv = [*GPULOCK, "route", "summarize", "--config", str(cfg)]
+    try:
+        # Not cli.run: on a timeout it describes the state folder, reading the FIFO itself.
+        r = subprocess.run(argv, env=cli.env(), capture_output=True, text=True, timeout=CUT_S)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"gpulock route still waiting after {CUT_S:g} s") from None
+    finally:
+        log.unlink()  # the holder's release appends to it
+    assert r.returncode == 0, r.stderr
+    assert "queue wait" in r.stdout  # no history: the configured hold estimate stands in
+    holder.release()
+    holder.wait()
+
+
+def test_impossible_hold_times_in_the_log_are_not_history(cli: Cli, tiny: Path) -> None:
+    cfg = routes(cli, tiny, extra="router: {hold_estimate: 30s}")
+    env = cli.env(GPULOCK_CONFIG=str(cfg))
+    holder = cli.hold("holder")
+    lines = [f'{{"ts": 1, "event": "release", "gpu": 0, "held_s": {h}}}' for h in ("NaN", -50)]
+    with open(cli.state / "events.jsonl", "a") as f:
+        f.write("\n".join(["[" * 5000 + '"release"', *lines]) + "\n")
+    # Taken for history, they made the wait ~0 ms; the hold estimate makes it ~30 s.
+    r = cli.run("route", "summarize", "--explain", "--deadline", "5s", env=env)
+    assert r.code == 0, r.describe()
+    assert r.stdout.startswith("summarize: cpu tiny-llama"), r.describe()
+    assert "> deadline 5.0 s" in r.stdout
+    holder.release()
+    holder.wait()
+
+
+def gguf(*parts: bytes) -> bytes:
+    """A GGUF v3 header with no tensors and one key/value: ``parts`` after the key's name."""
+    key = b"k"
+    return b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, len(key)) + key + b"".join(parts)
+
+
+DAMAGED_GGUF = {
+    # an array of 2**63 bytes: seeking past it overflowed
+    "huge-array": gguf(struct.pack("<IIQ", 9, 0, 2**63)),
+    # an array of one string of 2**63 bytes: the same
+    "huge-string": gguf(struct.pack("<IIQQ", 9, 8, 1, 2**63)),
+    # arrays of arrays 5000 deep: the recursion ran out
+    "nested": gguf(struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 5000),
+    "not-gguf": b"hello\n",
+}
+
+
+@pytest.mark.parametrize("name", DAMAGED_GGUF)
+def test_a_damaged_model_file_is_no_traceback(cli: Cli, name: str) -> None:
+    model = cli.root / f"{name}.gguf"
+    model.write_bytes(DAMAGED_GGUF[name])
+    with pytest.raises(gguf_info.GGUFError):
+        gguf_info.read_info(str(model))
+    cfg = configure(
+        cli, f"routes:\n  t:\n    - {{tier: gpu, backend: llama_cpp, model: {model}}}\n"
+    )
+    r = cli.run("route", "t", "--config", str(cfg), timeout_s=CUT_S)
+    assert r.code == 0 and "Traceback" not in r.stderr, r.describe()
+    assert "needs the whole GPU" in r.stdout  # no estimate: the lock would ask for all of it
+
+
+def test_a_fifo_named_as_the_model_is_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    code = (
+        "import sys\nfrom router import gguf_info\n"
+        "try:\n    gguf_info.read_info(sys.argv[1])\n"
+        "except gguf_info.GGUFError as e:\n    print(e)\n"
+    )
+    try:  # in a child: in this process a regression would hang the whole test run
+        r = subprocess.run(
+            [sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=CUT_S
+        )
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"read_info still waiting after {CUT_S:g} s") from None
+    assert r.stdout == f"{fifo}: not a regular file, so not a GGUF model\n", r.stderr
 
 
 # --- gpulock status: today's usage ----------------------------------------------------------------

@@ -11,6 +11,7 @@ holding the GPU, and the ``call`` events and ledger that count tokens.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from procs import World
 
 import router
 from gpulock import claim, level, registry
+from gpulock.errors import StateDirError
 from gpulock.settings import Settings
 from router import gguf_info, ledger
 from router.choose import cid
@@ -553,3 +555,85 @@ def test_a_changed_config_is_read_again(world: World, tiny: Path) -> None:
     assert router.get_model("t").tier == "gpu"
     configure(world, f"t:\n  - {{tier: cpu, backend: llama_cpp, model: {tiny}}}\n# changed\n")
     assert router.get_model("t").tier == "cpu"
+
+
+# --- the ledger: damaged entries, and files that are not files ---------------------------------
+
+
+def ledger_file(world: World, text: str) -> Settings:
+    s = world.settings()
+    folder = s.state_dir / ledger.FOLDER
+    folder.mkdir(mode=0o700, exist_ok=True)
+    (folder / ledger.FILE).write_text(text)
+    return s
+
+
+def test_damaged_ledger_entries_are_dropped_not_kept_for_ever(world: World) -> None:
+    now = time.time()
+    day = ledger.today(now)
+    damaged = {
+        "format": "gpulock.ledger/1",
+        "day": day,
+        "spend_usd": {"k": math.nan, "j": math.inf},
+        "usage": {"agent": {"a": {"calls": "many", "tokens_in": math.inf, "tokens_out": 7}}},
+        "requests": {"k": [math.inf, 1e300, "x", now - 1]},
+        "cooldowns": {
+            "k": {"until_wall": math.inf},
+            "j": {"until_wall": now + 30, "failures": "x"},
+        },
+    }
+    s = ledger_file(world, json.dumps(damaged))  # NaN and Infinity: what json.dumps writes
+    led = ledger.read(s, now_wall=now)
+    assert led.spend_usd == {}  # NaN would switch the budget off: NaN >= budget is False
+    assert led.usage["agent"]["a"] == {
+        "calls": 0.0, "tokens_in": 0.0, "tokens_out": 7.0, "cost_usd": 0.0
+    }  # fmt: skip
+    assert led.requests == {"k": [now - 1]}  # an infinite time would count for ever
+    assert list(led.cooldowns) == ["j"]  # an endless cooldown would reject "k" for ever
+    ledger.record_call(s, "k", cost_usd=2.0, tier="cloud", now_wall=now)
+    assert ledger.read(s, now_wall=now).spend_usd == {"k": 2.0}
+    assert ledger.record_failure(s, "j", reason="x", base_s=60, max_s=600, now_wall=now) == 60.0
+
+
+def test_a_ledger_nested_past_the_parsers_depth_is_read_as_empty(world: World) -> None:
+    s = ledger_file(world, "[" * 100_000)
+    assert ledger.read(s).to_json()["spend_usd"] == {}
+    ledger.record_call(s, "k", cost_usd=1.0, tier="cloud")
+    assert ledger.read(s).spend_usd == {"k": 1.0}
+
+
+@pytest.mark.parametrize("what", ["lock-folder", "lock-symlink", "lock-fifo", "ledger-folder"])
+def test_a_lock_or_ledger_that_is_not_a_file_is_a_clear_error(world: World, what: str) -> None:
+    s = world.settings()
+    folder = s.state_dir / ledger.FOLDER
+    folder.mkdir(mode=0o700)
+    outside = world.root / "outside"
+    if what == "lock-folder":
+        (folder / ledger.LOCK_FILE).mkdir()
+    elif what == "lock-symlink":
+        (folder / ledger.LOCK_FILE).symlink_to(outside)
+    elif what == "lock-fifo":
+        os.mkfifo(folder / ledger.LOCK_FILE)
+    else:
+        (folder / ledger.FILE).mkdir()
+    with pytest.raises(StateDirError) as caught:
+        ledger.record_call(s, "k", cost_usd=1.0, tier="cloud")
+    assert caught.value.hint, caught.value
+    with pytest.raises(StateDirError):
+        ledger.record_failure(s, "k", reason="x", base_s=60, max_s=600)
+    assert not outside.exists()
+    assert ledger.read(s).spend_usd == {}  # the probe reads on: it never fails a choice
+
+
+def test_the_ledger_and_its_lock_are_shared_with_the_group(world: World) -> None:
+    import grp
+
+    world.config.write_text(f"group: {grp.getgrgid(os.getgid()).gr_name}\n")
+    old = os.umask(0o077)  # would make every file 0600 unless the mode is set explicitly
+    try:
+        ledger.record_call(world.settings(), "k", cost_usd=1.0, tier="cloud")
+    finally:
+        os.umask(old)
+    folder = world.state / ledger.FOLDER
+    for name in (ledger.FILE, ledger.LOCK_FILE):
+        assert os.stat(folder / name).st_mode & 0o777 == 0o660, name

@@ -19,7 +19,9 @@ from gpulock.state import (
     ensure_subdir,
     file_mode,
     fs_type_of,
+    open_regular,
     read_small,
+    read_tail,
     resolve_state_dir,
 )
 
@@ -476,3 +478,78 @@ def test_read_small_limit(tmp_path: pathlib.Path) -> None:
     assert read_small(tmp_path / "r", limit=100) == b"x" * 100
     with pytest.raises(StateDirError, match="larger than 99 bytes"):
         read_small(tmp_path / "r", limit=99)
+
+
+# --- open_regular and read_tail: locks and logs ---------------------------------------------
+
+OPEN_FLAGS = [
+    pytest.param(os.O_RDONLY, id="read"),
+    pytest.param(os.O_WRONLY | os.O_APPEND | os.O_CREAT, id="append"),
+    pytest.param(os.O_RDWR | os.O_CREAT, id="lock"),
+]
+
+
+@pytest.mark.parametrize("flags", OPEN_FLAGS)
+def test_open_regular_refuses_a_fifo_without_blocking(tmp_path: pathlib.Path, flags: int) -> None:
+    # A plain open of a FIFO for reading or writing waits for the other end: for ever.
+    os.mkfifo(tmp_path / "log.jsonl")
+    with pytest.raises(StateDirError, match="not a regular file") as caught:
+        open_regular(tmp_path / "log.jsonl", flags)
+    assert caught.value.hint is not None and "mv " in caught.value.hint
+
+
+@pytest.mark.parametrize("flags", OPEN_FLAGS)
+def test_open_regular_refuses_a_folder(tmp_path: pathlib.Path, flags: int) -> None:
+    (tmp_path / "run.lock").mkdir()
+    with pytest.raises(StateDirError, match="not a regular file"):
+        open_regular(tmp_path / "run.lock", flags)
+
+
+@pytest.mark.parametrize("flags", OPEN_FLAGS)
+def test_open_regular_never_follows_a_symlink(tmp_path: pathlib.Path, flags: int) -> None:
+    outside = tmp_path / "outside"
+    (tmp_path / "run.lock").symlink_to(outside)  # dangling: O_CREAT would make the target
+    with pytest.raises(StateDirError, match="is a symlink"):
+        open_regular(tmp_path / "run.lock", flags)
+    assert not outside.exists()
+
+
+def test_open_regular_gives_a_new_file_its_exact_mode_and_leaves_an_old_one(
+    tmp_path: pathlib.Path, strict_umask: None
+) -> None:
+    fd = open_regular(tmp_path / "ledger.lock", os.O_RDWR | os.O_CREAT, 0o660)
+    assert os.get_blocking(fd)  # non-blocking only while it might have been a FIFO
+    os.close(fd)
+    assert mode_of(tmp_path / "ledger.lock") == 0o660  # not 0o600: the umask is 0o077
+    (tmp_path / "ledger.lock").chmod(0o640)
+    os.close(open_regular(tmp_path / "ledger.lock", os.O_RDWR | os.O_CREAT, 0o660))
+    assert mode_of(tmp_path / "ledger.lock") == 0o640  # another member's file keeps its mode
+    with pytest.raises(FileNotFoundError):
+        open_regular(tmp_path / "gone", os.O_RDONLY)
+
+
+@pytest.mark.parametrize(
+    ("limit", "tail"),
+    [
+        (100, b"aaaa\nbbbb\ncccc\n"),
+        (15, b"aaaa\nbbbb\ncccc\n"),
+        (14, b"bbbb\ncccc\n"),  # the first line cut by one byte is dropped
+        (10, b"bbbb\ncccc\n"),  # the limit falls exactly after a newline: nothing is cut
+        (9, b"cccc\n"),
+        (4, b""),
+    ],
+)
+def test_read_tail_gives_whole_lines(tmp_path: pathlib.Path, limit: int, tail: bytes) -> None:
+    (tmp_path / "log").write_bytes(b"aaaa\nbbbb\ncccc\n")
+    assert read_tail(tmp_path / "log", limit) == tail
+
+
+def test_read_tail_of_nothing_a_fifo_and_a_symlink(tmp_path: pathlib.Path) -> None:
+    assert read_tail(tmp_path / "gone", 10) is None
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(StateDirError, match="not a regular file"):
+        read_tail(tmp_path / "fifo", 10)
+    (tmp_path / "real").write_bytes(b"secret\n")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(StateDirError, match="is a symlink"):
+        read_tail(tmp_path / "link", 10)

@@ -252,7 +252,7 @@ def _lost_wait(waited_s: float | None, ts: float, first_ts: float) -> bool:
 
 
 def _dur(e: dict[str, Any], key: str) -> str:
-    return format_duration(as_num(e.get(key)))
+    return format_duration(as_span(e.get(key)))  # 1e308 is finite, but not as milliseconds
 
 
 def build(
@@ -373,7 +373,7 @@ def _assemble(
 def _unrecorded_deaths(b: _Builder) -> list[dict[str, Any]]:
     """Runs the fleet saw killed (SIGKILL, the OOM killer) that could not write their own
     ``agent`` event: counted as runs with outcome ``killed``, not lost."""
-    recorded = {e.get("pid") for e in b.agent_events}
+    recorded = {as_int(e.get("pid")) for e in b.agent_events}  # a list there is unhashable
     return [
         {
             "agent": e.get("agent"),
@@ -383,7 +383,7 @@ def _unrecorded_deaths(b: _Builder) -> list[dict[str, Any]]:
             "pid": e.get("pid"),
         }
         for e in b.killed_runs
-        if e.get("pid") not in recorded
+        if as_int(e.get("pid")) not in recorded
     ]
 
 

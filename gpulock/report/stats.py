@@ -23,7 +23,7 @@ from gpulock.report.model import (
     TierStats,
     Wait,
 )
-from gpulock.report.values import as_int, as_num, as_text
+from gpulock.report.values import as_int, as_num, as_span, as_text
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -123,7 +123,7 @@ def agent_stats(events: list[dict[str, Any]]) -> tuple[AgentStats, ...]:
     out = []
     for agent, es in by.items():
         outcomes = Counter(as_text(e.get("outcome")) for e in es)
-        durations = [d for e in es if (d := as_num(e.get("duration_s"))) is not None]
+        durations = [d for e in es if (d := as_span(e.get("duration_s"))) is not None]
         reasons = [as_text(e.get("reason")) for e in es if e.get("outcome") != "ok"]
         out.append(
             AgentStats(
@@ -154,7 +154,7 @@ def tier_stats(routes: list[dict[str, Any]], calls: list[dict[str, Any]]) -> tup
             tokens_in=_sum_int(by.get(t, []), "tokens_in"),
             tokens_out=_sum_int(by.get(t, []), "tokens_out"),
             cost_usd=_sum_num(by.get(t, []), "cost_usd"),
-            latency_p50_s=percentile(_nums(by.get(t, []), "latency_s"), 50),
+            latency_p50_s=percentile(_spans(by.get(t, []), "latency_s"), 50),
         )
         for t in dict.fromkeys([*n_routes, *by])
     )
@@ -173,8 +173,8 @@ def model_stats(calls: list[dict[str, Any]]) -> tuple[ModelStats, ...]:
             tokens_in=_sum_int(es, "tokens_in"),
             tokens_out=_sum_int(es, "tokens_out"),
             cost_usd=_sum_num(es, "cost_usd"),
-            latency_p50_s=percentile(_nums(es, "latency_s"), 50),
-            latency_p99_s=percentile(_nums(es, "latency_s"), 99),
+            latency_p50_s=percentile(_spans(es, "latency_s"), 50),
+            latency_p99_s=percentile(_spans(es, "latency_s"), 99),
         )
         for (model, tier), es in by.items()
     )
@@ -182,6 +182,11 @@ def model_stats(calls: list[dict[str, Any]]) -> tuple[ModelStats, ...]:
 
 def _nums(es: list[dict[str, Any]], key: str) -> list[float]:
     return [v for e in es if (v := as_num(e.get(key))) is not None]
+
+
+def _spans(es: list[dict[str, Any]], key: str) -> list[float]:
+    """Durations only: a -1e308 and a 1e308 are finite, but their percentile is not."""
+    return [v for e in es if (v := as_span(e.get(key))) is not None]
 
 
 def _sum_int(es: list[dict[str, Any]], key: str) -> int:
