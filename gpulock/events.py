@@ -21,6 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gpulock import state
+from gpulock.errors import StateDirError
+
 LOG_NAME = "events.jsonl"
 DEFAULT_MAX_BYTES = 10 * 1024 * 1024
 
@@ -45,8 +48,10 @@ def emit(
     line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
     path = log_path(state_dir)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, mode)
-    except OSError:
+        # Never through a symlink, never stuck on a FIFO put in its place, and exactly ``mode``
+        # (0660 in a group-shared folder) whatever the umask.
+        fd = state.open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+    except (OSError, StateDirError):
         return
     try:
         os.write(fd, line)
@@ -62,8 +67,8 @@ def emit(
 def _rotate(path: Path, max_bytes: int, mode: int) -> None:
     lock = path.with_name(".events.lock")
     try:
-        lfd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, mode)
-    except OSError:
+        lfd = state.open_regular(lock, os.O_RDWR | os.O_CREAT, mode)
+    except (OSError, StateDirError):
         return
     try:
         fcntl.flock(lfd, fcntl.LOCK_EX)
@@ -80,14 +85,15 @@ def read(state_dir: Path, *, since_wall: float | None = None) -> Iterator[dict[s
     """Events in the log (the rotated generation first), oldest first; bad lines skipped."""
     for path in (state_dir / (LOG_NAME + ".1"), log_path(state_dir)):
         try:
-            f = open(path, "rb")  # noqa: SIM115 - closed below, after the generator drains
-        except OSError:
+            # Closed below, after the generator drains.
+            f = os.fdopen(state.open_regular(path, os.O_RDONLY), "rb")
+        except (OSError, StateDirError):
             continue
         with f:
             for raw in f:
                 try:
                     rec = json.loads(raw)
-                except ValueError:
+                except (ValueError, RecursionError):
                     continue
                 if not isinstance(rec, dict) or not isinstance(rec.get("event"), str):
                     continue

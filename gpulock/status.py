@@ -206,7 +206,7 @@ def usage_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
     try:
         data = read_small(settings.state_dir / "router" / "ledger.json")
         raw = json.loads(data) if data else None
-    except (OSError, ValueError, GpulockError):
+    except (OSError, ValueError, RecursionError, GpulockError):
         return None
     day = time.strftime("%Y-%m-%d", time.localtime(now_w))
     if not isinstance(raw, dict) or raw.get("format") != LEDGER_FORMAT or raw.get("day") != day:
@@ -242,7 +242,7 @@ def _usage_rows(rows: Any) -> dict[str, dict[str, Any]]:
                 "tokens_out": int(row.get("tokens_out", 0)),
                 "cost_usd": round(float(row.get("cost_usd", 0)), 8),
             }
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             continue  # a damaged row: skip it, as every reader of state files does
     return out
 

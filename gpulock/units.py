@@ -219,7 +219,7 @@ def format_duration(s: float | None) -> str:
     None, NaN and infinity are ``?``.  Each form rounds to its last digit and moves to the next
     form when rounding reaches it (59.97 s is ``1m00s``, not ``60.0 s``).
     """
-    if s is None or not math.isfinite(s):
+    if s is None or not math.isfinite(s * 1000):  # 1e306 s overflows once in ms
         return "?"
     sign = "-" if s < 0 else ""
     s = abs(s)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import pickle
 from pathlib import Path
 
@@ -94,3 +95,25 @@ def test_events_reader_skips_junk_and_since_filters(tmp_path: Path) -> None:
 
 def test_emit_never_raises_when_the_folder_is_gone(tmp_path: Path) -> None:
     events.emit(tmp_path / "missing", "acquire", ticket=1)  # no exception: the lock goes on
+
+
+def test_a_fifo_in_place_of_the_event_log_never_hangs_a_writer_or_a_reader(
+    tmp_path: Path,
+) -> None:
+    # Every acquire and release writes an event: a FIFO put where events.jsonl should be would
+    # have held every holder in open() for ever (no reader ever comes).
+    import subprocess
+    import sys
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    os.mkfifo(state / "events.jsonl")
+    code = (
+        "import pathlib, sys; from gpulock import events; "
+        "p = pathlib.Path(sys.argv[1]); events.emit(p, 'acquire', gpu=0); "
+        "print(len(list(events.read(p))))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(state)], capture_output=True, text=True, timeout=20
+    )
+    assert (r.returncode, r.stdout.strip()) == (0, "0"), r.stderr
