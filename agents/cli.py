@@ -26,9 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpulock.cli import Parser, UsageError, report
-from gpulock.errors import GpulockError
-from gpulock.units import format_duration, format_size, parse_duration
+from gpulock.cli import Parser, UsageError, duration_arg, run_command
+from gpulock.units import format_duration, format_size
 
 if TYPE_CHECKING:
     from agents.spec import AgentSpec
@@ -45,13 +44,6 @@ N (checkpoint kept).
 
 Agents are found in agents.examples, the config's agents.modules, $GPULOCK_AGENT_MODULES
 (comma-separated) and --module (a dotted module name or a path to a .py file)."""
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -95,7 +87,7 @@ def build_parser(prog: str = "gpulock agent") -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="PATH", help="where the agent writes its result (ctx.out)")
     p.add_argument(
         "--timeout",
-        type=_duration,
+        type=duration_arg,
         metavar="DUR",
         help="bound the waits for the GPU and models (30s, 10m); past it the run is skipped "
         "with exit 75 (default: the agent's own timeout, else none)",
@@ -118,25 +110,7 @@ def build_parser(prog: str = "gpulock agent") -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "gpulock agent") -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    try:
-        return _main(args_list, prog)
-    except (UsageError, GpulockError) as e:
-        return report(e)
-    except KeyboardInterrupt:  # Ctrl-C while importing agents, before a run took over signals
-        return 130
-
-
-agent_main = main  # the name an earlier pyproject.toml gave the `agent` entry point
-
-
-def fleet_main(argv: Sequence[str] | None = None) -> int:
-    """``gpulock fleet``, for an install whose entry point still names this module."""
-    import importlib
-
-    fleet_cli = importlib.import_module("agents.fleet")  # by name: written by someone else
-    code: int = fleet_cli.main(argv)
-    return code
+    return run_command(lambda args: _main(args, prog), argv)
 
 
 def _main(argv: list[str], prog: str) -> int:

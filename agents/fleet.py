@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -50,9 +49,8 @@ from agents.fleetrun import TERM_WAIT_S as TERM_WAIT_S
 from agents.fleetserve import serve
 from agents.schedules import DRY_RUN_FIRES as DRY_RUN_FIRES
 from agents.schedules import make_trigger, next_fires
-from gpulock.cli import Parser, UsageError, report
+from gpulock.cli import Parser, UsageError, duration_arg, run_command
 from gpulock.errors import GpulockError
-from gpulock.units import parse_duration
 
 if TYPE_CHECKING:
     from gpulock.settings import Settings
@@ -187,10 +185,7 @@ def dry_run(fleet: FleetFile, jobs: Sequence[JobSpec], state_dir: Path, *, as_js
 
 
 def _duration_arg(text: str) -> float:
-    try:
-        seconds = parse_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    seconds = duration_arg(text)
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"expected a duration above 0, got {text!r}")
     return seconds
@@ -231,17 +226,7 @@ def build_parser(prog: str = "gpulock fleet") -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    try:
-        return _main(args_list)
-    except (UsageError, GpulockError) as e:
-        return report(e)
-    except KeyboardInterrupt:  # Ctrl-C before the handlers were set (reading the files)
-        return 128 + signal.SIGINT
-    except BrokenPipeError:
-        # `gpulock fleet FILE --dry-run | head`: the reader left; not worth a traceback.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    return run_command(_main, argv)
 
 
 def _environ(config: str | None) -> dict[str, str]:

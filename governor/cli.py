@@ -14,8 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
 
-from gpulock.cli import Parser, UsageError, report
-from gpulock.errors import GpulockError
+from gpulock.cli import Parser, run_command
 
 EX_OK = 0
 
@@ -74,13 +73,7 @@ def build_parser(prog: str = "gpulock governor") -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    try:
-        return _main(args_list)
-    except (UsageError, GpulockError) as e:
-        return report(e)
-    except KeyboardInterrupt:  # Ctrl-C before the handlers were set (reading the config)
-        return 128 + signal.SIGINT
+    return run_command(_main, argv)
 
 
 def _main(argv: list[str]) -> int:

@@ -56,7 +56,8 @@ def _size(text: str) -> int:
     return n
 
 
-def _duration(text: str) -> float:
+def duration_arg(text: str) -> float:
+    """An argparse ``type=`` for durations (``30s``, ``5m``): a bad one is a usage error."""
     try:
         return parse_duration(text)
     except ValueError as e:
@@ -116,14 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--timeout",
-        type=_duration,
+        type=duration_arg,
         metavar="S",
         help="give up after waiting this long (30, 90s, 5m) and exit 75 (default: wait for ever)",
     )
     p.add_argument("--name", help="name shown in status and history (default: CMD's name)")
     p.add_argument(
         "--lease",
-        type=_duration,
+        type=duration_arg,
         metavar="S",
         help="CMD counts as hung if it holds longer than this without 'gpulock heartbeat'",
     )
@@ -138,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the documented JSON object")
     p.add_argument(
         "--watch",
-        type=_duration,
+        type=duration_arg,
         nargs="?",
         const=1.0,
         metavar="S",
@@ -159,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("ticket", nargs="?", type=_ticket_number, help="ticket number (see status)")
     p.add_argument("--stale", action="store_true", help="every dead or hung ticket")
     p.add_argument("--force", action="store_true", help="also kill a live, healthy holder")
-    p.add_argument("--grace", type=_duration, metavar="S", help="SIGTERM to SIGKILL delay")
+    p.add_argument("--grace", type=duration_arg, metavar="S", help="SIGTERM to SIGKILL delay")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     _common(p)
 
@@ -201,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", type=_index, help="only residents on this GPU")
     p.add_argument(
         "--timeout",
-        type=_duration,
+        type=duration_arg,
         default=10.0,
         metavar="S",
         help="how long the owner may take to reach a safe point (default 10 s); "
@@ -245,15 +246,22 @@ def report(e: UsageError | GpulockError) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
+    return run_command(_dispatch, argv)
+
+
+def run_command(command: Callable[[list[str]], int], argv: Sequence[str] | None = None) -> int:
+    """Run one command's ``command(argv)`` as every gpulock command runs: the exit code it
+    returns; a user's mistake as ``error:``/``hint:`` lines and its exit code (``report``);
+    Ctrl-C before the command took over signals as 130; a reader that left the pipe
+    (``gpulock history | head``) as a quiet 0, never a traceback."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        return _dispatch(args_list)
+        return command(args)
     except (UsageError, GpulockError) as e:
         return report(e)
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
     except BrokenPipeError:
-        # `gpulock history | head`: the reader left; not an error worth a traceback.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EX_OK

@@ -30,7 +30,7 @@ from gpulock import devices, level, queue, registry
 from gpulock.errors import GpulockError
 from gpulock.queuedir import QueueDir, TicketFile, queue_gpus
 from gpulock.settings import Settings
-from gpulock.units import format_duration, format_size
+from gpulock.units import format_duration, format_size, format_usd
 
 VERSION = 1
 
@@ -320,18 +320,13 @@ def render(snap: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _usd(amount: float) -> str:
-    """Dollars with at least cents and as many digits as the amount has (a $0.005 budget)."""
-    text = f"{amount:.6f}".rstrip("0")
-    whole, _, cents = text.partition(".")
-    return f"${whole}.{cents.ljust(2, '0')}"
-
-
 def _render_usage(u: dict[str, Any] | None) -> list[str]:
     if not u:
         return []
     budget = u["daily_budget_usd"]
-    spend = f"${u['cloud_spend_usd']:.4f}" + (f" of {_usd(budget)}" if budget is not None else "")
+    spend = f"${u['cloud_spend_usd']:.4f}" + (
+        f" of {format_usd(budget)}" if budget is not None else ""
+    )
     tiers = ", ".join(
         f"{tier} {int(row.get('calls', 0))}" for tier, row in sorted(u["by_tier"].items())
     )

@@ -19,6 +19,7 @@ from decimal import Decimal, InvalidOperation
 __all__ = [
     "format_duration",
     "format_size",
+    "format_usd",
     "parse_clock",
     "parse_duration",
     "parse_size",
@@ -258,3 +259,10 @@ def parse_clock(value: str, *, key: str | None = None) -> tuple[int, int]:
     if hour > 23 or minute > 59:
         raise _fail(key, value, "is not a time of day", _CLOCK_EXAMPLE)
     return hour, minute
+
+
+def format_usd(amount: float) -> str:
+    """``$5.00``, ``$0.005``: cents at least, and every digit a small amount has (to 1e-6);
+    rounding a $0.005 budget to "$0.01" would misstate it by half."""
+    whole, _, cents = f"{amount:.6f}".rstrip("0").partition(".")
+    return f"${whole}.{cents.ljust(2, '0')}"

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpulock.units import format_duration, format_size
+from gpulock.units import format_duration, format_size, format_usd
 from router.routes import Candidate
 
 REDUCE_MIN_CTX = 512
@@ -23,13 +23,6 @@ REDUCE_MIN_BATCH = 32
 # The governor's ladder: each level includes the actions of those below it, so smaller contexts
 # apply from ``reduce`` up (at ``freeze`` GPU candidates are skipped altogether).
 REDUCING_LEVELS = ("reduce", "evict-idle", "force-evict")
-
-
-def usd(amount: float) -> str:
-    """``$5.00``, ``$0.005``: cents at least, and every digit a small budget has (to 1e-6);
-    rounding a $0.005 budget to "$0.01" would misstate it by half."""
-    whole, _, cents = f"{amount:.6f}".rstrip("0").partition(".")
-    return f"${whole}.{cents.ljust(2, '0')}"
 
 
 def cid(c: Candidate) -> str:
@@ -181,14 +174,14 @@ def _judge_cloud(c: Candidate, host: Host, warm: bool) -> Verdict:
     spent = host.spend_today_usd.get(key, 0.0)
     if c.daily_budget_usd is not None and spent >= c.daily_budget_usd:
         return Verdict(
-            c, False, f"daily budget spent: ${spent:.4f} of {usd(c.daily_budget_usd)} today"
+            c, False, f"daily budget spent: ${spent:.4f} of {format_usd(c.daily_budget_usd)} today"
         )
     total = sum(host.spend_today_usd.values())
     if host.daily_budget_usd is not None and total >= host.daily_budget_usd:
         return Verdict(
             c,
             False,
-            f"cloud budget spent: ${total:.4f} of {usd(host.daily_budget_usd)} today "
+            f"cloud budget spent: ${total:.4f} of {format_usd(host.daily_budget_usd)} today "
             "(router.daily_budget)",
         )
     used = host.requests_last_min.get(key, 0)

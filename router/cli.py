@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from typing import Any
 
-from gpulock.cli import Parser, UsageError, report
-from gpulock.errors import GpulockError
-from gpulock.units import parse_duration
+from gpulock.cli import Parser, duration_arg, run_command
 
 EX_OK, EX_TEMPFAIL = 0, 75
 
@@ -31,13 +28,6 @@ exit codes: 0 a candidate fits; 75 none fits now (get_model would raise NoModelA
 listed)."""
 
 
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def build_parser(prog: str = "gpulock route") -> argparse.ArgumentParser:
     p = Parser(
         prog=prog,
@@ -49,7 +39,7 @@ def build_parser(prog: str = "gpulock route") -> argparse.ArgumentParser:
     p.add_argument("--explain", action="store_true", help="every candidate and why")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
-        "--deadline", type=_duration, metavar="DUR", help="as get_model(deadline=...): 30s, 2m"
+        "--deadline", type=duration_arg, metavar="DUR", help="as get_model(deadline=...): 30s, 2m"
     )
     p.add_argument("--prefer", metavar="TIER|NAME", help="as get_model(prefer=...)")
     p.add_argument("--config", metavar="FILE", help="config file (default: the usual lookup)")
@@ -58,11 +48,7 @@ def build_parser(prog: str = "gpulock route") -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    try:
-        return _main(args_list)
-    except (UsageError, GpulockError) as e:
-        return report(e)
+    return run_command(_main, argv)
 
 
 def _main(argv: list[str]) -> int:

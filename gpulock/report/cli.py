@@ -5,14 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpulock.cli import Parser, UsageError, parse_since, report
+from gpulock.cli import Parser, UsageError, parse_since, run_command
 from gpulock.errors import GpulockError
 from gpulock.report.builder import build
 from gpulock.report.model import ReportData
@@ -102,17 +100,7 @@ def since_wall_of(text: str, now_wall: float) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    try:
-        return _main(args_list)
-    except (UsageError, GpulockError) as e:
-        return report(e)
-    except KeyboardInterrupt:
-        return 128 + signal.SIGINT
-    except BrokenPipeError:  # `gpulock report --out - | head`: the reader left
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EX_OK
+    return run_command(_main, argv)
 
 
 def _main(argv: list[str]) -> int:
