@@ -128,7 +128,7 @@ def _fleet(work: Path) -> str:
         "fleet:",
         "  jitter: 2s",
         "  misfire_grace: 5s",
-        "  grace: 10s",
+        "  grace: 4s",  # the demo's agents are short; a stopped demo should stop soon
         "  max_parallel: 6",
         "agents:",
     ]
@@ -142,6 +142,9 @@ def _fleet(work: Path) -> str:
 
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# How long each helper (fleet, assistant, governor, cloud) gets after SIGTERM before SIGKILL:
+# they are stopped one after another, so a stopped demo ends within about four of these.
+STOP_WAIT_S = 6.0
 
 
 class _Stopped(Exception):
@@ -197,7 +200,7 @@ def _process(
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
             try:
-                p.wait(15)
+                p.wait(STOP_WAIT_S)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()

@@ -100,7 +100,7 @@ def test_a_stopped_demo_leaves_nothing_running(tmp_path: Path, sig: int) -> None
         # The cloud server answers and the governor runs; the fleet starts right after.
         wait_until(lambda: b"governor: running" in out.read_bytes(), 60, out.read_text)
         demo.send_signal(sig)
-        code = demo.wait(30)
+        code = demo.wait(60)  # fleet grace 4 s, then at most 4 x STOP_WAIT_S: well inside
     finally:
         if demo.poll() is None:
             demo.kill()
