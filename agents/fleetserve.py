@@ -16,7 +16,6 @@ time (a lock in ``<state>/fleet/``).  APScheduler is imported only inside functi
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import signal
@@ -96,26 +95,17 @@ def _claim(settings: Settings, fleet: FleetFile) -> int:
     folder = state.ensure_subdir(settings.state_dir, "fleet", group=settings.group)
     digest = hashlib.sha256(str(fleet.path.absolute()).encode()).hexdigest()[:12]
     path = folder / f".fleet-{digest}.lock"
-    try:
-        # Not through a symlink, not stuck on a FIFO: StateDirError for either, or a folder.
-        fd = state.open_regular(path, os.O_RDWR | os.O_CREAT, settings.file_mode)
-    except OSError as exc:
-        raise StateDirError(
-            str(path),
-            f"cannot open the fleet's lock: {exc.strerror or exc}",
-            hint=f"check the owner and mode of {folder} (ls -la)",
-        ) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
+    me = f"{os.getpid()}\n".encode()
+    fd = state.take_instance_lock(path, settings.file_mode, me, what="the fleet's lock")
+    if fd is None:
+        try:
+            holder = (state.read_small(path, 64) or b"").decode(errors="replace").strip() or "?"
+        except (OSError, StateDirError):
+            holder = "?"
         raise GpulockError(
             f"a fleet already runs {fleet.path} (pid {holder})",
             hint=f"stop it first (kill {holder}), or run another fleet file",
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        )
     return fd
 
 

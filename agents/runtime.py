@@ -28,7 +28,6 @@ to ``log.jsonl.1`` past 1 MiB.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import signal
@@ -54,7 +53,7 @@ from agents.logs import open_run_log
 from agents.spec import AgentSpec
 from gpulock.errors import GpulockError, StateDirError
 from gpulock.settings import Settings, load
-from gpulock.state import open_regular, read_small
+from gpulock.state import read_small, take_instance_lock
 from gpulock.units import format_duration
 
 __all__ = ["EX_ERROR", "EX_OK", "EX_SKIP", "Context", "Stopped", "agent_dir", "run_agent"]
@@ -185,7 +184,12 @@ def run_agent(
                     "timeout_s": limit_s,
                 },
             )
-            lock_fd = _take_run_lock(folder / LOCK_NAME, settings.file_mode)
+            lock_fd = take_instance_lock(
+                folder / LOCK_NAME,
+                settings.file_mode,
+                f"{os.getpid()}\n".encode(),  # for the skip's "already running (pid N)"
+                what="the run lock",
+            )
             if lock_fd is None:
                 pid = _holder_pid(folder / LOCK_NAME)
                 outcome = ("skip", f"already running (pid {pid or '?'})", EX_SKIP)
@@ -292,35 +296,6 @@ def _is_tty(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
-
-
-def _take_run_lock(path: Path, mode: int) -> int | None:
-    """Hold ``path`` with a non-blocking flock and write our pid in it; None when it is busy.
-
-    StateDirError when it cannot be opened, or is a symlink, a folder or a FIFO.
-    """
-    try:
-        fd = open_regular(path, os.O_RDWR | os.O_CREAT, mode)
-    except OSError as e:
-        raise StateDirError(
-            str(path),
-            f"cannot open the run lock: {e.strerror or e}",
-            hint=f"check the owner and mode of {path.parent} (ls -la)",
-        ) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # for the skip's "already running (pid N)"
-    except OSError:
-        pass
-    return fd
 
 
 def _holder_pid(path: Path) -> int | None:

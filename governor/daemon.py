@@ -23,13 +23,13 @@ neither and may run beside the real governor.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -38,8 +38,8 @@ from governor.model import LEVELS, GovernorConfig, Snapshot, State
 from governor.policy import decide as policy_decide
 from governor.policy import threshold_in_force
 from governor.probes import Probe
-from gpulock import claim, level
-from gpulock.errors import GpulockError
+from gpulock import claim, level, state
+from gpulock.errors import GpulockError, StateDirError
 from gpulock.settings import Settings
 
 LOCK_FILE = "governor.lock"
@@ -100,17 +100,13 @@ class Governor:
         if self.dry_run or self._lock_fd is not None:
             return
         path = self.settings.state_dir / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        me = json.dumps({"pid": os.getpid(), "since_wall": self.clock()}).encode() + b"\n"
+        fd = state.take_instance_lock(path, self.settings.file_mode, me, what="the governor lock")
+        if fd is None:
+            pid, since = _who_runs(path, self.settings)
+            raise AlreadyRunning(pid, since, str(self.settings.state_dir))
         try:
             os.fchmod(fd, self.settings.file_mode)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                pid, since = _who_runs(fd, self.settings)
-                raise AlreadyRunning(pid, since, str(self.settings.state_dir)) from None
-            me = json.dumps({"pid": os.getpid(), "since_wall": self.clock()}).encode()
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, me + b"\n", 0)
             self._claim_fd = claim.create(level.claim_path(self.settings), self.settings.file_mode)
             self.state = resume(self.settings, self.config, self.clock(), self.state)
         except BaseException:
@@ -180,11 +176,11 @@ class Governor:
             stop.wait(delay)
 
 
-def _who_runs(fd: int, settings: Settings) -> tuple[int | None, float | None]:
+def _who_runs(path: Path, settings: Settings) -> tuple[int | None, float | None]:
     """The running governor's pid and start, from the lock file or else its governor.json."""
     try:
-        obj = json.loads(os.pread(fd, 4096, 0) or b"null")
-    except (OSError, ValueError):
+        obj = json.loads(state.read_small(path, 4096) or b"null")
+    except (OSError, ValueError, StateDirError):
         obj = None
     if isinstance(obj, dict) and isinstance(obj.get("pid"), int):
         since = obj.get("since_wall")

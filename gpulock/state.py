@@ -45,6 +45,7 @@ __all__ = [
     "read_small",
     "read_tail",
     "resolve_state_dir",
+    "take_instance_lock",
 ]
 
 ENV_STATE_DIR: Final = "GPULOCK_STATE_DIR"
@@ -499,6 +500,41 @@ def _not_regular(path: pathlib.Path) -> StateDirError:
         "is not a regular file; refusing to use it",
         hint=f"move it away (mv {path} {path}.bad): gpulock makes a new one",
     )
+
+
+def take_instance_lock(path: pathlib.Path, mode: int, record: bytes, *, what: str) -> int | None:
+    """Be the one process of a kind (a governor, a fleet, an agent's run): hold ``path`` with a
+    non-blocking ``flock`` and write ``record`` (who we are) in it.
+
+    Returns the descriptor to keep open for as long as we are that process (closing it, or
+    exiting, lets the next one in), or None when another process holds it: its record can be
+    read with ``read_small``.  StateDirError when ``what`` cannot be opened, or ``path`` is a
+    symlink, a folder or a FIFO (``open_regular``).
+    """
+    import fcntl
+
+    try:
+        fd = open_regular(path, os.O_RDWR | os.O_CREAT, mode)
+    except OSError as e:
+        raise StateDirError(
+            str(path),
+            f"cannot open {what}: {e.strerror or e}",
+            hint=f"check the owner and mode of {path.parent} (ls -la)",
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record, 0)
+    except OSError:
+        pass  # the lock is what counts; the record only names us in others' messages
+    return fd
 
 
 def read_tail(path: pathlib.Path, limit: int) -> bytes | None:
