@@ -417,11 +417,7 @@ def read_small(path: pathlib.Path, limit: int = 1 << 20) -> bytes | None:
         return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise StateDirError(
-                str(path),
-                "is a symlink; refusing to follow it",
-                hint="remove it: gpulock never puts symlinks in its state folder",
-            ) from None
+            raise _symlink(path) from None
         raise
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -474,11 +470,7 @@ def open_regular(path: pathlib.Path, flags: int, mode: int = 0o600) -> int:
             raise FileNotFoundError(errno.ENOENT, "created and removed again", str(path))
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise StateDirError(
-                str(path),
-                "is a symlink; refusing to follow it",
-                hint="remove it: gpulock never puts symlinks in its state folder",
-            ) from None
+            raise _symlink(path) from None
         if exc.errno in (errno.EISDIR, errno.ENXIO):  # a folder; a FIFO with no reader
             raise _not_regular(path) from None
         raise
@@ -492,6 +484,14 @@ def open_regular(path: pathlib.Path, flags: int, mode: int = 0o600) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _symlink(path: pathlib.Path) -> StateDirError:
+    return StateDirError(
+        str(path),
+        "is a symlink; refusing to follow it",
+        hint="remove it: gpulock never puts symlinks in its state folder",
+    )
 
 
 def _not_regular(path: pathlib.Path) -> StateDirError:
