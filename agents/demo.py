@@ -156,9 +156,16 @@ class _Stopped(Exception):
 
 
 _stop_requested: list[int] = []
+_DEMO_PID = os.getpid()
 
 
 def _on_signal(signum: int, _frame: object) -> None:
+    if os.getpid() != _DEMO_PID:
+        # A child between fork and exec (see _child_setup) runs the demo's handler: the signal
+        # is for the child, which must end as the signal says, never go on ignoring it.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     # Only noted here: the demo acts on it at the points _check_stop marks.  Raising from the
     # handler could land inside subprocess.Popen (between its fork and its bookkeeping) and
     # lose track of a child: a full `make test` once saw a stopped demo that did not end.
@@ -173,24 +180,33 @@ def _check_stop() -> None:
         raise _Stopped(_stop_requested[0])
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec_fn that has the kernel SIGTERM the child when the demo dies, even by SIGKILL
-    (a CI timeout): the cloud server and the governor would otherwise run on for ever."""
+def _child_setup() -> Callable[[], None]:
+    """The preexec_fn of every process the demo starts.
+
+    It gives the child the default SIGTERM and SIGHUP: the demo ignores both once it is
+    stopping, and an ignored signal stays ignored across exec (a fleet started then could be
+    stopped only by SIGKILL).  Then, on Linux, it has the kernel SIGTERM the child when the
+    demo dies, even by SIGKILL (a CI timeout): what it started would otherwise run on.
+    """
+    prctl: Callable[[int, int], int] | None
     try:
         import ctypes
 
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # not Linux: the demo's own clean-up must do
-        return None
-
+        prctl = None
     parent = os.getpid()
 
-    def set_pdeathsig() -> None:
+    def setup() -> None:
+        for s in _STOP_SIGNALS:  # first: whatever came before this is undone here
+            signal.signal(s, signal.SIG_DFL)
+        if prctl is None:
+            return
         prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # the demo died between the fork and here: too late for it
             os.kill(os.getpid(), signal.SIGTERM)
 
-    return set_pdeathsig
+    return setup
 
 
 @contextlib.contextmanager
@@ -204,7 +220,7 @@ def _process(
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent(),  # safe: the demo starts no threads
+            preexec_fn=_child_setup(),  # safe: the demo starts no threads
         )
     try:
         _check_stop()

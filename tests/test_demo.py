@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -68,16 +69,94 @@ def test_the_assistant_may_wait_in_line_for_its_whole_run() -> None:
     assert spec.timeout_s is not None and spec.timeout_s >= 60
 
 
-def _started_by(state: Path) -> list[int]:
-    """Pids of the processes whose environment names ``state``: all the demo started."""
+def _started_by(state: Path) -> list[str]:
+    """The processes whose environment names ``state`` (all the demo started): pid and argv."""
     found = []
     for environ in Path("/proc").glob("[0-9]*/environ"):
         try:
             if f"GPULOCK_STATE_DIR={state}\0".encode() in environ.read_bytes():
-                found.append(int(environ.parent.name))
+                argv = (environ.parent / "cmdline").read_bytes().replace(b"\0", b" ")
+                found.append(f"{environ.parent.name} {argv.decode(errors='replace')[:120]}")
         except OSError:  # gone, or not ours
             continue
     return found
+
+
+# A stand-in for the demo: its signal handler, then one child started the way it starts them.
+# argv[1] says what happened first: "stopping" (the demo already had a SIGTERM, so it ignores
+# more), "racing" (a SIGTERM lands in the child before its set-up) or "plain".
+_STAND_IN = """
+import os, signal, subprocess, sys
+from agents import demo
+
+signal.signal(signal.SIGTERM, demo._on_signal)
+if sys.argv[1] == "stopping":
+    os.kill(os.getpid(), signal.SIGTERM)
+    while signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+        pass
+setup = demo._child_setup()
+
+def racing() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)  # runs the demo's handler, in the child
+    setup()
+
+p = subprocess.Popen(
+    ["sleep", "120"], preexec_fn=racing if sys.argv[1] == "racing" else setup,
+    start_new_session=True, stdout=subprocess.DEVNULL,
+)
+print(p.pid, flush=True)
+if sys.argv[1] == "racing":
+    print(p.wait(30), flush=True)
+sys.stdin.read()  # until the test is done with the child
+"""
+
+
+def _ignored(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no SigIgn for {pid}")
+
+
+@pytest.mark.parametrize("first", ["plain", "stopping", "racing"])
+def test_what_the_demo_starts_can_be_stopped_and_dies_with_it(first: str) -> None:
+    children: list[int] = []
+    stand_in = subprocess.Popen(
+        [sys.executable, "-c", _STAND_IN, first],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert stand_in.stdout is not None
+        child = int(stand_in.stdout.readline() or b"0")
+        assert child, "the stand-in did not start its child"
+        children.append(child)
+        if first == "racing":  # the signal was the child's: it ends, as SIGTERM says
+            assert int(stand_in.stdout.readline() or b"0") == -signal.SIGTERM
+            return
+        # An ignored SIGTERM or SIGHUP would survive exec: such a child could not be stopped.
+        stop_bits = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGHUP - 1))
+        assert _ignored(child) & stop_bits == 0, hex(_ignored(child))
+        # The demo dies by SIGKILL: the kernel stops the child (Linux), no clean-up needed.
+        stand_in.kill()
+        stand_in.wait()
+        wait_until(lambda: not Path(f"/proc/{child}").exists() or _zombie(child), 15, "the child")
+    finally:
+        if stand_in.poll() is None:
+            stand_in.kill()
+            stand_in.wait()
+        for pid in children:  # a failed run must not leave its sleep behind
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 @pytest.mark.slow
