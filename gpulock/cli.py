@@ -155,11 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
             "SIGKILL; verified by pid and start time) and remove its ticket.  Only the "
             "ticket's owner or root may do this."
         ),
-        usage="gpulock break (TICKET | --stale) [--force] [--grace S] [--json]",
+        usage="gpulock break (TICKET [--force] | --stale) [--grace S] [--json]",
     )
     p.add_argument("ticket", nargs="?", type=_ticket_number, help="ticket number (see status)")
     p.add_argument("--stale", action="store_true", help="every dead or hung ticket")
-    p.add_argument("--force", action="store_true", help="also kill a live, healthy holder")
+    p.add_argument("--force", action="store_true", help="with a TICKET: end it even if healthy")
     p.add_argument("--grace", type=duration_arg, metavar="S", help="SIGTERM to SIGKILL delay")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     _common(p)
@@ -356,6 +356,11 @@ def cmd_break(args: argparse.Namespace) -> int:
 
     if (args.ticket is None) == (not args.stale):
         raise UsageError("give a TICKET or --stale (one of them)", hint="gpulock break --help")
+    if args.stale and args.force:
+        raise UsageError(
+            "--force ends a healthy holder, so it takes one TICKET, not --stale",
+            hint="gpulock status shows the tickets; gpulock break --force TICKET",
+        )
     settings = _settings(args)
     if args.stale:
         results = repair.break_stale(settings, grace_s=args.grace)

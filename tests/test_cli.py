@@ -33,6 +33,7 @@ def ticket_files(cli: Cli, gpu: int = 0) -> list[str]:
         (["run", "--gpu", "x", "--", "true"], "--gpu"),
         (["break"], "TICKET"),
         (["break", "3", "--stale"], "TICKET"),
+        (["break", "--stale", "--force"], "--force"),
         (["history", "--since", "yesterdayish"], "yesterdayish"),
         (["status", "--no-such-flag"], "--no-such-flag"),
     ],
