@@ -17,8 +17,15 @@ Importing this package is light: llama_cpp and openai load with the first model 
 
 from __future__ import annotations
 
-from router.errors import NoModelAvailable, UnknownTask
+from router.errors import NoModelAvailable, UnknownPreference, UnknownTask
 from router.model import Model
 from router.select import explain, get_model
 
-__all__ = ["Model", "NoModelAvailable", "UnknownTask", "explain", "get_model"]
+__all__ = [
+    "Model",
+    "NoModelAvailable",
+    "UnknownPreference",
+    "UnknownTask",
+    "explain",
+    "get_model",
+]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gpulock.errors import GpulockError
@@ -27,6 +28,20 @@ class UnknownTask(GpulockError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return self.message
+
+
+class UnknownPreference(GpulockError, ValueError):
+    """``prefer=`` names neither a tier nor a candidate of the task: a typo would go unseen."""
+
+    exit_code = 2  # a usage mistake, for the CLI
+
+    def __init__(self, task: str, prefer: str, tiers: Sequence[str], names: Sequence[str]):
+        self.task = task
+        self.prefer = prefer
+        super().__init__(
+            f"prefer={prefer!r} is neither a tier nor a model of task {task!r}",
+            hint=f"tiers: {', '.join(tiers)}; models of {task}: {', '.join(names)}",
+        )
 
 
 class NoModelAvailable(GpulockError):

@@ -208,6 +208,17 @@ def test_an_unknown_task_lists_the_known_ones(cli: Cli, tiny: Path) -> None:
     assert "hint: known tasks: digest, remote, summarize" in r.stderr
 
 
+def test_a_preference_that_names_nothing_is_an_error(cli: Cli, tiny: Path) -> None:
+    cfg = routes(cli, tiny)
+    r = cli.run("route", "summarize", "--prefer", "gpuu", "--config", str(cfg))
+    assert_clean_error(r, 2)
+    assert "error: prefer='gpuu' is neither a tier nor a model of task 'summarize'" in r.stderr
+    assert "hint: tiers: cpu, gpu, cloud; models of summarize: tiny-llama" in r.stderr
+    # a tier the task lacks is no mistake: the next best is taken
+    r = cli.run("route", "summarize", "--prefer", "cloud", "--config", str(cfg))
+    assert r.code == 0, r.describe()
+
+
 def test_no_routes_at_all(cli: Cli) -> None:
     cfg = configure(cli, "reserve: 1GiB\n")
     r = cli.run("route", "--config", str(cfg))

@@ -550,6 +550,17 @@ def test_prefer_picks_the_cpu_even_with_a_gpu_free(world: World, tiny: Path) -> 
     assert world.events("acquire") == []
 
 
+def test_a_preference_that_names_nothing_raises_before_anything_loads(
+    world: World, tiny: Path
+) -> None:
+    configure(world, gpu_and_cpu(tiny))
+    with pytest.raises(router.UnknownPreference) as e:
+        router.get_model("t", prefer="tiny-lama")
+    assert isinstance(e.value, ValueError) and "models of t: tiny-llama" in (e.value.hint or "")
+    assert world.events("route") == []
+    assert router.get_model("t", prefer=str(tiny)).tier == "gpu"  # the model's path names it
+
+
 def test_a_changed_config_is_read_again(world: World, tiny: Path) -> None:
     configure(world, gpu_and_cpu(tiny))
     assert router.get_model("t").tier == "gpu"
