@@ -341,6 +341,29 @@ def test_report_drafter_streams_sections_on_the_gpu_tier(world: World, tiny: Pat
     assert_agent_ok(world, "report-drafter")
 
 
+@pytest.mark.parametrize(
+    ("agent", "inputs", "planted"),
+    [
+        ("inbox-triage", "inbox", "triage.jsonl"),  # appended to, run after run
+        ("report-drafter", "report-notes", "report.md.part"),  # the draft before its rename
+    ],
+)
+def test_a_planted_symlink_is_never_written_through(
+    world: World, tiny: Path, agent: str, inputs: str, planted: str
+) -> None:
+    configure(world, tiny)
+    victim = world.root / "victim.txt"
+    victim.write_text("keep me\n")
+    out = world.root / "out"
+    out.mkdir()
+    (out / planted).symlink_to(victim)
+    target = out if agent == "inbox-triage" else out / "report.md"
+    r = run(world, "run", agent, str(DATA / inputs), "--out", str(target))
+    assert r.code == 1, r.describe()
+    assert "Traceback" not in r.stderr, r.describe()
+    assert victim.read_text() == "keep me\n"
+
+
 def test_tts_batch_writes_wavs_of_the_right_length_under_the_lock(world: World) -> None:
     world.config.write_text("simulate: 24GiB\n")
     source = DATA / "speech" / "lines.txt"

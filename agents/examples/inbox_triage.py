@@ -160,7 +160,7 @@ def _file(src: Path, out: Path, label: str, name: str) -> None:
 def _append(path: Path, record: dict[str, Any]) -> None:
     """One line, one ``write()`` on ``O_APPEND``: a kill never leaves half a record."""
     line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
     fd = os.open(path, flags, output_mode(path.parent))
     try:
         os.write(fd, line)

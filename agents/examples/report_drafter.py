@@ -161,7 +161,7 @@ def _write(
     ctx: Context, out: Path, title: str, headings: list[str], docs: list[Doc], model: Any
 ) -> None:
     part = out.with_name(out.name + ".part")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
     fd = os.open(part, flags, output_mode(out.parent))
     done = False
     try:
