@@ -32,6 +32,11 @@ def cid(c: Candidate) -> str:
     return f"{c.backend}:{c.base_url}:{c.model}"
 
 
+def preferred(c: Candidate, prefer: str) -> bool:
+    """Whether ``prefer`` (a tier, a candidate's name or its model) names ``c``."""
+    return prefer in (c.tier, c.name, c.model)
+
+
 @dataclass(frozen=True, slots=True)
 class GpuView:
     index: int
@@ -125,7 +130,7 @@ def choose(
     """
     ordered = list(candidates)
     if prefer:
-        ordered.sort(key=lambda c: 0 if prefer in (c.tier, c.name, c.model) else 1)
+        ordered.sort(key=lambda c: 0 if preferred(c, prefer) else 1)
     verdicts = [_judge(c, host, deadline_s, exclude) for c in ordered]
     fits = [v for v in verdicts if v.ok]
     chosen = fits[0] if fits else None

@@ -18,7 +18,7 @@ from gpulock.config import Config
 from gpulock.settings import Settings
 from gpulock.units import parse_duration
 from router import probe
-from router.choose import Choice, choose
+from router.choose import Choice, choose, preferred
 from router.errors import NoModelAvailable, UnknownPreference, UnknownTask
 from router.model import Model
 from router.routes import TIERS, Table, load_table
@@ -106,10 +106,8 @@ def decide(
     if cands is None:
         path = str(settings.config.path) if settings.config.path else None
         raise UnknownTask(task, table.known, path)
-    if prefer is not None and prefer not in TIERS:
-        names = list(dict.fromkeys(c.name for c in cands))
-        if not any(prefer in (c.name, c.model) for c in cands):
-            raise UnknownPreference(task, prefer, TIERS, names)
+    if prefer is not None and prefer not in TIERS and not any(preferred(c, prefer) for c in cands):
+        raise UnknownPreference(task, prefer, TIERS, list(dict.fromkeys(c.name for c in cands)))
     host = probe.host(settings, cands, table.settings, warm=probe.warm_models())
     return settings, table, choose(task, cands, host, deadline_s=deadline, prefer=prefer)
 
