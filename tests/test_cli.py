@@ -381,7 +381,16 @@ def test_help(cli: Cli) -> None:
 
 # --- start-up weight --------------------------------------------------------------------------
 
-HEAVY = ("torch", "pynvml", "llama_cpp", "openai", "apscheduler", "yaml", "psutil")
+HEAVY = (
+    "torch",
+    "pynvml",
+    "llama_cpp",
+    "openai",
+    "apscheduler",
+    "yaml",
+    "psutil",
+    "prometheus_client",
+)
 LOADED = "sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r})"
 
 
