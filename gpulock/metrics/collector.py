@@ -42,6 +42,12 @@ class StateCollector:
         self.counters = EventCounters(settings)
         self._lock = threading.Lock()  # the HTTP server answers scrapes in threads
 
+    def prime(self) -> None:
+        """Catch the counters up with the event log now (a first look at a big log takes
+        seconds: a daemon does it at start, so that its first scrape need not)."""
+        with self._lock:
+            self.counters.current()
+
     def collect(self) -> Iterator[Metric]:
         from gpulock import status
 

@@ -8,6 +8,7 @@ fatal: the governor's pass matters more than its metrics), ``close()`` stops the
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import TextIO
 
@@ -37,9 +38,16 @@ class Exporter:
         self._last_error: str | None = None
 
     def start(self) -> None:
+        threading.Thread(target=self._prime, name="gpulock-metrics-prime", daemon=True).start()
         if self.listen is not None and self.server is None:
             self.server = MetricsServer(self.settings, self.listen, self.collector)
             print(f"{self.name}: metrics on {self.server.url}", file=self.err, flush=True)
+
+    def _prime(self) -> None:
+        try:
+            self.collector.prime()
+        except Exception as e:  # a scrape will say it again; the governor must go on
+            print(f"{self.name}: metrics: {e!r}", file=self.err, flush=True)
 
     def after_pass(self) -> None:
         if self.textfile is None:
