@@ -8,6 +8,7 @@ metrics``, and its values are compared with what the scenario did.
 
 from __future__ import annotations
 
+import io
 import signal
 import stat
 import urllib.request
@@ -187,3 +188,26 @@ def _url(err: Path) -> str | None:
         if "metrics on " in line:
             return line.rsplit(" ", 1)[-1]
     return None
+
+
+def test_a_textfile_the_governor_cannot_write_is_reported_once_and_never_fatal(
+    world: World, cli: Cli
+) -> None:
+    target = world.root / "later" / "gpulock.prom"
+    world.config.write_text(f"metrics: {{textfile: {target}}}\n")
+    r = cli.run("governor", "--config", str(world.config), "--once")
+    assert r.code == 0, r.describe()
+    assert r.stderr.count("cannot write the metrics textfile") == 1, r.describe()
+
+    from gpulock.metrics.exporter import Exporter
+
+    err = io.StringIO()
+    exporter = Exporter(world.settings(), listen=None, textfile=target, err=err)
+    for _ in range(3):
+        exporter.after_pass()
+    assert err.getvalue().count("cannot write the metrics textfile") == 1, err.getvalue()
+    assert "hint: create it" in err.getvalue()
+    target.parent.mkdir()
+    exporter.after_pass()
+    assert parse(target.read_text())  # written once the folder exists
+    assert err.getvalue().count("\n") == 1
