@@ -161,22 +161,40 @@ def test_a_bad_metrics_section_names_file_line_and_key(world: World, cli: Cli) -
     assert "--metrics-listen" in usage.stderr
 
 
-def test_the_governor_serves_metrics_over_http_until_stopped(world: World, cli: Cli) -> None:
+def test_the_governor_serves_metrics_over_http_until_stopped(sim: World, cli: Cli) -> None:
+    # 4 GiB of 24 (17 %) is over vram_pressure 10 %: the first pass climbs to "reduce".
+    sim.config.write_text(
+        "watchdog: {interval: 1s}\ngovernor: {samples: 1, vram_pressure: 10%, cooldown: 1h}\n"
+    )
+    start_owner(sim, "owner", {"name": "m", "bytes": "4GiB"})
     holder = cli.hold("holder")
     gov = cli.start(
-        [*GPULOCK, "governor", "--config", str(world.config), "--metrics-listen", "127.0.0.1:0"],
+        [*GPULOCK, "governor", "--config", str(sim.config), "--metrics-listen", "127.0.0.1:0"],
         "governor",
     )
     url = wait_until(lambda: _url(gov.err), lambda: f"the metrics URL\n{gov.output()}")
     assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
-    with urllib.request.urlopen(url, timeout=30) as resp:  # noqa: S310 (a 127.0.0.1 URL)
-        assert resp.status == 200
-        assert resp.headers["Content-Type"].startswith("text/plain")
-        text = resp.read().decode()
-    promtool_check(text)
-    m = parse(text)
+
+    def scrape() -> Samples:
+        with urllib.request.urlopen(url, timeout=30) as resp:  # noqa: S310 (a 127.0.0.1 URL)
+            assert resp.status == 200
+            assert resp.headers["Content-Type"].startswith("text/plain")
+            text: str = resp.read().decode()
+        promtool_check(text)
+        return parse(text)
+
+    def at_reduce() -> Samples | None:
+        got = scrape()
+        return got if value(got, "gpulock_governor_level_index") == 1 else None
+
+    m = wait_until(at_reduce, lambda: f"the live governor at level reduce\n{gov.output()}")
+    assert value(m, "gpulock_governor_up") == 1
+    assert value(m, "gpulock_governor_level", level="reduce") == 1
+    assert value(m, "gpulock_governor_level", level="normal") == 0
+    assert value(m, "gpulock_governor_signal", signal="used_fraction", gpu="0") == pytest.approx(
+        4 / 24, abs=1e-3
+    )
     assert value(m, "gpulock_queue_holders", gpu="0") == 1
-    assert value(m, "gpulock_governor_up") in (0, 1)  # 1 once its first pass has published
     holder.release()
     assert holder.wait() == 0
     gov.popen.send_signal(signal.SIGTERM)
