@@ -97,7 +97,7 @@ def _main(argv: list[str]) -> int:
 
     settings = load(args.config, args.state_dir)
     config = gconfig.load(settings.config)  # ConfigError names file:line:key
-    exporter = _metrics(settings, args.metrics_listen)
+    exporter = _metrics(settings, args.metrics_listen, dry_run=args.dry_run)
     governor = Governor(
         settings,
         config,
@@ -124,11 +124,18 @@ def _main(argv: list[str]) -> int:
     return EX_OK
 
 
-def _metrics(settings: Settings, listen_arg: str | None) -> Exporter | None:
-    """The metrics exporter the config or --metrics-listen asks for, else None."""
+def _metrics(settings: Settings, listen_arg: str | None, *, dry_run: bool) -> Exporter | None:
+    """The metrics exporter the config or --metrics-listen asks for, else None.
+
+    A dry run leaves the config's listener and textfile to the real governor it may run
+    beside (the same port would be taken, the same file written twice); --metrics-listen
+    still applies.
+    """
     from gpulock.metrics import config as mconfig
 
     mcfg = mconfig.load(settings.config)
+    if dry_run:
+        mcfg = mconfig.MetricsConfig()
     listen = mcfg.listen
     if listen_arg is not None:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import signal
+import socket
 import stat
 import urllib.request
 from pathlib import Path
@@ -229,3 +230,20 @@ def test_a_textfile_the_governor_cannot_write_is_reported_once_and_never_fatal(
     exporter.after_pass()
     assert parse(target.read_text())  # written once the folder exists
     assert err.getvalue().count("\n") == 1
+
+
+def test_a_dry_run_leaves_the_configured_listener_and_textfile_to_the_real_governor(
+    world: World, cli: Cli
+) -> None:
+    target = world.root / "gpulock.prom"
+    with socket.socket() as taken:  # the real governor's port, say
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        world.config.write_text(f"metrics: {{listen: '127.0.0.1:{port}', textfile: {target}}}\n")
+        r = cli.run("governor", "--config", str(world.config), "--dry-run", "--once")
+        assert r.code == 0, r.describe()
+        assert not target.exists()
+        real = cli.run("governor", "--config", str(world.config), "--once")
+        assert_clean_error(real, 1)
+        assert f"cannot serve metrics on 127.0.0.1:{port}" in real.stderr, real.describe()
