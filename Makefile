@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench browser clean
+.PHONY: demo test lint typecheck pytest bench browser prometheus clean
 
 $(STAMP): pyproject.toml
 	rm -rf $(VENV)
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m agents.demo
 
-test: $(STAMP) browser lint typecheck pytest
+test: $(STAMP) browser prometheus lint typecheck pytest
 
 # The report's test opens demo-report.html in headless Chromium (Debian's package).  Installed
 # when missing and we may (root); otherwise that one test skips and says why.
@@ -26,6 +26,15 @@ browser:
 	  || apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
 	  || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends chromium >/dev/null; } \
 	  || echo "note: could not install chromium; the report's browser test will skip"
+
+# The metrics tests check the exposition with promtool and scrape the governor with a real
+# Prometheus server: both come with Debian's prometheus package, installed like chromium
+# above; otherwise those tests skip and say why.
+prometheus:
+	@command -v promtool >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null \
+	  || apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
+	  || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null; } \
+	  || echo "note: could not install prometheus; the promtool and Prometheus tests will skip"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -41,6 +50,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/lock_handoff.py
 	$(BIN)/python bench/eviction.py
 	$(BIN)/python bench/router.py
+	$(BIN)/python bench/metrics.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -13,8 +13,13 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import TYPE_CHECKING
 
-from gpulock.cli import Parser, run_command
+from gpulock.cli import Parser, UsageError, run_command
+
+if TYPE_CHECKING:
+    from gpulock.metrics.exporter import Exporter
+    from gpulock.settings import Settings
 
 EX_OK = 0
 
@@ -69,6 +74,12 @@ def build_parser(prog: str = "gpulock governor") -> argparse.ArgumentParser:
         help="print what would be done, one line per action; evict, signal, publish and log "
         "nothing (may run beside the real governor)",
     )
+    p.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: metrics.listen "
+        "in the config; none). ':PORT' binds 127.0.0.1",
+    )
     return p
 
 
@@ -86,11 +97,13 @@ def _main(argv: list[str]) -> int:
 
     settings = load(args.config, args.state_dir)
     config = gconfig.load(settings.config)  # ConfigError names file:line:key
+    exporter = _metrics(settings, args.metrics_listen, dry_run=args.dry_run)
     governor = Governor(
         settings,
         config,
         probe=Probe(settings, clean=not args.dry_run),
         effects=Effects(settings, dry_run=args.dry_run, out=sys.stdout),
+        after_pass=exporter.after_pass if exporter is not None else None,
     )
     stop = threading.Event()
 
@@ -101,8 +114,44 @@ def _main(argv: list[str]) -> int:
             governor.run(stop)
 
     with governor:
-        _in_worker(work, stop)
+        try:
+            if exporter is not None:
+                exporter.start()
+            _in_worker(work, stop)
+        finally:
+            if exporter is not None:
+                exporter.close()
     return EX_OK
+
+
+def _metrics(settings: Settings, listen_arg: str | None, *, dry_run: bool) -> Exporter | None:
+    """The metrics exporter the config or --metrics-listen asks for, else None.
+
+    A dry run leaves the config's listener and textfile to the real governor it may run
+    beside (the same port would be taken, the same file written twice); --metrics-listen
+    still applies.
+    """
+    from gpulock.metrics import config as mconfig
+
+    mcfg = mconfig.load(settings.config)
+    if dry_run:
+        mcfg = mconfig.MetricsConfig()
+    listen = mcfg.listen
+    if listen_arg is not None:
+        try:
+            listen = mconfig.parse_listen(listen_arg)
+        except ValueError as e:
+            raise UsageError(
+                f"--metrics-listen: {e}", hint="e.g. --metrics-listen 127.0.0.1:9464"
+            ) from None
+    if listen is None and mcfg.textfile is None:
+        return None
+    from gpulock.metrics import require_client
+
+    require_client()
+    from gpulock.metrics.exporter import Exporter
+
+    return Exporter(settings, listen=listen, textfile=mcfg.textfile, err=sys.stderr)
 
 
 def _in_worker(work: Callable[[], None], stop: threading.Event) -> None:

@@ -77,8 +77,10 @@ class Governor:
         effects: Effects | None = None,
         decide: Decide = policy_decide,
         clock: Callable[[], float] = time.time,
+        after_pass: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
+        self.after_pass = after_pass  # e.g. rewrite the metrics textfile (gpulock.metrics)
         self.config = config
         self.probe = probe or Probe(settings)
         self.effects = effects or Effects(settings)
@@ -155,6 +157,8 @@ class Governor:
             now_wall=now_wall,
             memory=remember(self.state),
         )
+        if self.after_pass is not None:
+            self.after_pass()
         spent = self.clock() - now_wall
         return min(max(self.config.interval_s - spent, 0.0), self.config.interval_s)
 

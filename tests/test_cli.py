@@ -382,6 +382,7 @@ def test_help(cli: Cli) -> None:
 # --- start-up weight --------------------------------------------------------------------------
 
 HEAVY = ("torch", "pynvml", "llama_cpp", "openai", "apscheduler", "yaml", "psutil")
+HEAVY += ("prometheus_client",)  # the metrics extra: only `gpulock metrics` and daemons load it
 LOADED = "sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r})"
 
 

@@ -102,11 +102,13 @@ def _parsers() -> dict[str, Callable[[list[str]], Any]]:
     from agents import cli as agent_cli
     from agents import fleet
     from gpulock import cli
+    from gpulock.metrics import cli as metrics_cli
 
     return {
         "run": lambda args: cli.build_parser().parse_args(["run", *args]),
         "agent": lambda args: agent_cli.build_parser().parse_args(args),
         "fleet": lambda args: fleet.build_parser().parse_args(args),
+        "metrics": lambda args: metrics_cli.build_parser().parse_args(args),
     }
 
 
@@ -130,7 +132,9 @@ def test_every_command_exists_and_its_arguments_parse(
             assert args.command[-1] == "/path/to/script"
         if sub == "agent":
             assert args.cmd == "run" and args.timeout is not None, f"line {job.line}"
-    assert seen == {"run", "agent"}
+        if sub == "metrics":
+            assert args.textfile.endswith(".prom"), f"line {job.line}"
+    assert seen == {"run", "agent", "metrics"}
     names = {a.name for a in _agent_jobs(jobs)}
     assert names == EXAMPLE_AGENTS
 

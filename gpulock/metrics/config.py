@@ -1,0 +1,97 @@
+"""The ``metrics:`` section of the gpulock config, validated.
+
+::
+
+    metrics:
+      listen: 127.0.0.1:9464   # gpulock governor serves /metrics here (HOST:PORT; ":9464" or
+                               # "9464" alone bind 127.0.0.1); absent: no listener
+      textfile: /var/lib/node_exporter/textfile_collector/gpulock.prom
+                               # the governor rewrites it after each pass (atomically)
+
+Errors name the config file, the line and the key, like every gpulock config error.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpulock.config import Config
+from gpulock.state import expand_path
+
+KEYS = ("listen", "textfile")
+DEFAULT_HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    listen: Listen | None = None
+    textfile: Path | None = None
+
+
+def parse_listen(text: str) -> Listen:
+    """``HOST:PORT``, ``[::1]:PORT``, ``:PORT`` or ``PORT`` (those two bind 127.0.0.1)."""
+    raw = str(text).strip()
+    host, sep, port_text = raw.rpartition(":")
+    if not sep:
+        host, port_text = "", raw
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"expected an IPv6 address in [...], got {text!r}") from None
+    elif ":" in host:
+        raise ValueError(f"write an IPv6 address in brackets, like [::1]:9464; got {text!r}")
+    if not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(f"expected HOST:PORT with a port from 0 to 65535, got {text!r}")
+    return Listen(host or DEFAULT_HOST, int(port_text))
+
+
+def load(cfg: Config) -> MetricsConfig:
+    """The section from a loaded Config; ConfigError names file:line:key."""
+    raw: Any = cfg.section("metrics") or {}
+    if not isinstance(raw, Mapping):
+        raise cfg.error("metrics", f"expected a mapping of settings, got {type(raw).__name__}")
+    for key in raw:
+        if key not in KEYS:
+            raise cfg.error(
+                f"metrics.{key}", f"unknown key {key!r}", hint="known keys: " + ", ".join(KEYS)
+            )
+    listen = None
+    if raw.get("listen") is not None:
+        try:
+            listen = parse_listen(str(raw["listen"]))
+        except ValueError as e:
+            raise cfg.error("metrics.listen", str(e)) from None
+    textfile = None
+    if raw.get("textfile") is not None:
+        value = raw["textfile"]
+        if not isinstance(value, str) or not value.strip():
+            raise cfg.error("metrics.textfile", f"expected a file path, got {value!r}")
+        try:
+            textfile = check_textfile(expand_path(value), cfg.path)
+        except ValueError as e:
+            raise cfg.error("metrics.textfile", str(e)) from None
+    return MetricsConfig(listen, textfile)
+
+
+def check_textfile(path: Path, config_path: Path | None = None) -> Path:
+    """An absolute ``.prom`` path (node_exporter reads no other); relative to the config file."""
+    if path.suffix != ".prom":
+        raise ValueError(f"node_exporter's textfile collector reads *.prom files only: {path}")
+    if not path.is_absolute():
+        path = (config_path.parent if config_path is not None else Path.cwd()) / path
+    return path
