@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import dataclass
 
@@ -63,6 +64,36 @@ def _unreadable(settings: Settings, seq: int) -> str | None:
     return None
 
 
+def _clean_garbage(settings: Settings, qdir: QueueDir, seq: int, why: str) -> BreakResult | None:
+    """Remove a ticket-named file that is no ticket (garbage, or a forgery) when ours or root.
+
+    Garbage never holds the GPU nor is signalled for; this only tidies.  Left alone: another
+    user's file (theirs to judge), a folder, and a file we merely could not read.
+    """
+    path = qdir.ticket_path(seq)
+    euid = os.geteuid()
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if stat.S_ISDIR(st.st_mode) or why.startswith("unreadable"):
+        return None
+    if euid != 0 and st.st_uid != euid:
+        return None
+    if not qdir.remove(seq):
+        return None
+    settings.emit(
+        "break",
+        gpu=qdir.gpu,
+        ticket=seq,
+        action="removed",
+        reason=f"garbage: {why}",
+        file_uid=st.st_uid,
+        by_pid=os.getpid(),
+    )
+    return BreakResult(seq, qdir.gpu, "removed", f"garbage: {why}")
+
+
 def break_stale(settings: Settings, *, grace_s: float | None = None) -> list[BreakResult]:
     """Break every dead or hung ticket this user may break; others are reported as skipped."""
 
@@ -70,8 +101,11 @@ def break_stale(settings: Settings, *, grace_s: float | None = None) -> list[Bre
     now_w = time.time()
     for gpu in queue_gpus(settings):
         qdir = QueueDir(settings, gpu, create=False)
-        for _seq, tf, _why in qdir.scan():
+        for seq, tf, why in qdir.scan():
             if tf is None:
+                cleaned = _clean_garbage(settings, qdir, seq, why or "")
+                if cleaned is not None:
+                    results.append(cleaned)
                 continue
             alive = qdir.alive(tf.ticket.seq)
             if alive and not queue.is_hung(tf.ticket, tf.mtime_wall, now_w):

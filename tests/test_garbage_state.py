@@ -117,6 +117,18 @@ def test_garbage_that_crashed_status_and_run_is_skipped(cli: Cli) -> None:
     assert [g["gpu"] for g in r.json()["gpus"]] == [0]
 
 
+def test_break_stale_cleans_garbage_tickets_it_owns_and_leaves_folders(cli: Cli) -> None:
+    started(cli)
+    (cli.gpu_dir() / "000000000007.ticket").write_bytes(DEEP)
+    (cli.gpu_dir() / "000000000008.ticket").mkdir()
+    r = cli.run("break", "--stale")
+    assert r.code == 0, r.describe()
+    assert "ticket 7 (gpu0): removed: garbage: not JSON" in r.stdout, r.describe()
+    assert cli.queue_files() == ["000000000008.ticket"]
+    [event] = cli.events("break", ticket=7)
+    assert event["action"] == "removed" and event["reason"].startswith("garbage")
+
+
 @pytest.mark.parametrize("kind", ["folder", "fifo", "symlink"])
 def test_a_seq_file_that_is_no_file_is_refused_by_name(cli: Cli, kind: str) -> None:
     started(cli)
