@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -374,3 +375,75 @@ def test_a_group_member_gets_a_clear_error_where_the_folder_does_not_let_it_in(
     assert r.code == 1 and "Traceback" not in r.stderr, r.describe()
     [line] = error_lines(r.stderr)
     assert str(seq) in line and "0640" in line, r.describe()
+
+
+# --- 4. forged resident records and the governor's kills --------------------------------------
+
+# Run as nobody: a resident record naming root's process (its pid and start time copied from
+# /proc, so the owner key and claim path are the ones that process would have), with the claim
+# FIFO made and held by nobody, so that the record looks alive.
+FORGE_RECORD_PY = """\
+import json, os, sys, time
+folder, uid, pid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+with open(f"/proc/{pid}/stat", "rb") as f:
+    ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+owner = f"{pid}-{ticks}"
+fifo = os.path.join(folder, f"owner-{owner}.fifo")
+os.mkfifo(fifo, 0o660)
+fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+now = time.time()
+record = {
+    "format": "gpulock.resident/1", "id": f"{owner}-1", "name": "forged", "gpu": 0,
+    "owner": owner, "pid": pid, "uid": uid, "user": "x", "program": "sleep",
+    "policy": "persistent", "loaded_wall": now - 100, "last_used_wall": now - 100,
+    "start_ticks": ticks, "pidns": os.readlink("/proc/self/ns/pid"),
+    "declared_bytes": 2 << 30, "in_use": True,
+}
+path = os.path.join(folder, f"{owner}-1.json")
+with open(path + ".part", "w") as f:
+    json.dump(record, f)
+os.rename(path + ".part", path)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("claimed_uid", [0, NOBODY_UID], ids=["claims-root", "claims-nobody"])
+def test_the_governor_never_kills_a_process_named_by_a_forged_resident_record(
+    shared: Shared, claimed_uid: int
+) -> None:
+    from governor.effects import Effects
+    from governor.model import Action, GovernorConfig, Snapshot
+    from gpulock import registry
+    from gpulock.settings import load
+
+    settings = load(str(shared.config), shared.state)
+    folder = registry.Registry(settings).path  # made by root, shared with the group
+    victim = _victim(shared)
+    shared.start_as_nobody(
+        [sys.executable, "-c", FORGE_RECORD_PY, str(folder), str(claimed_uid), str(victim.pid)],
+        "forger",
+    )
+    wait_until(lambda: list(folder.glob("*.json")), "the forged record")
+    records = registry.Registry(settings, create=False).records(clean=False)
+    if claimed_uid == 0:
+        assert records == []  # foreign: its file is nobody's
+        return
+    [record] = records
+    assert record.uid == NOBODY_UID
+    action = Action(
+        kind="force-evict",
+        reason="test",
+        gpu=0,
+        resident=record.id,
+        name=record.name,
+        bytes=2 << 30,
+        level=None,
+        evidence={},
+    )
+    snap = Snapshot(now_wall=time.time(), local_minutes=0)
+    cfg = GovernorConfig(force_kill=True, grace_s=0.3)
+    [res] = Effects(settings).apply([action], snap, cfg)
+    assert res["kill"]["outcome"] == "not-killed", res
+    assert "does not hold the claim" in res["kill"]["detail"], res
+    assert _alive(victim)
+    assert _kills_of(shared, victim.pid) == [], shared.describe()
