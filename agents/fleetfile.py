@@ -46,7 +46,7 @@ from agents.schedules import (
     cron_weekdays,
     parse_schedule,
 )
-from gpulock.config import Config, parse_config, show_value
+from gpulock.config import Config, parse_config, read_config_bytes, show_value
 from gpulock.errors import ConfigError
 from gpulock.units import parse_duration
 
@@ -144,12 +144,7 @@ def read(path: str | os.PathLike[str]) -> FleetFile:
         )
     if p.is_dir():
         raise ConfigError("is a folder, not a fleet file", file=str(p))
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read it: {exc.strerror or exc}", file=str(p), hint="check its permissions"
-        ) from None
+    raw = read_config_bytes(p, "fleet file")  # never blocks on a FIFO named as the file
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

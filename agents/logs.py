@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+from gpulock.errors import GpulockError
 from gpulock.state import open_regular
 
 LOG_NAME: Final = "log.jsonl"
@@ -119,6 +120,18 @@ def append_line(path: Path, data: bytes, *, mode: int, max_bytes: int) -> None:
         os.close(lfd)
 
 
+class _EchoFormatter(logging.Formatter):
+    """The ``-v`` echo: a user's mistake (a GpulockError: no input, ``--out`` naming a file)
+    is its message, as without ``-v``; only a bug in an agent shows its traceback.  The log
+    file keeps every traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, GpulockError):
+            record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
+        return super().format(record)
+
+
 def open_run_log(
     name: str, folder: Path, mode: int, verbose: bool, stderr: TextIO
 ) -> tuple[logging.Logger, list[logging.Handler]]:
@@ -130,7 +143,7 @@ def open_run_log(
     handlers: list[logging.Handler] = [JsonLineHandler(folder / LOG_NAME, name, mode=mode)]
     if verbose:
         echo = logging.StreamHandler(stderr)
-        echo.setFormatter(logging.Formatter(f"{name}: %(levelname)s: %(message)s"))
+        echo.setFormatter(_EchoFormatter(f"{name}: %(levelname)s: %(message)s"))
         handlers.append(echo)
     for h in handlers:
         log.addHandler(h)

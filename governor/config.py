@@ -27,6 +27,7 @@ Errors name the config file, the line and the key, like every gpulock config err
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -105,8 +106,8 @@ def load(cfg: Config) -> GovernorConfig:
         return v
 
     def number(v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-            raise ValueError(f"expected a number >= 0, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf:
+            raise ValueError(f"expected a number >= 0, got {v!r}")  # NaN fails the range too
         return float(v)
 
     def boolean(v: Any) -> bool:

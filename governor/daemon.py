@@ -38,7 +38,7 @@ from governor.model import LEVELS, GovernorConfig, Snapshot, State
 from governor.policy import decide as policy_decide
 from governor.policy import threshold_in_force
 from governor.probes import Probe
-from gpulock import claim, level, state
+from gpulock import claim, level, safejson, state
 from gpulock.errors import GpulockError, StateDirError
 from gpulock.settings import Settings
 
@@ -183,7 +183,7 @@ class Governor:
 def _who_runs(path: Path, settings: Settings) -> tuple[int | None, float | None]:
     """The running governor's pid and start, from the lock file or else its governor.json."""
     try:
-        obj = json.loads(state.read_small(path, 4096) or b"null")
+        obj = safejson.loads(state.read_small(path, 4096) or b"null")
     except (OSError, ValueError, StateDirError):
         obj = None
     if isinstance(obj, dict) and isinstance(obj.get("pid"), int):

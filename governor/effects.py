@@ -9,8 +9,9 @@ order, and returns one result per action (a dict, also what ``--once --json`` wo
 * ``force-evict`` -- the same with ``force=True`` (pinned too) and ``grace`` to comply.  When
   the owner is busy or silent past the grace and the config says ``force_kill``, and the owner
   holds no GPU ticket (checked again right before the signal), and we may signal it: SIGTERM
-  (verified by pid + start time), up to ``grace`` for its claim to go, then SIGKILL.  Each
-  signal is a ``kill`` event, as ``gpulock break`` writes them.
+  (only to a process proven to hold its claim, see ``gpulock.proof``), up to ``grace`` for
+  its claim to go, then SIGKILL.  Each signal is a ``kill`` event, as ``gpulock break``
+  writes them.
 * ``level`` -- an ``escalate`` or ``deescalate`` event with the old and new level.
 
 Events: ``eviction.evict`` already writes the ``evict`` event (outcome, freed bytes); its
@@ -37,7 +38,7 @@ from typing import Any, TextIO
 
 from governor.model import LEVELS, Action, GovernorConfig, Snapshot
 from governor.policy import threshold_in_force
-from gpulock import claim, eviction, identity, level, registry
+from gpulock import claim, eviction, identity, level, proof, registry
 from gpulock.queuedir import QueueDir, holder_pids, queue_gpus
 from gpulock.settings import Settings
 from gpulock.units import format_size
@@ -158,9 +159,15 @@ class Effects:
             "evidence": a.evidence,
         }
         start = time.monotonic()
+        fifo = reg.claim_path(r.owner)
+        if not proof.proven(r.pid, r.start_ticks, r.uid, fifo):
+            # A record names its owner; only the kernel's open files prove it (any member of
+            # a shared folder can write a record naming any process).
+            os.close(fd)
+            return {"outcome": "not-killed", "detail": f"pid {r.pid} does not hold the claim"}
 
         def send(sig: int) -> bool:
-            return identity.signal_exact(r.pid, r.start_ticks, r.pidns, sig)
+            return proof.send(r.pid, r.start_ticks, r.uid, r.pidns, fifo, sig)
 
         def announce(sig_name: str) -> None:
             extra = {"grace_s": config.grace_s} if sig_name == "SIGTERM" else {}

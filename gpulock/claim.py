@@ -137,7 +137,7 @@ def end_owner(
     SIGKILL and up to ``KILL_WAIT_S``.
 
     ``send(sig)`` signals the owner and says whether it still was the recorded process (see
-    ``identity.signal_exact``); ``announce(name)`` runs before each signal, so the event that
+    ``proof.send``); ``announce(name)`` runs before each signal, so the event that
     explains a kill is written before the kill.  Returns ``not-sent``, ``terminated``,
     ``killed`` or ``survived`` (another process still holds the claim, e.g. an inherited fd).
     """

@@ -45,6 +45,13 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message, hint=f"{self.prog} --help")
 
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # argparse drops a '--' given as an option's value ('--lease=--') and hands the option
+        # an empty list, past its type= check: refuse it here as the usage error it is.
+        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
+            self.error(f"argument {'/'.join(action.option_strings)}: expected one argument")
+        return super()._get_values(action, arg_strings)
+
 
 def _size(text: str) -> int:
     try:

@@ -50,8 +50,11 @@ Any other top-level key is an error, so that a typo is not silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import os
 import pathlib
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -239,14 +242,7 @@ def load_config(explicit: str | None = None, environ: Mapping[str, str] | None =
     path = find_config(explicit, environ)
     if path is None:
         return Config()
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read it: {exc.strerror or exc}",
-            file=str(path),
-            hint="check the file's permissions",
-        ) from None
+    raw = read_config_bytes(path)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -254,6 +250,50 @@ def load_config(explicit: str | None = None, environ: Mapping[str, str] | None =
             "is not UTF-8 text", file=str(path), line=raw[: exc.start].count(b"\n") + 1
         ) from None
     return parse_config(text, str(path))
+
+
+MAX_CONFIG_BYTES: Final = 16 * 1024 * 1024  # a config is a few KiB; past this it is a mistake
+
+
+def read_config_bytes(path: pathlib.Path, what: str = "config file") -> bytes:
+    """The bytes of a config (or fleet) file; ConfigError naming it when it cannot be read.
+
+    Opened without blocking and refused unless it is a regular file: a FIFO with no writer
+    (``--config <(...)`` gone stale, or planted) would hang ``status`` and cron jobs for ever.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read it: {exc.strerror or exc}",
+            file=str(path),
+            hint="check the file's permissions",
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise ConfigError(
+                f"is {kind}, so it cannot be read as a {what} without blocking",
+                file=str(path),
+                hint=f"give the path of a regular {what}",
+            )
+        chunks: list[bytes] = []
+        left = MAX_CONFIG_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise ConfigError(f"cannot read it: {exc.strerror or exc}", file=str(path)) from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"is larger than {MAX_CONFIG_BYTES} bytes", file=str(path))
+    return data
 
 
 # --- reading the YAML ------------------------------------------------------------------------
@@ -271,7 +311,8 @@ def parse_config(text: str, file: str, *, sections: frozenset[str] = SECTIONS) -
     import yaml
 
     try:
-        loader = yaml.SafeLoader(text)
+        loader = _loader_class()(text)
+        loader.file = file  # type: ignore[attr-defined]
         try:
             root = loader.get_single_node()
             if root is None or root.tag == "tag:yaml.org,2002:null":
@@ -301,6 +342,40 @@ def parse_config(text: str, file: str, *, sections: frozenset[str] = SECTIONS) -
     except RecursionError:
         raise ConfigError("invalid YAML: nested too deeply", file=file) from None
     return _validate(document, builder.lines, file, sections)
+
+
+MAX_DEPTH: Final = 64  # levels of nesting; gpulock's deepest section needs 5
+
+
+@functools.cache
+def _loader_class() -> type[yaml.SafeLoader]:
+    """A SafeLoader that refuses nesting past MAX_DEPTH, naming the line where it went past.
+
+    PyYAML composes nodes recursively: thousands of ``[`` would otherwise end in a
+    RecursionError that knows no line.
+    """
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        file = ""
+        depth = 0
+
+        def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+            self.depth += 1
+            try:
+                if self.depth > MAX_DEPTH:
+                    mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                    raise ConfigError(
+                        f"nested deeper than {MAX_DEPTH} levels (past the limit at column "
+                        f"{mark.column + 1})",
+                        file=self.file,
+                        line=mark.line + 1,
+                    )
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return Loader
 
 
 def _syntax_error(exc: yaml.MarkedYAMLError, file: str) -> ConfigError:
@@ -349,7 +424,12 @@ class _Builder:
                 node, f"the document holds more than {_MAX_NODES} values once aliases are expanded"
             )
         if isinstance(node, yaml.ScalarNode):
-            return self.loader.construct_object(node)
+            value = self.loader.construct_object(node)
+            if isinstance(value, float) and not math.isfinite(value):
+                # .nan and .inf are valid YAML, but no setting means them: NaN compares false
+                # with everything (a threshold that never trips), inf never arrives.
+                raise self._error(node, f"{node.value!r} is not a finite number", path or None)
+            return value
         if node.tag not in _PLAIN_COLLECTION_TAGS:
             raise self._error(node, f"unsupported YAML tag {node.tag!r}", path)
         if id(node) in self._active:

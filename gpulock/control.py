@@ -15,6 +15,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from gpulock import safejson
+
 
 def _short(path: Path) -> tuple[str, int | None]:
     """A path the kernel accepts for AF_UNIX (108 bytes): via /proc/self/fd when too long."""
@@ -55,7 +57,7 @@ def ask(path: Path, request: dict[str, Any], timeout_s: float) -> dict[str, Any]
         # caller treats it like any failed connection, never as a crash of its own.
         raise OSError("the owner closed the connection without answering")
     try:
-        reply = json.loads(line)
+        reply = safejson.loads(line)  # another user's owner may answer '[[[[...'
     except ValueError:
         raise OSError("malformed answer") from None
     if not isinstance(reply, dict):

@@ -21,11 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpulock import state
+from gpulock import safejson, state
 from gpulock.errors import StateDirError
 
 LOG_NAME = "events.jsonl"
 DEFAULT_MAX_BYTES = 10 * 1024 * 1024
+TS_MAX = 1e10  # year 2286: a later (or negative) time is garbage, not an event
 
 
 def log_path(state_dir: Path) -> Path:
@@ -92,13 +93,14 @@ def read(state_dir: Path, *, since_wall: float | None = None) -> Iterator[dict[s
         with f:
             for raw in f:
                 try:
-                    rec = json.loads(raw)
-                except (ValueError, RecursionError):
+                    rec = safejson.loads(raw)
+                except ValueError:  # not JSON, nested past the bound, NaN or 1e999
                     continue
                 if not isinstance(rec, dict) or not isinstance(rec.get("event"), str):
                     continue
                 ts = rec.get("ts")
-                if not isinstance(ts, int | float):
+                # A time no clock gives (1e308 would overflow every date conversion) is garbage.
+                if not isinstance(ts, int | float) or isinstance(ts, bool) or not 0 <= ts <= TS_MAX:
                     continue
                 if since_wall is not None and ts < since_wall:
                     continue

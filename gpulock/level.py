@@ -19,9 +19,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpulock import claim
+from gpulock import claim, safejson
+from gpulock.errors import StateDirError
 from gpulock.settings import Settings
-from gpulock.state import atomic_write
+from gpulock.state import atomic_write, read_small
 
 FORMAT = "gpulock.governor/1"
 FILE = "governor.json"
@@ -57,14 +58,22 @@ def write(settings: Settings, published: Published) -> None:
 def read_raw(settings: Settings) -> Published | None:
     """The file as written, alive governor or not; None when missing or unreadable."""
     try:
-        with open(settings.state_dir / FILE, "rb") as f:
-            obj = json.loads(f.read(1 << 16))
+        # Non-blocking, regular files only, bounded: a FIFO put in its place must not hang
+        # every `gpulock run` (state.read_small), nor deep nesting crash it (safejson).
+        obj = safejson.loads(read_small(settings.state_dir / FILE, 1 << 16) or b"null")
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
             return None
         pub = Published(**{k: obj[k] for k in Published.__dataclass_fields__ if k in obj})
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, StateDirError):
         return None
-    if pub.level not in LEVELS:
+    numbers = (pub.since_wall, pub.updated_wall, pub.interval_s)
+    if not all(isinstance(n, int | float) and not isinstance(n, bool) for n in numbers):
+        return None
+    if not isinstance(pub.pid, int) or not all(
+        isinstance(d, dict) for d in (pub.signals, pub.thresholds, pub.memory)
+    ):
+        return None
+    if not isinstance(pub.level, str) or pub.level not in LEVELS:
         return None
     return pub
 

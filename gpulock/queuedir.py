@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpulock import claim
-from gpulock.errors import LockTimeout
+from gpulock.errors import LockTimeout, StateDirError
 from gpulock.settings import Settings
-from gpulock.state import atomic_write
+from gpulock.state import atomic_write, open_regular
 from gpulock.ticket import Ticket, TicketFormatError, encode, fifo_name, file_name, parse, seq_of
 
 RING_PROBES = 64  # successors probed by number before the folder is listed
@@ -55,7 +55,7 @@ class QueueDir:
         """Sequence numbers present, in queue order (files that are not tickets are ignored)."""
         try:
             names = os.listdir(self.path)
-        except FileNotFoundError:
+        except OSError:  # gone, or garbage in its place (a regular file named gpu1)
             return []
         return sorted(s for s in map(seq_of, names) if s is not None)
 
@@ -79,6 +79,12 @@ class QueueDir:
         t = parse(data)
         if t.seq != seq or t.gpu != self.gpu:
             raise TicketFormatError(f"says ticket {t.seq} on gpu{t.gpu}")
+        if t.uid != st.st_uid:
+            # In a shared folder any member can write a ticket: who owns the file is the one
+            # thing its writer cannot choose, so a ticket that claims another uid is foreign.
+            raise TicketFormatError(
+                f"foreign: says uid {t.uid}, but the file belongs to uid {st.st_uid}"
+            )
         return TicketFile(t, st.st_mtime)
 
     def watch(self, seq: int) -> int | None:
@@ -104,13 +110,13 @@ class QueueDir:
         past RING_PROBES numbers without a live ticket (many left, or other GPUs' numbers).
         """
         try:
-            fd = os.open(self.settings.state_dir / ".seq", os.O_RDONLY | os.O_NOFOLLOW)
+            fd = open_regular(self.settings.state_dir / ".seq", os.O_RDONLY)
             try:
                 raw = os.pread(fd, 32, 0).strip()
             finally:
                 os.close(fd)
             last = int(raw) if raw.isdigit() else None
-        except OSError:
+        except (OSError, StateDirError):
             last = None
         probe_to = seq + RING_PROBES if last is None else min(last, seq + RING_PROBES)
         for s in range(seq + 1, probe_to + 1):
@@ -165,7 +171,7 @@ class QueueDir:
         """Take the next number, create the FIFO (read end held), then publish the ticket."""
         mode = self.settings.file_mode
         mpath = self.settings.state_dir / ".seq"
-        mfd = os.open(mpath, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, mode)
+        mfd = open_seq(mpath, mode)
         try:
             _flock_until(mfd, deadline, self.gpu)
             raw = os.pread(mfd, 32, 0).strip()
@@ -197,7 +203,22 @@ def queue_gpus(settings: Settings) -> list[int]:
         names = os.listdir(settings.state_dir)
     except OSError:
         return []
-    return sorted(int(n[3:]) for n in names if n.startswith("gpu") and n[3:].isdigit())
+    return sorted(
+        int(n[3:])
+        for n in names
+        if n.startswith("gpu")
+        and n[3:].isascii()
+        and n[3:].isdigit()
+        and _is_folder(settings.state_dir / n)
+    )
+
+
+def _is_folder(path: Path) -> bool:
+    """A real folder (a file or symlink named like a queue is garbage, never a queue)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def holder_pids(settings: Settings) -> set[int]:
@@ -209,6 +230,29 @@ def holder_pids(settings: Settings) -> set[int]:
             if t.child_pid is not None:
                 pids.add(t.child_pid)
     return pids
+
+
+def open_seq(path: Path, mode: int) -> int:
+    """Open (or create, with exactly ``mode`` whatever the umask) the sequence file.
+
+    Refuses a symlink, a folder or a FIFO in its place, and explains a file the group's other
+    members cannot open, with a StateDirError naming the file and its mode (never a traceback).
+    """
+    try:
+        return open_regular(path, os.O_RDWR | os.O_CREAT, mode)
+    except PermissionError as e:
+        try:
+            st = os.lstat(path)
+            found = f"mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}, gid {st.st_gid}"
+        except OSError:
+            found = f"cannot create it in {path.parent}"
+        raise StateDirError(
+            str(path),
+            f"cannot open it: {e.strerror} ({found}; needs {mode:04o})",
+            hint=f"chmod {mode:o} {path}" if found.startswith("mode") else None,
+        ) from None
+    except OSError as e:
+        raise StateDirError(str(path), f"cannot open it: {e.strerror or e}") from None
 
 
 def _flock_until(fd: int, deadline: float | None, gpu: int) -> None:

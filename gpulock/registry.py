@@ -11,12 +11,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpulock import claim, devices, identity
+from gpulock import claim, devices, identity, safejson
+from gpulock.errors import StateDirError
 from gpulock.settings import Settings
-from gpulock.state import ensure_subdir
+from gpulock.state import ensure_subdir, read_record
 
 FORMAT = "gpulock.resident/1"
 POLICIES = ("persistent", "cold-start", "pinned")
@@ -59,17 +62,56 @@ def encode(r: Record) -> bytes:
     return json.dumps({"format": FORMAT, **asdict(r)}, separators=(",", ":")).encode()
 
 
+_NUMBER = (int, float)
+_OPT_INT = (int, type(None))
+# Every field's accepted types: a record is read by status, the governor and every waiter that
+# makes room, so a field of the wrong type must be refused here, not crash one of them later.
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "id": str,
+    "name": str,
+    "gpu": int,
+    "owner": str,
+    "pid": int,
+    "uid": int,
+    "user": str,
+    "program": str,
+    "policy": str,
+    "loaded_wall": _NUMBER,
+    "last_used_wall": _NUMBER,
+    "start_ticks": _OPT_INT,
+    "pidns": (str, type(None)),
+    "declared_bytes": _OPT_INT,
+    "measured_bytes": _OPT_INT,
+    "in_use": bool,
+    "uses": int,
+    "flush_every": _OPT_INT,
+    "torch_allocated_bytes": _OPT_INT,
+    "torch_reserved_bytes": _OPT_INT,
+    "ooms": int,
+}
+_OWNER_RE = re.compile(r"[0-9]{1,10}-[0-9]{1,20}")  # "<pid>-<start ticks>": part of a path
+
+
 def parse(data: bytes) -> Record:
     """A record from its file; ValueError for anything else (readers skip it)."""
-    obj = json.loads(data)
+    obj = safejson.loads(data)
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise ValueError("not a resident record")
     known = {k: obj[k] for k in Record.__dataclass_fields__ if k in obj}
+    for key, typ in _FIELD_TYPES.items():
+        if key in known and (
+            not isinstance(known[key], typ) or (typ is not bool and isinstance(known[key], bool))
+        ):
+            raise ValueError(f"bad {key!r}")
     r = Record(**known)
-    if not (isinstance(r.id, str) and isinstance(r.pid, int) and isinstance(r.gpu, int)):
-        raise ValueError("bad resident record")
     if r.policy not in POLICIES:
         raise ValueError(f"unknown policy {r.policy!r}")
+    # The owner key names the claim's and socket's files: digits only (no '/', no '..'), and
+    # the pid it names must be the record's own.
+    if not _OWNER_RE.fullmatch(r.owner) or r.owner.split("-")[0] != str(r.pid):
+        raise ValueError(f"bad owner {r.owner!r}")
+    if not (0 < r.pid < 2**31 and 0 <= r.uid < 2**32 and r.gpu >= 0):
+        raise ValueError("bad pid, uid or gpu")
     return r
 
 
@@ -97,8 +139,10 @@ class Registry:
     def records(self, *, clean: bool = True) -> list[Record]:
         """Live records (their owner holds its claim); dead ones are cleaned when ours to clean."""
         try:
+            if not stat.S_ISDIR(os.lstat(self.path).st_mode):
+                return []  # garbage in its place (a file, a symlink): no resident there
             names = sorted(os.listdir(self.path))
-        except FileNotFoundError:
+        except OSError:
             return []
         alive: dict[str, bool] = {}
         out = []
@@ -106,12 +150,15 @@ class Registry:
             if not name.endswith(".json") or name.startswith("."):
                 continue
             try:
-                with open(self.path / name, "rb") as f:
-                    r = parse(f.read(1 << 16))
-            except (OSError, ValueError, TypeError):
+                # Non-blocking and regular files only: a FIFO named x.json must not hang us.
+                found = read_record(self.path / name, 1 << 16)
+                if found is None:
+                    continue
+                r = parse(found[0])
+            except (OSError, ValueError, TypeError, StateDirError):
                 continue  # vanished or garbage: skipped, never a crash
-            if name != f"{r.id}.json":
-                continue
+            if name != f"{r.id}.json" or r.uid != found[1].st_uid:
+                continue  # misnamed, or foreign: its writer is not the uid it names
             if r.owner not in alive:
                 alive[r.owner] = claim.held(self.claim_path(r.owner))
             if alive[r.owner]:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import dataclass
 
-from gpulock import claim, identity, queue
+from gpulock import claim, identity, proof, queue
 from gpulock.errors import LockError, NotPermitted
 from gpulock.queuedir import QueueDir, TicketFile, queue_gpus
 from gpulock.settings import Settings
@@ -42,9 +43,55 @@ def break_ticket(
     """Remove ticket ``seq`` if its owner is gone; kill its owner first if hung (or forced)."""
     found = find(settings, seq)
     if found is None:
+        why = _unreadable(settings, seq)
+        if why is not None:  # garbage, or a forgery: never signalled for
+            raise LockError(
+                f"ticket {seq} is not a readable ticket ({why}); nothing was signalled",
+                hint="gpulock status lists it under 'ignored'",
+            )
         raise LockError(f"no ticket {seq} in {settings.state_dir}", hint="gpulock status")
     qdir, tf = found
     return _break(settings, qdir, tf, force=force, grace_s=grace_s)
+
+
+def _unreadable(settings: Settings, seq: int) -> str | None:
+    """Why the file of ticket ``seq`` is not a ticket, if such a file exists."""
+    for gpu in queue_gpus(settings):
+        try:
+            QueueDir(settings, gpu, create=False).read(seq)
+        except TicketFormatError as e:
+            return str(e)
+    return None
+
+
+def _clean_garbage(settings: Settings, qdir: QueueDir, seq: int, why: str) -> BreakResult | None:
+    """Remove a ticket-named file that is no ticket (garbage, or a forgery) when ours or root.
+
+    Garbage never holds the GPU nor is signalled for; this only tidies.  Left alone: another
+    user's file (theirs to judge), a folder, and a file we merely could not read.
+    """
+    path = qdir.ticket_path(seq)
+    euid = os.geteuid()
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if stat.S_ISDIR(st.st_mode) or why.startswith("unreadable"):
+        return None
+    if euid != 0 and st.st_uid != euid:
+        return None
+    if not qdir.remove(seq):
+        return None
+    settings.emit(
+        "break",
+        gpu=qdir.gpu,
+        ticket=seq,
+        action="removed",
+        reason=f"garbage: {why}",
+        file_uid=st.st_uid,
+        by_pid=os.getpid(),
+    )
+    return BreakResult(seq, qdir.gpu, "removed", f"garbage: {why}")
 
 
 def break_stale(settings: Settings, *, grace_s: float | None = None) -> list[BreakResult]:
@@ -54,15 +101,18 @@ def break_stale(settings: Settings, *, grace_s: float | None = None) -> list[Bre
     now_w = time.time()
     for gpu in queue_gpus(settings):
         qdir = QueueDir(settings, gpu, create=False)
-        for _seq, tf, _why in qdir.scan():
+        for seq, tf, why in qdir.scan():
             if tf is None:
+                cleaned = _clean_garbage(settings, qdir, seq, why or "")
+                if cleaned is not None:
+                    results.append(cleaned)
                 continue
             alive = qdir.alive(tf.ticket.seq)
             if alive and not queue.is_hung(tf.ticket, tf.mtime_wall, now_w):
                 continue
             try:
                 results.append(_break(settings, qdir, tf, force=False, grace_s=grace_s))
-            except NotPermitted as e:
+            except LockError as e:  # NotPermitted, unproven, another namespace
                 results.append(BreakResult(tf.ticket.seq, gpu, "skipped", str(e)))
     return results
 
@@ -97,18 +147,32 @@ def _break(
         grace = settings.config.hung_grace_s if grace_s is None else grace_s
         why = "hung: past its lease without a heartbeat" if hung else "forced"
 
+        fifo = qdir.fifo_path(t.seq)
+        child = t.child_pid
+        if not proof.proven(t.pid, t.start_ticks, t.uid, fifo) and not (
+            child is not None and proof.proven(child, t.child_start_ticks, t.uid, fifo)
+        ):
+            # A ticket says who holds it; only the kernel's open files prove it.  Nothing is
+            # signalled for a ticket whose pid does not hold its claim (a forgery, or debris).
+            raise LockError(
+                f"ticket {t.seq}: pid {t.pid} does not hold the ticket's claim; not signalled",
+                hint=f"ls -l /proc/{t.pid}/fd shows what it holds; the ticket may be forged",
+            )
+
         def send(sig: int) -> bool:
-            signal_holder(t, sig)
-            return True  # the wait tells: a holder that no longer matches is not signalled
+            return signal_holder(t, sig, fifo)
 
         def announce(sig_name: str) -> None:
             settings.emit("kill", **evidence, signal=sig_name, reason=why, by_pid=os.getpid())
 
-        if claim.end_owner(fd, send, grace, announce) == "survived":
+        outcome = claim.end_owner(fd, send, grace, announce)
+        if outcome == "survived":
             raise LockError(
                 f"ticket {t.seq}: pid {t.pid} still holds it after SIGKILL",
                 hint="another process may have inherited its descriptor; see 'lsof'",
             )
+        if outcome == "not-sent":
+            raise LockError(f"ticket {t.seq}: pid {t.pid} is gone or changed; not signalled")
     finally:
         os.close(fd)
     qdir.remove(t.seq)

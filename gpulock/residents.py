@@ -30,7 +30,6 @@ between them ``gpulock.control``.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import threading
@@ -39,7 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from gpulock import claim, control, devices, identity
+from gpulock import claim, control, devices, identity, safejson
 from gpulock import settings as settings_mod
 from gpulock.config import Config
 from gpulock.errors import GpulockError
@@ -309,7 +308,7 @@ class _Owner:
                         conn, {"ok": False, "outcome": "refused", "detail": "not permitted"}
                     )
                     return
-                req = json.loads(control.recv_line(conn))
+                req = safejson.loads(control.recv_line(conn))
                 with self.lock:
                     h = self.handles.get(str(req.get("id")))
                 if req.get("op") != "evict" or h is None:

@@ -42,6 +42,7 @@ __all__ = [
     "fs_type_of",
     "home_dir",
     "open_regular",
+    "read_record",
     "read_small",
     "read_tail",
     "resolve_state_dir",
@@ -410,6 +411,16 @@ def read_small(path: pathlib.Path, limit: int = 1 << 20) -> bytes | None:
     open, so it is opened non-blocking and then refused) and a file over ``limit`` bytes, rather
     than returning a truncated record.  Other OS errors (permissions) propagate.
     """
+    found = read_record(path, limit)
+    return None if found is None else found[0]
+
+
+def read_record(path: pathlib.Path, limit: int = 1 << 20) -> tuple[bytes, os.stat_result] | None:
+    """``read_small``, with the file's status as opened: its ``st_uid`` is who wrote it.
+
+    In a group-shared folder any member can write a record that claims to be another's;
+    the owner of the file is the one thing a writer cannot forge.
+    """
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
         fd = os.open(path, flags)
@@ -420,7 +431,8 @@ def read_small(path: pathlib.Path, limit: int = 1 << 20) -> bytes | None:
             raise _symlink(path) from None
         raise
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise StateDirError(str(path), "is not a regular file; refusing to read it")
         chunks: list[bytes] = []
         remaining = limit + 1  # one byte more tells "exactly limit" from "too large"
@@ -435,7 +447,7 @@ def read_small(path: pathlib.Path, limit: int = 1 << 20) -> bytes | None:
     data = b"".join(chunks)
     if len(data) > limit:
         raise StateDirError(str(path), f"is larger than {limit} bytes; refusing to read it")
-    return data
+    return data, st
 
 
 def open_regular(path: pathlib.Path, flags: int, mode: int = 0o600) -> int:

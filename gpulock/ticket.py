@@ -17,6 +17,8 @@ import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from gpulock import safejson
+
 FORMAT = "gpulock.ticket/1"
 _FORMAT_MAJOR = "gpulock.ticket/1"
 SEQ_DIGITS = 12
@@ -114,7 +116,9 @@ _OPTIONAL: dict[str, type | tuple[type, ...]] = {
 def parse(data: bytes) -> Ticket:
     """Parse a ticket file's bytes; raise TicketFormatError saying what is wrong."""
     try:
-        obj = json.loads(data)
+        obj = safejson.loads(data)
+    except safejson.TooDeep as e:
+        raise TicketFormatError(f"not JSON ({e})") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise TicketFormatError(f"not JSON ({e.__class__.__name__})") from None
     if not isinstance(obj, dict):
@@ -137,6 +141,11 @@ def parse(data: bytes) -> Ticket:
         fields[key] = val
     if fields["seq"] <= 0 or fields["gpu"] < 0:
         raise TicketFormatError("bad 'seq' or 'gpu'")
+    for key in ("pid", "child_pid"):  # a pid the kernel could hand out (pid_max <= 2**22)
+        if key in fields and not 0 < fields[key] < 2**31:
+            raise TicketFormatError(f"bad {key!r}")
+    if not 0 <= fields["uid"] < 2**32:
+        raise TicketFormatError("bad 'uid'")
     need = fields.get("need_bytes")
     if need is not None and need <= 0:
         raise TicketFormatError("bad 'need_bytes'")

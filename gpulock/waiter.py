@@ -14,9 +14,10 @@ import select
 import signal
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from gpulock import claim, identity, level, queue
+from gpulock import claim, identity, level, proof, queue
 from gpulock.errors import LockTimeout
 from gpulock.queuedir import QueueDir, TicketFile
 from gpulock.settings import Settings
@@ -276,6 +277,15 @@ class Waiter:
                 why_not = f"not permitted: owner uid {t.uid}"
             elif t.pidns != identity.pid_namespace():
                 why_not = "owner is in another pid namespace"
+        fifo = self.qdir.fifo_path(t.seq)
+        sent = self.kills.get(t.seq)
+        if (
+            cfg.on_hung == "kill"
+            and not why_not
+            and sent is None
+            and not signal_holder(t, signal.SIGTERM, fifo)
+        ):
+            why_not = f"unproven: pid {t.pid} does not hold the ticket's claim"
         if cfg.on_hung != "kill" or why_not:
             key = (t.seq, tf.mtime_wall)
             if key not in self.reported:
@@ -285,9 +295,7 @@ class Waiter:
                 )
             return math.inf
         grace = cfg.hung_grace_s
-        sent = self.kills.get(t.seq)
         if sent is None:
-            signal_holder(t, signal.SIGTERM)
             self.kills[t.seq] = (now, False)
             self.settings.emit("kill", **evidence, signal="SIGTERM", grace_s=grace)
             return now + grace
@@ -295,7 +303,7 @@ class Waiter:
         if now < at + grace:
             return at + grace
         if not hard:
-            signal_holder(t, signal.SIGKILL)
+            signal_holder(t, signal.SIGKILL, fifo)
             self.kills[t.seq] = (at, True)
             self.settings.emit("kill", **evidence, signal="SIGKILL")
         return now + SAFETY_RECHECK_S
@@ -314,8 +322,21 @@ def ticket_evidence(tf: TicketFile, now_w: float) -> dict[str, Any]:
     }
 
 
-def signal_holder(t: Ticket, sig: int) -> None:
-    """Signal the command first (it holds the GPU), then the owner; never a reused pid."""
+def signal_holder(t: Ticket, sig: int, fifo: Path) -> bool:
+    """Signal the command first (it holds the GPU), then the owner; True if either was sent.
+
+    Each only on proof that it holds the ticket's claim ``fifo`` (``gpulock.proof``): the
+    pids in a ticket are what its writer says, and anyone in a shared folder can write one.
+    """
+    sent = False
     if t.child_pid is not None:
-        identity.signal_exact(t.child_pid, t.child_start_ticks, t.pidns, sig)
-    identity.signal_exact(t.pid, t.start_ticks, t.pidns, sig)
+        sent = proof.send(
+            t.child_pid,
+            t.child_start_ticks,
+            t.uid,
+            t.pidns,
+            fifo,
+            sig,
+            via=(t.pid, t.start_ticks),
+        )
+    return proof.send(t.pid, t.start_ticks, t.uid, t.pidns, fifo, sig) or sent

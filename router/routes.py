@@ -26,6 +26,7 @@ variable not set) is not an error here: the chooser rejects that candidate, with
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -220,13 +221,15 @@ def _candidate(
         return "" if where.get(name, key) == key else f" (applied to {key})"
 
     backend = f.get("backend")
-    if backend not in BACKENDS:
+    # Every field is type-checked before use: a mapping here is unhashable, so even the
+    # lookup in BACKENDS would fail with a TypeError instead of naming the key.
+    if not isinstance(backend, str) or backend not in BACKENDS:
         raise cfg.error(
             at("backend"),
             f"expected one of {', '.join(BACKENDS)}, got {backend!r}",
         )
     tier = f.get("tier", "cloud" if backend == "openai" else "cpu")
-    if tier not in BACKENDS[backend]:
+    if not isinstance(tier, str) or tier not in BACKENDS[backend]:
         allowed = " or ".join(BACKENDS[backend])
         raise cfg.error(
             at("tier"), f"backend {backend} serves tier {allowed}, got {tier!r}{of('tier')}"
@@ -263,7 +266,7 @@ def _candidate(
             )
     default_policy = "api-fallback" if tier == "cloud" else "persistent"
     policy = f.get("policy", default_policy)
-    if policy not in POLICIES:
+    if not isinstance(policy, str) or policy not in POLICIES:
         raise cfg.error(at("policy"), f"expected one of {', '.join(POLICIES)}, got {policy!r}")
     if tier == "cloud":
         # A task's or the defaults' residency policy is for its local candidates: a cloud
@@ -284,7 +287,7 @@ def _candidate(
         tier=tier,
         backend=backend,
         model=model,
-        name=str(f.get("name") or label),
+        name=_text(cfg, at("name"), f.get("name")) or label,
         n_ctx=_int(cfg, at("n_ctx"), f.get("n_ctx"), low=64),
         n_gpu_layers=0 if tier == "cpu" else gpu_layers,
         n_batch=_int(cfg, at("n_batch"), f.get("n_batch"), low=1),
@@ -385,7 +388,7 @@ def _money(cfg: Config, key: str, value: Any) -> float | None:
         amount = float(text)
     except ValueError:
         raise cfg.error(key, f"expected an amount in USD like 5.00, got {value!r}") from None
-    if isinstance(value, bool) or amount < 0 or amount != amount:
+    if isinstance(value, bool) or not 0 <= amount < math.inf:  # NaN fails the range too
         raise cfg.error(key, f"expected an amount in USD >= 0, got {value!r}")
     return amount
 
