@@ -57,6 +57,7 @@ class Waiter:
         self.safety_s = SAFETY_RECHECK_S
         self.freeze_ends: float | None = None  # monotonic time the governor's freeze goes stale
         self.ahead_seqs: list[int] | None = None
+        self.tenants_kept: list[dict[str, str]] | None = None  # after an exclusive clear
 
     def wait(self) -> Ticket:
         try:
@@ -199,8 +200,12 @@ class Waiter:
         otherwise make a granted load fail with a CUDA OOM.
         """
         if self.me.need_bytes is None:
+            self._clear_tenants()
             return
-        if not (self.settings.state_dir / "residents").is_dir():
+        if (
+            not self.settings.config.tenants
+            and not (self.settings.state_dir / "residents").is_dir()
+        ):
             return  # nobody ever registered a model: nothing to ask
         from gpulock import eviction
 
@@ -214,13 +219,40 @@ class Waiter:
             reason=f"room for ticket {self.me.seq} ({self.me.name})",
         )
 
+    def _clear_tenants(self) -> None:
+        """An exclusive holder gets the whole GPU: idle tenant models on it leave first.
+
+        What stays (pinned, busy, or an unload that failed) is named in the grant's event.
+        """
+        cfg = self.settings.config
+        if not cfg.tenants or not cfg.exclusive_clears_tenants:
+            return
+        if not any(t.gpu == self.me.gpu for t in cfg.tenants):
+            return
+        from gpulock import eviction
+
+        left = None if self.deadline is None else self.deadline - time.monotonic()
+        _results, kept = eviction.clear_tenants(
+            self.settings,
+            self.me.gpu,
+            timeout_s=30.0 if left is None else max(min(left, 30.0), 0.5),
+            reason=f"exclusive ticket {self.me.seq} ({self.me.name})",
+        )
+        self.tenants_kept = kept
+
     def _grant(self) -> Ticket:
         granted = self.me.granted(time.time())
         atomic_write(
             self.qdir.ticket_path(granted.seq), encode(granted), mode=self.settings.file_mode
         )
+        extra: dict[str, Any] = {}
+        if self.tenants_kept is not None:
+            extra["tenants_kept"] = self.tenants_kept
         self.settings.emit(
-            "acquire", **event_fields(granted), waited_s=round(time.monotonic() - self.start, 6)
+            "acquire",
+            **event_fields(granted),
+            waited_s=round(time.monotonic() - self.start, 6),
+            **extra,
         )
         # The one behind me may share the GPU with me, or now watches a holder with a lease:
         # ring it so it looks again.  Only the nearest live one: no herd.  (Its look also

@@ -1,0 +1,243 @@
+"""Asking every tenant at once what it holds, and turning the answers into resident records.
+
+``survey(settings)`` lists every configured tenant in parallel (one thread each, a short
+timeout each, one deadline for all): a tenant that is down, hangs, answers a 500 or garbage
+makes its own ``Listing`` say so (``reachable`` false, ``error`` in words) and never delays
+the others past the deadline or raises.  ``to_records`` makes each listed model a
+``gpulock.registry.Record`` whose ``tenant`` is the tenant's name and whose id is
+``TENANT/MODEL``: from there on it is a resident like any other (status, the governor,
+room-for-a-waiter, ``gpulock evict``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from gpulock import devices
+from gpulock.registry import Record
+from gpulock.settings import Settings
+from gpulock.tenants import procs, usage
+from gpulock.tenants.base import Adapter, TenantModel
+from gpulock.tenants.http import TenantError
+from gpulock.tenants.spec import TenantSpec
+
+LIST_TIMEOUT_S = 0.6  # per request: a local server answers in milliseconds
+DEADLINE_S = 0.8  # for the whole survey: `gpulock status` answers within 1 s
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """One tenant as the survey found it (the ``gpulock tenants --json`` entry)."""
+
+    tenant: str
+    kind: str  # as configured
+    url: str | None
+    gpu: int
+    reachable: bool
+    actual_kind: str | None = None  # as it says it is (llama-server: router or single-model)
+    error: str | None = None
+    models: tuple[TenantModel, ...] = ()
+    notes: tuple[str, ...] = ()
+    pids: tuple[int, ...] = ()  # processes listening on its port (this user's, or all as root)
+    elapsed_s: float = 0.0
+
+
+def adapter_for(
+    spec: TenantSpec, settings: Settings, *, timeout_s: float = LIST_TIMEOUT_S
+) -> Adapter:
+    """The adapter of ``spec.kind`` (imported on first use: one module per kind)."""
+    if spec.kind == "command":
+        from gpulock.tenants.command import CommandAdapter
+
+        return CommandAdapter(spec, timeout_s=timeout_s, settings=settings)
+    if spec.kind == "ollama":
+        from gpulock.tenants.ollama import OllamaAdapter as cls
+    elif spec.kind == "llama-server":
+        from gpulock.tenants.llama_server import LlamaServerAdapter as cls  # type: ignore[assignment]
+    elif spec.kind == "llama-swap":
+        from gpulock.tenants.llama_swap import LlamaSwapAdapter as cls  # type: ignore[assignment]
+    elif spec.kind == "vllm":
+        from gpulock.tenants.vllm import VllmAdapter as cls  # type: ignore[assignment]
+    elif spec.kind == "comfyui":
+        from gpulock.tenants.comfyui import ComfyUIAdapter as cls  # type: ignore[assignment]
+    elif spec.kind == "localai":
+        from gpulock.tenants.localai import LocalAIAdapter as cls  # type: ignore[assignment]
+    else:
+        raise ValueError(f"unknown tenant kind {spec.kind!r}")
+    return cls(spec, timeout_s=timeout_s)
+
+
+def find_spec(settings: Settings, name: str) -> TenantSpec:
+    """The configured tenant ``name``; a GpulockError listing the known ones otherwise."""
+    for s in settings.config.tenants:
+        if s.name == name:
+            return s
+    known = ", ".join(s.name for s in settings.config.tenants) or "none is configured"
+    raise TenantError(f"no tenant {name!r}", hint=f"tenants: {known}")
+
+
+def list_one(spec: TenantSpec, settings: Settings, timeout_s: float = LIST_TIMEOUT_S) -> Listing:
+    start = time.monotonic()
+    base = {"tenant": spec.name, "kind": spec.kind, "url": spec.url, "gpu": spec.gpu}
+    try:
+        seen = adapter_for(spec, settings, timeout_s=timeout_s).list()
+    except TenantError as e:
+        return Listing(**base, reachable=False, error=str(e),  # type: ignore[arg-type]
+                       elapsed_s=round(time.monotonic() - start, 6))  # fmt: skip
+    except Exception as e:  # an adapter bug must not take `gpulock status` down with it
+        return Listing(**base, reachable=False, error=f"internal error: {e!r}"[:300],  # type: ignore[arg-type]
+                       elapsed_s=round(time.monotonic() - start, 6))  # fmt: skip
+    pids = procs.pids_on_port(procs.port_of(spec.url)) if spec.kind != "command" else ()
+    return Listing(
+        **base,  # type: ignore[arg-type]
+        reachable=True,
+        actual_kind=seen.actual_kind,
+        models=seen.models,
+        notes=seen.notes,
+        pids=pids,
+        elapsed_s=round(time.monotonic() - start, 6),
+    )
+
+
+def survey(
+    settings: Settings,
+    *,
+    names: list[str] | None = None,
+    timeout_s: float = LIST_TIMEOUT_S,
+    deadline_s: float = DEADLINE_S,
+) -> list[Listing]:
+    """Every configured tenant (or those ``names``), listed in parallel, in config order."""
+    specs = [s for s in settings.config.tenants if names is None or s.name in names]
+    results: dict[str, Listing] = {}
+
+    def work(spec: TenantSpec) -> None:
+        results[spec.name] = list_one(spec, settings, timeout_s)
+
+    threads = [threading.Thread(target=work, args=(s,), daemon=True) for s in specs]
+    for t in threads:
+        t.start()
+    end = time.monotonic() + deadline_s
+    for t in threads:
+        t.join(max(0.0, end - time.monotonic()))
+    out = []
+    for s in specs:
+        got = results.get(s.name)
+        if got is None:  # a server that drips bytes slower than the socket timeout notices
+            got = Listing(
+                s.name, s.kind, s.url, s.gpu, reachable=False,
+                error=f"no complete answer in {deadline_s:g} s", elapsed_s=deadline_s,
+            )  # fmt: skip
+        out.append(got)
+    return out
+
+
+def to_records(
+    settings: Settings,
+    listings: list[Listing],
+    *,
+    report: devices.DeviceReport | None = None,
+    now_wall: float | None = None,
+    track: bool = True,
+) -> list[Record]:
+    """Each listed model holding memory, as a resident record (``tenant`` set).
+
+    ``report``: an NVML report gives each model the memory of its process (a llama-server
+    router child, a LocalAI backend, a command server) or, for a one-process server, of the
+    server's processes; a simulated GPU leaves ``measured_bytes`` None (the server's own
+    figure is ``declared_bytes``).  ``track``: update the usage file (last use).
+    """
+    now = time.time() if now_wall is None else now_wall
+    specs = {s.name: s for s in settings.config.tenants}
+    rows: list[tuple[Listing, TenantModel]] = [
+        (li, m) for li in listings for m in li.models if m.state != "sleeping"
+    ]
+    last: dict[str, float | None] = {}
+    if track and rows:
+        last = usage.observe(
+            settings, {f"{li.tenant}/{m.name}": m.fingerprint for li, m in rows}, now
+        )
+    out = []
+    for li, m in rows:
+        spec = specs.get(li.tenant)
+        rid = f"{li.tenant}/{m.name}"
+        pid = m.pid or _child_pid(li, m) or (li.pids[0] if li.pids else 0)
+        measured = _measured(report, li, m, pid)
+        used = last.get(rid)
+        pinned = spec is not None and m.name in spec.pinned
+        out.append(
+            Record(
+                id=rid,
+                name=m.name,
+                gpu=li.gpu,
+                owner=f"tenant:{li.tenant}",
+                pid=pid,
+                uid=os.getuid(),
+                user=li.tenant,
+                program=li.actual_kind or li.kind,
+                policy="pinned" if pinned else "persistent",
+                loaded_wall=now,
+                last_used_wall=used if used is not None else now,
+                declared_bytes=m.size_bytes,
+                measured_bytes=measured,
+                in_use=bool(m.in_use),
+                tenant=li.tenant,
+                tenant_state=m.state,
+                idle_known=used is not None,
+            )
+        )
+    return out
+
+
+def _child_pid(li: Listing, m: TenantModel) -> int | None:
+    """A llama-server router child's pid, from the port in its arguments."""
+    if m.detail and m.detail.startswith("child port "):
+        try:
+            pids = procs.pids_on_port(int(m.detail.rsplit(" ", 1)[1]))
+        except ValueError:
+            return None
+        return pids[0] if pids else None
+    return None
+
+
+def _measured(
+    report: devices.DeviceReport | None, li: Listing, m: TenantModel, pid: int
+) -> int | None:
+    if report is None or pid <= 0:
+        return None
+    dev = report.get(li.gpu)
+    if dev is None or dev.source == "simulated":
+        return None
+    if m.pid is not None or _child_pid(li, m) is not None or len(li.models) == 1:
+        return devices.process_used_bytes(report, li.gpu, pid)
+    return None  # several models in one process: NVML cannot split it between them
+
+
+def summary(li: Listing) -> dict[str, object]:
+    """A listing as JSON (``gpulock tenants --json``, ``gpulock status --json`` ``tenants``)."""
+    return {
+        "tenant": li.tenant,
+        "kind": li.kind,
+        "actual_kind": li.actual_kind,
+        "url": li.url,
+        "gpu": li.gpu,
+        "reachable": li.reachable,
+        "error": li.error,
+        "notes": list(li.notes),
+        "pids": list(li.pids),
+        "elapsed_s": li.elapsed_s,
+        "models": [
+            {
+                "name": m.name,
+                "id": f"{li.tenant}/{m.name}",
+                "state": m.state,
+                "size_bytes": m.size_bytes,
+                "in_use": m.in_use,
+                "pid": m.pid,
+                "detail": m.detail,
+            }
+            for m in li.models
+        ],
+    }
