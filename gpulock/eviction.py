@@ -20,6 +20,9 @@ from gpulock.settings import Settings
 from gpulock.units import format_size, parse_size
 
 MIN_ADMIT_RESERVE_BYTES = 800 * 1024**2  # CUDA context, driver and fragmentation headroom
+# A ticket whose command is [TENANT_CALL, "TENANT/MODEL"] is a routed call to that tenant model:
+# making room for it (or clearing tenants for it) never evicts the model it is about to call.
+TENANT_CALL = "gpulock-tenant-call"
 VERIFY_S = 5.0  # how long a requester waits for freed memory to show (Ollama waits as long)
 
 
@@ -175,6 +178,7 @@ def make_room(
     exclude_pid: int,
     timeout_s: float = 10.0,
     reason: str = "room for a waiter",
+    keep_ids: frozenset[str] = frozenset(),
 ) -> list[EvictResult]:
     """Evict idle, unpinned models of other processes until ``need_bytes`` are free.
 
@@ -205,6 +209,7 @@ def make_room(
             and (r.pid != exclude_pid or r.tenant is not None)
             and r.policy != "pinned"
             and not r.in_use
+            and r.id not in keep_ids
         ),
         key=lambda r: (r.policy != "cold-start", r.last_used_wall),
     )
@@ -238,7 +243,12 @@ def _tenant_records(settings: Settings) -> list[Record]:
 
 
 def clear_tenants(
-    settings: Settings, gpu: int, *, timeout_s: float = 10.0, reason: str = "exclusive grant"
+    settings: Settings,
+    gpu: int,
+    *,
+    timeout_s: float = 10.0,
+    reason: str = "exclusive grant",
+    keep_ids: frozenset[str] = frozenset(),
 ) -> tuple[list[EvictResult], list[dict[str, str]]]:
     """Unload every idle, unpinned tenant model on ``gpu``: an exclusive holder's GPU is its own.
 
@@ -250,6 +260,9 @@ def clear_tenants(
     deadline = time.monotonic() + timeout_s
     for r in _tenant_records(settings):
         if r.gpu != gpu:
+            continue
+        if r.id in keep_ids:
+            kept.append({"id": r.id, "why": "called by this ticket"})
             continue
         if r.policy == "pinned":
             kept.append({"id": r.id, "why": "pinned"})

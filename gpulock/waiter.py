@@ -217,6 +217,7 @@ class Waiter:
             exclude_pid=self.me.pid,
             timeout_s=10.0 if left is None else max(min(left, 10.0), 0.5),
             reason=f"room for ticket {self.me.seq} ({self.me.name})",
+            keep_ids=self._calls(),
         )
 
     def _clear_tenants(self) -> None:
@@ -237,8 +238,16 @@ class Waiter:
             self.me.gpu,
             timeout_s=30.0 if left is None else max(min(left, 30.0), 0.5),
             reason=f"exclusive ticket {self.me.seq} ({self.me.name})",
+            keep_ids=self._calls(),
         )
         self.tenants_kept = kept
+
+    def _calls(self) -> frozenset[str]:
+        """The tenant model this ticket is a routed call to (never evicted to make room)."""
+        cmd = self.me.command
+        if len(cmd) == 2 and cmd[0] == "gpulock-tenant-call":  # eviction.TENANT_CALL
+            return frozenset({cmd[1]})
+        return frozenset()
 
     def _grant(self) -> Ticket:
         granted = self.me.granted(time.time())

@@ -155,7 +155,9 @@ def to_records(
         (li, m) for li in listings for m in li.models if m.state != "sleeping"
     ]
     last: dict[str, float | None] = {}
-    if track and rows:
+    if not track and rows:
+        last = usage.peek(settings)
+    elif rows:
         last = usage.observe(
             settings, {f"{li.tenant}/{m.name}": m.fingerprint for li, m in rows}, now
         )

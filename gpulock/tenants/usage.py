@@ -78,6 +78,15 @@ def observe(
     return out
 
 
+def peek(settings: Settings) -> dict[str, float | None]:
+    """``rid -> last use`` as last recorded, without observing anything."""
+    out: dict[str, float | None] = {}
+    for rid, entry in _load(settings).items():
+        last = entry.get("last_used_wall") if isinstance(entry, dict) else None
+        out[rid] = float(last) if isinstance(last, int | float) else None
+    return out
+
+
 def touch(settings: Settings, rid: str, now_wall: float | None = None) -> None:
     """Record a use gpulock itself saw (a routed call to ``TENANT/MODEL``)."""
     models = _load(settings)

@@ -7,8 +7,9 @@
   at once ``{"done": true, "done_reason": "unload"}`` -- the pitfall: the model leaves memory
   only when its in-flight requests end (then ``unload_delay_s`` later), and until then
   ``/api/ps`` keeps listing it with ``expires_at`` in the past.
-* ``POST /api/generate {"model": M, "prompt": P}`` loads M, generates (in flight until the
-  test sets ``hold``), and moves ``expires_at`` to now + keep_alive (default 5m).
+* ``POST /api/generate {"model": M, "prompt": P}`` (or ``/api/chat`` with ``messages``) loads
+  M, generates (in flight until the test sets ``hold``), and moves ``expires_at`` to now +
+  keep_alive (default 5m); with ``"keep_alive": 0`` it unloads M after answering.
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ class Ollama(StandIn):
             m["expires"] = time.time() + keep_alive_s
             m["unloading"] = False
 
+    def _unload(self, name: str) -> None:
+        with self.lock:
+            m = self.loaded.get(name)
+            if m is not None:
+                m["unloading"] = True
+                m["expires"] = time.time() - 0.001
+        self.later(self.unload_delay_s, lambda: self._maybe_free(name))
+
     def _maybe_free(self, name: str) -> None:
         with self.lock:
             m = self.loaded.get(name)
@@ -65,22 +74,18 @@ class Ollama(StandIn):
                     for n, m in self.loaded.items()
                 ]  # fmt: skip
             return 200, {"models": models}
-        if method == "POST" and path == "/api/generate" and isinstance(body, dict):
+        if method == "POST" and path in ("/api/generate", "/api/chat") and isinstance(body, dict):
             name = body.get("model")
             if name not in self.catalog:
                 return 404, {"error": f"model '{name}' not found"}
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            if body.get("keep_alive") == 0:
-                with self.lock:
-                    m = self.loaded.get(name)
-                    if m is not None:
-                        m["unloading"] = True
-                        m["expires"] = time.time() - 0.001
-                self.later(self.unload_delay_s, lambda: self._maybe_free(name))
+            work = body.get("prompt") if path == "/api/generate" else body.get("messages")
+            if body.get("keep_alive") == 0 and not work:
+                self._unload(name)
                 return 200, {"model": name, "created_at": now, "response": "", "done": True,
                              "done_reason": "unload"}  # fmt: skip
             self.load(name)
-            if not body.get("prompt"):
+            if not work:
                 return 200, {"model": name, "created_at": now, "response": "", "done": True,
                              "done_reason": "load"}  # fmt: skip
             with self.lock:
@@ -92,7 +97,12 @@ class Ollama(StandIn):
                     self.loaded[name]["inflight"] -= 1
                     if not self.loaded[name]["unloading"]:
                         self.loaded[name]["expires"] = time.time() + DEFAULT_KEEP_ALIVE_S
+                if body.get("keep_alive") == 0:
+                    self._unload(name)  # a call with keep_alive 0: unloaded once it answered
                 self.later(self.unload_delay_s, lambda: self._maybe_free(name))
-            return 200, {"model": name, "created_at": now, "response": "hi", "done": True,
-                         "done_reason": "stop"}  # fmt: skip
+            answer = {"model": name, "created_at": now, "done": True, "done_reason": "stop",
+                      "prompt_eval_count": 3, "eval_count": 1}  # fmt: skip
+            if path == "/api/chat":
+                return 200, {**answer, "message": {"role": "assistant", "content": "hi"}}
+            return 200, {**answer, "response": "hi"}
         return 404, "404 page not found"
