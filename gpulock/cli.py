@@ -521,7 +521,7 @@ def cmd_tenants(args: argparse.Namespace) -> int:
     from gpulock.tenants import survey
 
     now = time.time()
-    listings = survey.survey(settings)
+    listings = [survey.with_pids(li) for li in survey.survey(settings)]
     last = {r.id: r for r in survey.to_records(settings, listings, now_wall=now)}
     entries = []
     for li in listings:

@@ -80,7 +80,7 @@ def evict(
         return result("refused", str(e))
     # Verify: the server's own listing first (it is the one that knows), then NVML.
     deadline = time.monotonic() + verify_s
-    pause = 0.02
+    pause = 0.01
     last: TenantModel | None = model
     while True:
         try:
@@ -97,8 +97,8 @@ def evict(
                 )  # fmt: skip
             return result("not-freed", f"{said}; still {last.state if last else 'listed'} "
                           f"after {verify_s:g} s", 0)  # fmt: skip
-        time.sleep(pause)  # servers have no unload notification: back off up to 0.25 s
-        pause = min(pause * 2, 0.25)
+        time.sleep(pause)  # servers have no unload notification: back off up to 0.1 s
+        pause = min(pause * 2, 0.1)
     freed = _nvml_freed(settings, record, before, deadline)
     if freed is None:
         size = model.size_bytes if model.size_bytes is not None else record.bytes

@@ -90,16 +90,24 @@ def list_one(spec: TenantSpec, settings: Settings, timeout_s: float = LIST_TIMEO
     except Exception as e:  # an adapter bug must not take `gpulock status` down with it
         return Listing(**base, reachable=False, error=f"internal error: {e!r}"[:300],  # type: ignore[arg-type]
                        elapsed_s=round(time.monotonic() - start, 6))  # fmt: skip
-    pids = procs.pids_on_port(procs.port_of(spec.url)) if spec.kind != "command" else ()
     return Listing(
         **base,  # type: ignore[arg-type]
         reachable=True,
         actual_kind=seen.actual_kind,
         models=seen.models,
         notes=seen.notes,
-        pids=pids,
         elapsed_s=round(time.monotonic() - start, 6),
     )
+
+
+def with_pids(li: Listing) -> Listing:
+    """The listing with the pids listening on its port (``/proc/net/tcp``: not free, so only
+    asked for where NVML's per-process figures need them, and by ``gpulock tenants``)."""
+    if li.kind == "command" or not li.reachable:
+        return li
+    from dataclasses import replace
+
+    return replace(li, pids=procs.pids_on_port(procs.port_of(li.url)))
 
 
 def survey(
@@ -161,12 +169,17 @@ def to_records(
         last = usage.observe(
             settings, {f"{li.tenant}/{m.name}": m.fingerprint for li, m in rows}, now
         )
+    nvml = report is not None and report.source == "nvml"
+    if nvml:
+        listings = [with_pids(li) for li in listings]
+        rows = [(li, m) for li in listings for m in li.models if m.state != "sleeping"]
     out = []
     for li, m in rows:
         spec = specs.get(li.tenant)
         rid = f"{li.tenant}/{m.name}"
-        pid = m.pid or _child_pid(li, m) or (li.pids[0] if li.pids else 0)
-        measured = _measured(report, li, m, pid)
+        child = _child_pid(li, m) if nvml else None
+        pid = m.pid or child or (li.pids[0] if li.pids else 0)
+        measured = _measured(report, li, m, pid, child)
         used = last.get(rid)
         pinned = spec is not None and m.name in spec.pinned
         out.append(
@@ -205,14 +218,14 @@ def _child_pid(li: Listing, m: TenantModel) -> int | None:
 
 
 def _measured(
-    report: devices.DeviceReport | None, li: Listing, m: TenantModel, pid: int
+    report: devices.DeviceReport | None, li: Listing, m: TenantModel, pid: int, child: int | None
 ) -> int | None:
     if report is None or pid <= 0:
         return None
     dev = report.get(li.gpu)
     if dev is None or dev.source == "simulated":
         return None
-    if m.pid is not None or _child_pid(li, m) is not None or len(li.models) == 1:
+    if m.pid is not None or child is not None or len(li.models) == 1:
         return devices.process_used_bytes(report, li.gpu, pid)
     return None  # several models in one process: NVML cannot split it between them
 
