@@ -58,6 +58,7 @@ class Waiter:
         self.freeze_ends: float | None = None  # monotonic time the governor's freeze goes stale
         self.ahead_seqs: list[int] | None = None
         self.tenants_kept: list[dict[str, str]] | None = None  # after an exclusive clear
+        self.cleared_early = False  # command tenants stopped while this exclusive one waits
 
     def wait(self) -> Ticket:
         try:
@@ -78,6 +79,11 @@ class Waiter:
                         os.close(fd)
                     self._make_room()
                     return self._grant()
+                if not d.grant and not self.cleared_early and self._command_tenant_holds(ahead):
+                    # A command tenant's server holds its ticket for as long as it runs: an
+                    # exclusive waiter would wait for ever behind it.  Stop it (if idle) now.
+                    self.cleared_early = True
+                    self._clear_tenants()
                 self._rewatch(d.watch, fds)
                 self.freeze_ends = None
                 if frozen is not None:
@@ -241,6 +247,11 @@ class Waiter:
             keep_ids=self._calls(),
         )
         self.tenants_kept = kept
+
+    def _command_tenant_holds(self, ahead: list[TicketFile]) -> bool:
+        if self.me.need_bytes is not None or not self.settings.config.exclusive_clears_tenants:
+            return False
+        return any(tf.ticket.holding and tf.ticket.name.startswith("tenant:") for tf in ahead)
 
     def _calls(self) -> frozenset[str]:
         """The tenant model this ticket is a routed call to (never evicted to make room)."""

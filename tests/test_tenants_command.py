@@ -122,3 +122,20 @@ def test_a_crash_while_starting_is_reported(tmp_path: Path) -> None:
     assert e.value.hint is not None and "broken.log" in e.value.hint
     assert QueueDir(settings, 0, create=False).holders() == []
     assert not [x for x in events.read(settings.state_dir) if x["event"] == "evict"]
+
+
+def test_an_exclusive_acquire_stops_an_idle_command_tenant_instead_of_waiting_for_ever(
+    started: tuple[Settings, CommandAdapter],
+) -> None:
+    import gpulock
+
+    settings, adapter = started
+    adapter.load()
+    (m,) = survey.survey(settings)[0].models
+    assert m.pid is not None
+    cfg, state = str(settings.config.path), settings.state_dir
+    with gpulock.acquire(timeout=60, config=cfg, state_dir=state) as lease:
+        assert lease.need_bytes is None
+        assert not alive(m.pid)
+    (ev,) = [e for e in events.read(state) if e["event"] == "evict"]
+    assert (ev["tenant"], ev["outcome"]) == ("tiny", "freed")
