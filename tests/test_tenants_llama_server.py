@@ -82,11 +82,9 @@ def test_router_mode_is_recognised_and_the_loaded_model_listed_with_its_size(
     assert server.proc.pid in procs.ancestors(child)  # type: ignore[union-attr]
 
 
-def test_gpulock_evict_unloads_and_verifies(server: LlamaRouter, tmp_path: Path) -> None:
+def test_gpulock_evict_unloads_and_verifies(server: LlamaRouter, tmp_path: Path, cli: Cli) -> None:
     settings = tenant_settings(server, tmp_path)
     server.load("tiny-a")
-    cli = Cli(tmp_path / "cli")
-    (tmp_path / "cli").mkdir()
     r = cli.run("evict", "tiny-a", "--tenant", "llama", "--json",
                 env=cli.env(GPULOCK_CONFIG=str(settings.config.path),
                             GPULOCK_STATE_DIR=str(settings.state_dir)))  # fmt: skip
@@ -110,11 +108,11 @@ def test_the_watchdog_evicts_it_when_idle_over_threshold(
     assert (ev["tenant"], ev["outcome"]) == ("llama", "freed")
 
 
-def test_an_exclusive_gpulock_run_unloads_it_first(server: LlamaRouter, tmp_path: Path) -> None:
+def test_an_exclusive_gpulock_run_unloads_it_first(
+    server: LlamaRouter, tmp_path: Path, cli: Cli
+) -> None:
     settings = tenant_settings(server, tmp_path)
     server.load("tiny-a")
-    (tmp_path / "cli").mkdir()
-    cli = Cli(tmp_path / "cli")
     env = cli.env(
         GPULOCK_CONFIG=str(settings.config.path), GPULOCK_STATE_DIR=str(settings.state_dir)
     )
