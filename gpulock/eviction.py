@@ -142,8 +142,12 @@ def evict(
 
 
 def _memory_of(settings: Settings, record: Record) -> int | None:
-    """Memory the owner uses on the record's GPU: NVML per process, or the simulated count."""
-    report = probe_devices(settings)
+    """Memory the owner uses on the record's GPU: NVML per process, or the simulated count.
+
+    Tenants are left out of the simulated count: asking them over HTTP on every poll would
+    only add their noise to this owner's before and after.
+    """
+    report = probe_devices(settings, tenants=[])
     dev = report.get(record.gpu)
     if dev is None:
         return None
