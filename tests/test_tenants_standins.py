@@ -340,3 +340,29 @@ def test_used_memory_counts_tenant_models_on_a_simulated_gpu(tmp_path: Path) -> 
     finally:
         assert srv.standin is not None
         srv.standin.stop()
+
+
+def test_a_server_echoing_the_key_never_puts_it_in_errors_or_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "sk-test-0123456789abcdefSECRET"
+    monkeypatch.setenv("OLLAMA_KEY", key)
+    bad = Bad("echo")
+    bad.start()
+    try:
+        settings = settings_for(
+            tmp_path, [{"name": "o", "kind": "ollama", "url": bad.url, "api_key_env": "OLLAMA_KEY"}]
+        )
+        (li,) = survey.survey(settings)
+        assert bad.last_headers.get("Authorization") == f"Bearer {key}"  # it did travel
+        assert li.error is not None and "HTTP 500" in li.error
+        assert key not in li.error and "[api key]" in li.error
+        snap = status_mod.snapshot(settings)
+        assert key not in str(snap)
+        assert (
+            key not in (settings.state_dir / "events.jsonl").read_text(errors="replace")
+            if (settings.state_dir / "events.jsonl").exists()
+            else True
+        )
+    finally:
+        bad.stop()

@@ -82,10 +82,15 @@ class Client:
         headers = {"Accept": "application/json"}
         if data is not None:
             headers["Content-Type"] = "application/json"
-        if self.api_key_env:
-            key = os.environ.get(self.api_key_env)
-            if key:
-                headers["Authorization"] = f"Bearer {key}"
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+
+        def scrub(text: str) -> str:
+            # A careless server or proxy may echo the request's headers in its error page:
+            # the key must not ride along into listings, events and error messages.
+            return text.replace(key, "[api key]") if key else text
+
         if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
             raise TenantUnreachable(f"not an http:// URL: {url!r}")
         req = urllib.request.Request(url, data=data, headers=headers, method=method)  # noqa: S310
@@ -95,7 +100,7 @@ class Client:
             with _OPENER.open(req, timeout=wait) as resp:
                 raw = resp.read(MAX_BODY + 1)
         except urllib.error.HTTPError as e:
-            text = _text(e)
+            text = scrub(_text(e))
             if 300 <= e.code < 400:
                 raise TenantHttpError(
                     f"{where}: redirected ({e.code}); not followed", status=e.code
@@ -124,7 +129,7 @@ class Client:
             return json.loads(raw) if raw.strip() else None
         except (ValueError, RecursionError):
             raise TenantHttpError(
-                f"{where}: answer is not JSON: {_short(raw.decode('utf-8', 'replace'))}"
+                f"{where}: answer is not JSON: {_short(scrub(raw.decode('utf-8', 'replace')))}"
             ) from None
 
     def get(self, path: str, **kw: Any) -> Any:

@@ -1,7 +1,8 @@
 """A tenant that misbehaves, as the test asks (``mode``): ``500``, ``garbage`` (200 with a
 body that is not JSON), ``hang`` (no answer for ``hang_s``), ``file`` (a static file server's
 answer: a text file where JSON was expected), ``list`` (JSON, but a list where an object is
-expected).  Follows no server's API on purpose."""
+expected), ``echo`` (a 500 whose page echoes the request's Authorization header, as a careless
+proxy would).  Follows no server's API on purpose."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ class Bad(StandIn):
             return 200, {}
         if self.mode == "file":
             return 200, "root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1::/usr/sbin\n"
+        if self.mode == "echo":
+            return (
+                500,
+                f"bad gateway; request had Authorization: {self.last_headers.get('Authorization')}",
+            )
         if self.mode == "list":
             return 200, [1, 2, 3]
         return 404, "not found"

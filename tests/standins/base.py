@@ -19,6 +19,7 @@ class StandIn:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.hits: list[tuple[str, str, Any]] = []
+        self.last_headers: dict[str, str] = {}
         self.hold = threading.Event()
         self.hold.set()
         outer = self
@@ -38,6 +39,7 @@ class StandIn:
                 query = dict(urllib.parse.parse_qsl(parts.query))
                 with outer.lock:
                     outer.hits.append((method, self.path, body))
+                    outer.last_headers = dict(self.headers)
                 status, payload = outer.handle(method, parts.path, query, body)
                 if isinstance(payload, bytes | str):
                     data = payload.encode() if isinstance(payload, str) else payload
