@@ -363,3 +363,20 @@ def test_a_server_echoing_the_key_never_puts_it_in_errors_or_events(
         assert not log.exists() or key not in log.read_text(errors="replace")
     finally:
         bad.stop()
+
+
+def test_a_tenant_residency_is_an_event_when_seen_and_when_gone(tmp_path: Path) -> None:
+    srv = make("localai")
+    s = srv.standin
+    assert isinstance(s, LocalAI)
+    try:
+        settings = settings_for(tmp_path, [tenant(srv)])
+        srv.load()
+        status_mod.snapshot(settings)
+        status_mod.snapshot(settings)  # seen again: no second event
+        s.loaded.clear()  # LocalAI unloaded it by itself
+        status_mod.snapshot(settings)
+        evs = [(e["event"], e["resident"]) for e in events.read(settings.state_dir)]
+        assert evs == [("resident", "localai/phi-2"), ("unload", "localai/phi-2")]
+    finally:
+        s.stop()

@@ -165,10 +165,12 @@ def to_records(
     last: dict[str, float | None] = {}
     if not track and rows:
         last = usage.peek(settings)
-    elif rows:
-        last = usage.observe(
-            settings, {f"{li.tenant}/{m.name}": m.fingerprint for li, m in rows}, now
-        )
+    elif track:
+        asked = frozenset(li.tenant for li in listings if li.reachable)
+        seen = {f"{li.tenant}/{m.name}": m.fingerprint for li, m in rows}
+        obs = usage.observe(settings, seen, now, asked=asked)
+        last = obs.last_used
+        _residency_events(settings, rows, obs)
     nvml = report is not None and report.source == "nvml"
     if nvml:
         listings = [with_pids(li) for li in listings]
@@ -204,6 +206,27 @@ def to_records(
             )
         )
     return out
+
+
+def _residency_events(
+    settings: Settings, rows: list[tuple[Listing, TenantModel]], obs: usage.Observed
+) -> None:
+    """A ``resident`` event when a tenant model first shows, an ``unload`` when it is gone
+    from an answering tenant's listing: the report draws tenant residencies like others."""
+    by_id = {f"{li.tenant}/{m.name}": (li, m) for li, m in rows}
+    for rid in obs.appeared:
+        li, m = by_id[rid]
+        settings.emit(
+            "resident", resident=rid, name=m.name, gpu=li.gpu, tenant=li.tenant,
+            declared_bytes=m.size_bytes, state=m.state,
+        )  # fmt: skip
+    for rid in obs.vanished:
+        tenant, _, name = rid.partition("/")
+        spec = next((s for s in settings.config.tenants if s.name == tenant), None)
+        settings.emit(
+            "unload", resident=rid, name=name, gpu=spec.gpu if spec else None, tenant=tenant,
+            reason="no longer in the tenant's listing",
+        )  # fmt: skip
 
 
 def _child_pid(li: Listing, m: TenantModel) -> int | None:

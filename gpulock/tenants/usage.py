@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from gpulock.errors import GpulockError
@@ -43,13 +44,28 @@ def _save(settings: Settings, models: dict[str, Any]) -> None:
         pass  # a cache: status still answers, the next look tries again
 
 
+@dataclass(frozen=True, slots=True)
+class Observed:
+    last_used: dict[str, float | None]  # rid -> last use (None: unknown)
+    appeared: tuple[str, ...]  # rids not seen before (a residency starts)
+    vanished: tuple[str, ...]  # rids of answering tenants no longer listed (it ended)
+
+
 def observe(
-    settings: Settings, seen: dict[str, str | None], now_wall: float | None = None
-) -> dict[str, float | None]:
-    """``rid -> fingerprint`` for the models listed now; returns ``rid -> last use``."""
+    settings: Settings,
+    seen: dict[str, str | None],
+    now_wall: float | None = None,
+    *,
+    asked: frozenset[str] = frozenset(),
+) -> Observed:
+    """``rid -> fingerprint`` for the models listed now by the tenants ``asked`` (those that
+    answered); the models of tenants that did not answer keep their history."""
     now = time.time() if now_wall is None else now_wall
     old = _load(settings)
-    new: dict[str, Any] = {}
+    new: dict[str, Any] = {
+        rid: e for rid, e in old.items() if rid.split("/", 1)[0] not in asked and rid not in seen
+    }
+    vanished = tuple(rid for rid in old if rid.split("/", 1)[0] in asked and rid not in seen)
     entry: dict[str, Any]
     out: dict[str, float | None] = {}
     for rid, fp in seen.items():
@@ -75,7 +91,7 @@ def observe(
         out[rid] = entry["last_used_wall"]
     if new != old:
         _save(settings, new)
-    return out
+    return Observed(out, tuple(r for r in seen if r not in old), vanished)
 
 
 def peek(settings: Settings) -> dict[str, float | None]:
