@@ -72,7 +72,8 @@ def test_router_mode_is_recognised_and_the_loaded_model_listed_with_its_size(
     snap = status_mod.snapshot(settings)
     (r,) = snap["residents"]
     assert (r["id"], r["tenant"], r["tenant_state"]) == ("llama/tiny-a", "llama", "loaded")
-    assert r["bytes"] is not None and r["bytes"] > 0
+    weights = next(m for m in get(server.url + "/models")["data"] if m["id"] == "tiny-a")
+    assert r["bytes"] is not None and r["bytes"] > weights["meta"]["size"]  # + the KV cache
     # One child process per model, on its own port: that port names the model's process
     # (what NVML's per-process figure is looked up by on a real GPU).
     (li,) = survey.survey(settings, deadline_s=5.0, timeout_s=4.0)

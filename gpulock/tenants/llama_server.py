@@ -107,6 +107,8 @@ class LlamaServerAdapter(Adapter):
                 n_ctx = sum(int(s["n_ctx"]) for s in slots if isinstance(s.get("n_ctx"), int))
             except TenantError:
                 pass  # slots off (--no-slots) or the child is busy starting: in use unknown
+        if not n_ctx and isinstance(meta.get("n_ctx"), int):
+            n_ctx = meta["n_ctx"]  # the child's context, when its slots could not be read
         if size is not None:
             path = m.get("path") if isinstance(m.get("path"), str) else None
             path = path or arg_value(args, "-m", "--model")
