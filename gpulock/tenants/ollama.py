@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from datetime import datetime
 
@@ -29,7 +30,7 @@ def parse_time(text: object) -> float | None:
     # Python parses at most microseconds: cut the fraction to 6 digits, keep the offset.
     if "." in rest:
         clock, _, frac = rest.partition(".")
-        digits = "".join(c for c in frac if c.isdigit())
+        digits = "".join(itertools.takewhile(str.isdigit, frac))
         offset = frac[len(digits) :]
         rest = f"{clock}.{digits[:6]}{offset}"
     try:
