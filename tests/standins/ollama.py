@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from standins.base import StandIn
@@ -24,14 +24,11 @@ DEFAULT_KEEP_ALIVE_S = 300.0
 
 
 def rfc3339(t: float) -> str:
-    dt = datetime.fromtimestamp(t, UTC).astimezone()
-    return (
-        dt.strftime("%Y-%m-%dT%H:%M:%S.")
-        + f"{int((t % 1) * 1e9):09d}"
-        + dt.strftime("%z")[:3]
-        + ":"
-        + dt.strftime("%z")[3:]
-    )
+    """As Ollama writes times: nanoseconds and the server's local offset (here -07:00, as in
+    its API docs, so a reader that drops the offset is seven hours off)."""
+    tz = timezone(timedelta(hours=-7))
+    dt = datetime.fromtimestamp(t, tz)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{int((t % 1) * 1e9):09d}-07:00"
 
 
 class Ollama(StandIn):
