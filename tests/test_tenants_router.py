@@ -124,7 +124,31 @@ def test_a_command_tenant_is_started_by_the_first_call(tmp_path: Path) -> None:
         m = router.get_model("t", config=str(cfg), state_dir=state)
         text = m.complete("Once upon a time", max_tokens=4)
         assert isinstance(text, str)
+        pieces = list(m.complete("Once upon a time", max_tokens=4, stream=True))
+        assert pieces and all(isinstance(p, str) for p in pieces)  # OpenAI's server-sent events
         (li,) = survey.survey(settings)
         assert [x.state for x in li.models] == ["loaded"]
     finally:
         adapter.unload("tiny")
+
+
+def test_a_stream_comes_in_pieces_under_one_ticket(tmp_path: Path) -> None:
+    s = Ollama({"qwen2.5:7b": 5 * GiB})
+    s.start()
+    try:
+        tenants, task = routes(s.url, vram="6GiB")
+        cfg = write_config(tmp_path, tenants, routes=task)
+        state = str(tmp_path / "state")
+        m = router.get_model("summarize", config=str(cfg), state_dir=state)
+        pieces = list(m.chat([{"role": "user", "content": "hi"}], stream=True))
+        assert pieces == ["h", "i"]
+        (_, _, body) = next(h for h in s.hits if h[1] == "/api/chat")
+        assert body["stream"] is True
+        settings = settings_mod.load(str(cfg), state)
+        assert QueueDir(settings, 0, create=False).holders() == []  # given back at the end
+        from gpulock import events
+
+        (call,) = [e for e in events.read(settings.state_dir) if e["event"] == "call"]
+        assert (call["tokens_in"], call["tokens_out"]) == (3, 2)
+    finally:
+        s.stop()

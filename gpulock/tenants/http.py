@@ -15,6 +15,7 @@ import socket
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpulock.errors import GpulockError
@@ -67,16 +68,9 @@ class Client:
     def url(self, path: str) -> str:
         return path if "://" in path else f"{self.base_url}/{path.lstrip('/')}"
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        timeout_s: float | None = None,
-        expect_json: bool = True,
-    ) -> Any:
-        """The decoded JSON answer (or the text when ``expect_json`` is false)."""
+    def _prepare(
+        self, method: str, path: str, body: Any
+    ) -> tuple[urllib.request.Request, str, Callable[[str], str]]:
         url = self.url(path)
         data = None if body is None else json.dumps(body).encode()
         headers = {"Accept": "application/json"}
@@ -94,11 +88,14 @@ class Client:
         if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
             raise TenantUnreachable(f"not an http:// URL: {url!r}")
         req = urllib.request.Request(url, data=data, headers=headers, method=method)  # noqa: S310
-        wait = self.timeout_s if timeout_s is None else timeout_s
-        where = f"{method} {urllib.parse.urlsplit(url).path or '/'}"
+        return req, f"{method} {urllib.parse.urlsplit(url).path or '/'}", scrub
+
+    def _open(
+        self, req: urllib.request.Request, where: str, wait: float, scrub: Callable[[str], str]
+    ) -> Any:
+        """The open response, or the failure as a TenantError (never a urllib exception)."""
         try:
-            with _OPENER.open(req, timeout=wait) as resp:
-                raw = resp.read(MAX_BODY + 1)
+            return _OPENER.open(req, timeout=wait)
         except urllib.error.HTTPError as e:
             text = scrub(_text(e))
             if 300 <= e.code < 400:
@@ -121,6 +118,24 @@ class Client:
             raise TenantUnreachable(f"{where}: not an HTTP answer ({type(e).__name__})") from None
         except OSError as e:
             raise TenantUnreachable(f"{where}: {e.strerror or e}") from None
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        timeout_s: float | None = None,
+        expect_json: bool = True,
+    ) -> Any:
+        """The decoded JSON answer (or the text when ``expect_json`` is false)."""
+        req, where, scrub = self._prepare(method, path, body)
+        wait = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            with self._open(req, where, wait, scrub) as resp:
+                raw = resp.read(MAX_BODY + 1)
+        except (TimeoutError, http.client.HTTPException, ConnectionError) as e:
+            raise TenantUnreachable(f"{where}: answer cut off ({type(e).__name__})") from None
         if len(raw) > MAX_BODY:
             raise TenantHttpError(f"{where}: answer larger than {MAX_BODY >> 20} MiB")
         if not expect_json:
@@ -131,6 +146,17 @@ class Client:
             raise TenantHttpError(
                 f"{where}: answer is not JSON: {_short(scrub(raw.decode('utf-8', 'replace')))}"
             ) from None
+
+    def lines(self, path: str, body: Any, *, timeout_s: float | None = None) -> Iterator[str]:
+        """POST ``body`` and yield the answer's lines as they come (NDJSON, server-sent events)."""
+        req, where, scrub = self._prepare("POST", path, body)
+        wait = self.timeout_s if timeout_s is None else timeout_s
+        with self._open(req, where, wait, scrub) as resp:
+            try:
+                for raw in resp:
+                    yield raw.decode("utf-8", "replace").rstrip("\r\n")
+            except (TimeoutError, http.client.HTTPException, ConnectionError) as e:
+                raise TenantUnreachable(f"{where}: stream cut off ({type(e).__name__})") from None
 
     def get(self, path: str, **kw: Any) -> Any:
         return self.request("GET", path, **kw)

@@ -13,9 +13,9 @@ The call goes through the tenant's own API (``gpulock.tenants``), not through th
 
 Every other call holds a gpulock ticket on the tenant's GPU with ``need`` = the model's size
 (what the tenant reports, or the candidate's ``vram:``; unknown means the whole GPU) for the
-request's duration, marked as a call to ``TENANT/MODEL`` so that making room for it never
-evicts the very model it calls.  The use is recorded (``gpulock.tenants.usage.touch``), so the
-watchdog knows the model's last use.  Streaming yields the whole answer as one piece.
+request's duration (a stream's: until its last piece), marked as a call to ``TENANT/MODEL`` so
+that making room for it never evicts the very model it calls.  The use is recorded
+(``gpulock.tenants.usage.touch``), so the watchdog knows the model's last use.
 """
 
 from __future__ import annotations
@@ -75,9 +75,60 @@ class TenantBackend:
         usage: dict[str, int],
         **kw: Any,
     ) -> Iterator[str]:
-        r = self._call(kind, payload, wait_s, label, kw)
-        usage["tokens_in"], usage["tokens_out"] = r.tokens_in, r.tokens_out
-        yield r.text
+        """The answer's pieces as the tenant sends them (Ollama's NDJSON, OpenAI's events),
+        holding the GPU ticket until the last one or until the caller stops reading."""
+        from gpulock.tenants import usage as usage_mod
+        from gpulock.tenants.http import TenantError
+
+        with self._session(wait_s, label):
+            try:
+                yield from self._pieces(kind, payload, wait_s, kw, usage)
+            except TenantError as e:
+                raise self._translate(e) from None
+            self.calls += 1
+            usage_mod.touch(self.settings, self.rid)
+
+    def _pieces(
+        self, kind: str, payload: Any, wait_s: float | None, kw: dict[str, Any],
+        usage: dict[str, int],
+    ) -> Iterator[str]:  # fmt: skip
+        c = self.candidate
+        timeout = c.timeout_s if wait_s is None else max(wait_s, 1.0)
+        if self.spec.kind == "ollama":
+            path, body = self._ollama_body(kind, payload, kw)
+            body["stream"] = True
+            for line in self.adapter.client.lines(path, body, timeout_s=timeout):
+                if not line.strip():
+                    continue
+                obj = _json_line(line)
+                piece = (
+                    (obj.get("message") or {}).get("content")
+                    if kind == "chat"
+                    else obj.get("response")
+                )
+                if piece:
+                    yield str(piece)
+                if obj.get("done"):
+                    usage["tokens_in"] = _int(obj, "prompt_eval_count")
+                    usage["tokens_out"] = _int(obj, "eval_count")
+            return
+        path, body = self._openai_body(kind, payload, kw)
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        for line in self.adapter.client.lines(path, body, timeout_s=timeout):
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            obj = _json_line(data)
+            if isinstance(obj.get("usage"), dict):
+                usage["tokens_in"] = _int(obj["usage"], "prompt_tokens")
+                usage["tokens_out"] = _int(obj["usage"], "completion_tokens")
+            for ch in obj.get("choices") or []:
+                piece = (ch.get("delta") or {}).get("content") if kind == "chat" else ch.get("text")
+                if piece:
+                    yield str(piece)
 
     def _call(
         self, kind: str, payload: Any, wait_s: float | None, label: str, kw: dict[str, Any]
@@ -126,7 +177,7 @@ class TenantBackend:
             yield
 
     def _request(self, kind: str, payload: Any, wait_s: float | None, kw: dict[str, Any]) -> Result:
-        from gpulock.tenants.http import TenantError, TenantHttpError, TenantUnreachable
+        from gpulock.tenants.http import TenantError
 
         c = self.candidate
         timeout = c.timeout_s if wait_s is None else max(wait_s, 1.0)
@@ -134,17 +185,24 @@ class TenantBackend:
             if self.spec.kind == "ollama":
                 return self._ollama(kind, payload, timeout, kw)
             return self._openai(kind, payload, timeout, kw)
-        except TenantHttpError as e:
+        except TenantError as e:
+            raise self._translate(e) from None
+
+    def _translate(self, e: Exception) -> BackendError:
+        from gpulock.tenants.http import TenantHttpError, TenantUnreachable
+
+        if isinstance(e, TenantHttpError):
             status = e.status
             what = "server" if status is None or status >= 500 else "client"
-            raise BackendError(what, f"tenant {self.spec.name}: {e}", status=status) from None
-        except TenantUnreachable as e:
+            return BackendError(what, f"tenant {self.spec.name}: {e}", status=status)
+        if isinstance(e, TenantUnreachable):
             what = "timeout" if "no answer" in str(e) else "connection"
-            raise BackendError(what, f"tenant {self.spec.name}: {e}") from None
-        except TenantError as e:
-            raise BackendError("server", f"tenant {self.spec.name}: {e}") from None
+            return BackendError(what, f"tenant {self.spec.name}: {e}")
+        return BackendError("server", f"tenant {self.spec.name}: {e}")
 
-    def _ollama(self, kind: str, payload: Any, timeout: float, kw: dict[str, Any]) -> Result:
+    def _ollama_body(
+        self, kind: str, payload: Any, kw: dict[str, Any]
+    ) -> tuple[str, dict[str, Any]]:
         c = self.candidate
         body: dict[str, Any] = {"model": c.model, "stream": False}
         if c.policy == "cold-start":
@@ -157,26 +215,32 @@ class TenantBackend:
         if options:
             body["options"] = options
         if kind == "chat":
-            body["messages"] = payload
-            r = self.adapter.client.post("/api/chat", body, timeout_s=timeout)
+            return "/api/chat", {**body, "messages": payload}
+        return "/api/generate", {**body, "prompt": payload}
+
+    def _ollama(self, kind: str, payload: Any, timeout: float, kw: dict[str, Any]) -> Result:
+        path, body = self._ollama_body(kind, payload, kw)
+        r = self.adapter.client.post(path, body, timeout_s=timeout)
+        if kind == "chat":
             msg = r.get("message") if isinstance(r, dict) else None
             text = msg.get("content") if isinstance(msg, dict) else None
         else:
-            body["prompt"] = payload
-            r = self.adapter.client.post("/api/generate", body, timeout_s=timeout)
             text = r.get("response") if isinstance(r, dict) else None
         if not isinstance(text, str):
             raise BackendError("server", f"tenant {self.spec.name}: answer without text")
         return Result(text, _int(r, "prompt_eval_count"), _int(r, "eval_count"), r)
 
-    def _openai(self, kind: str, payload: Any, timeout: float, kw: dict[str, Any]) -> Result:
+    def _openai_body(
+        self, kind: str, payload: Any, kw: dict[str, Any]
+    ) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {"model": self.candidate.model, **kw, "stream": False}
         if kind == "chat":
-            body["messages"] = payload
-            r = self.adapter.client.post("/v1/chat/completions", body, timeout_s=timeout)
-        else:
-            body["prompt"] = payload
-            r = self.adapter.client.post("/v1/completions", body, timeout_s=timeout)
+            return "/v1/chat/completions", {**body, "messages": payload}
+        return "/v1/completions", {**body, "prompt": payload}
+
+    def _openai(self, kind: str, payload: Any, timeout: float, kw: dict[str, Any]) -> Result:
+        path, body = self._openai_body(kind, payload, kw)
+        r = self.adapter.client.post(path, body, timeout_s=timeout)
         try:
             choice = r["choices"][0]
             text = choice["message"]["content"] if kind == "chat" else choice["text"]
@@ -184,6 +248,21 @@ class TenantBackend:
             raise BackendError("server", f"tenant {self.spec.name}: answer without text") from None
         use = r.get("usage") if isinstance(r.get("usage"), dict) else {}
         return Result(str(text), _int(use, "prompt_tokens"), _int(use, "completion_tokens"), r)
+
+
+def _json_line(text: str) -> dict[str, Any]:
+    """One streamed JSON object; a TenantHttpError for anything else (garbage mid-stream)."""
+    import json
+
+    from gpulock.tenants.http import TenantHttpError
+
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        raise TenantHttpError(f"streamed answer is not JSON: {text[:80]!r}") from None
+    if not isinstance(obj, dict):
+        raise TenantHttpError("streamed answer is not a JSON object")
+    return obj
 
 
 def _int(d: Any, key: str) -> int:

@@ -15,6 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+class NdJson(list[Any]):
+    """A streamed answer: one JSON object per line (Ollama's ``stream: true``)."""
+
+
 class StandIn:
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -41,7 +45,10 @@ class StandIn:
                     outer.hits.append((method, self.path, body))
                     outer.last_headers = dict(self.headers)
                 status, payload = outer.handle(method, parts.path, query, body)
-                if isinstance(payload, bytes | str):
+                if isinstance(payload, NdJson):
+                    data = "".join(json.dumps(x) + "\n" for x in payload).encode()
+                    ctype = "application/x-ndjson"
+                elif isinstance(payload, bytes | str):
                     data = payload.encode() if isinstance(payload, str) else payload
                     ctype = "text/plain"
                 else:

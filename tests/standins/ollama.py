@@ -9,7 +9,9 @@
   ``/api/ps`` keeps listing it with ``expires_at`` in the past.
 * ``POST /api/generate {"model": M, "prompt": P}`` (or ``/api/chat`` with ``messages``) loads
   M, generates (in flight until the test sets ``hold``), and moves ``expires_at`` to now +
-  keep_alive (default 5m); with ``"keep_alive": 0`` it unloads M after answering.
+  keep_alive (default 5m); with ``"keep_alive": 0`` it unloads M after answering.  Unless the
+  request says ``"stream": false`` the answer is streamed: one JSON object per line, the last
+  with ``"done": true`` and the token counts.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from standins.base import StandIn
+from standins.base import NdJson, StandIn
 
 DEFAULT_KEEP_ALIVE_S = 300.0
 
@@ -98,7 +100,19 @@ class Ollama(StandIn):
                     self._unload(name)  # a call with keep_alive 0: unloaded once it answered
                 self.later(self.unload_delay_s, lambda: self._maybe_free(name))
             answer = {"model": name, "created_at": now, "done": True, "done_reason": "stop",
-                      "prompt_eval_count": 3, "eval_count": 1}  # fmt: skip
+                      "prompt_eval_count": 3, "eval_count": 2}  # fmt: skip
+            if body.get("stream", True):  # Ollama streams unless told not to
+                chat = path == "/api/chat"
+
+                def piece(text: str) -> dict[str, Any]:
+                    if chat:
+                        return {"message": {"role": "assistant", "content": text}}
+                    return {"response": text}
+
+                parts = [
+                    {"model": name, "created_at": now, "done": False, **piece(p)} for p in "hi"
+                ]
+                return 200, NdJson([*parts, {**answer, **piece("")}])
             if path == "/api/chat":
                 return 200, {**answer, "message": {"role": "assistant", "content": "hi"}}
             return 200, {**answer, "response": "hi"}
