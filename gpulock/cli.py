@@ -520,38 +520,8 @@ def cmd_tenants(args: argparse.Namespace) -> int:
         return EX_OK
     from gpulock.tenants import survey
 
-    now = time.time()
-    listings = [survey.with_pids(li) for li in survey.survey(settings)]
-    last = {r.id: r for r in survey.to_records(settings, listings, now_wall=now)}
-    entries = []
-    for li in listings:
-        e = survey.summary(li)
-        for m in e["models"]:  # type: ignore[attr-defined]
-            r = last.get(m["id"])
-            known = r is not None and r.idle_known
-            m["last_used_wall"] = r.last_used_wall if known and r is not None else None
-            m["idle_s"] = round(now - r.last_used_wall, 3) if known and r is not None else None
-        entries.append(e)
-    if args.json:
-        print(json.dumps({"tenants": entries}, indent=2))
-        return EX_OK
-    from gpulock.units import format_duration, format_size
-
-    for e in entries:
-        kind = e["actual_kind"] or e["kind"]
-        if not e["reachable"]:
-            print(
-                f"{e['tenant']}  {e['kind']}  {e['url']}  gpu{e['gpu']}  unreachable: {e['error']}"
-            )
-            continue
-        print(f"{e['tenant']}  {kind}  {e['url']}  gpu{e['gpu']}  {len(e['models'])} model(s)")  # type: ignore[arg-type]
-        for note in e["notes"]:  # type: ignore[attr-defined]
-            print(f"  note: {note}")
-        for m in e["models"]:  # type: ignore[attr-defined]
-            size = format_size(m["size_bytes"]) if m["size_bytes"] is not None else "size ?"
-            idle = format_duration(m["idle_s"]) if m["idle_s"] is not None else "?"
-            use = {True: "in use", False: "idle", None: "in use ?"}[m["in_use"]]
-            print(f"  {m['name']}  {m['state']}  {size}  last use {idle} ago  {use}")
+    entries = survey.entries(settings)
+    print(json.dumps({"tenants": entries}, indent=2) if args.json else survey.render(entries))
     return EX_OK
 
 

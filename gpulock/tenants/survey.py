@@ -11,10 +11,12 @@ room-for-a-waiter, ``gpulock evict``).
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from gpulock import devices
 from gpulock.registry import Record
@@ -45,28 +47,27 @@ class Listing:
     elapsed_s: float = 0.0
 
 
+# kind -> (module, class): one module per kind, imported when a tenant of that kind is used.
+ADAPTERS = {
+    "ollama": ("ollama", "OllamaAdapter"),
+    "llama-server": ("llama_server", "LlamaServerAdapter"),
+    "llama-swap": ("llama_swap", "LlamaSwapAdapter"),
+    "vllm": ("vllm", "VllmAdapter"),
+    "comfyui": ("comfyui", "ComfyUIAdapter"),
+    "localai": ("localai", "LocalAIAdapter"),
+}
+
+
 def adapter_for(
     spec: TenantSpec, settings: Settings, *, timeout_s: float = LIST_TIMEOUT_S
 ) -> Adapter:
-    """The adapter of ``spec.kind`` (imported on first use: one module per kind)."""
+    """The adapter of ``spec.kind`` (its module imported on first use)."""
     if spec.kind == "command":
         from gpulock.tenants.command import CommandAdapter
 
         return CommandAdapter(spec, timeout_s=timeout_s, settings=settings)
-    if spec.kind == "ollama":
-        from gpulock.tenants.ollama import OllamaAdapter as cls
-    elif spec.kind == "llama-server":
-        from gpulock.tenants.llama_server import LlamaServerAdapter as cls  # type: ignore[assignment]
-    elif spec.kind == "llama-swap":
-        from gpulock.tenants.llama_swap import LlamaSwapAdapter as cls  # type: ignore[assignment]
-    elif spec.kind == "vllm":
-        from gpulock.tenants.vllm import VllmAdapter as cls  # type: ignore[assignment]
-    elif spec.kind == "comfyui":
-        from gpulock.tenants.comfyui import ComfyUIAdapter as cls  # type: ignore[assignment]
-    elif spec.kind == "localai":
-        from gpulock.tenants.localai import LocalAIAdapter as cls  # type: ignore[assignment]
-    else:
-        raise ValueError(f"unknown tenant kind {spec.kind!r}")
+    module, name = ADAPTERS[spec.kind]
+    cls: type[Adapter] = getattr(importlib.import_module(f"gpulock.tenants.{module}"), name)
     return cls(spec, timeout_s=timeout_s)
 
 
@@ -81,22 +82,21 @@ def find_spec(settings: Settings, name: str) -> TenantSpec:
 
 def list_one(spec: TenantSpec, settings: Settings, timeout_s: float = LIST_TIMEOUT_S) -> Listing:
     start = time.monotonic()
-    base = {"tenant": spec.name, "kind": spec.kind, "url": spec.url, "gpu": spec.gpu}
+
+    def listing(**kw: Any) -> Listing:
+        return Listing(
+            spec.name, spec.kind, spec.url, spec.gpu,
+            elapsed_s=round(time.monotonic() - start, 6), **kw,
+        )  # fmt: skip
+
     try:
         seen = adapter_for(spec, settings, timeout_s=timeout_s).list()
     except TenantError as e:
-        return Listing(**base, reachable=False, error=str(e),  # type: ignore[arg-type]
-                       elapsed_s=round(time.monotonic() - start, 6))  # fmt: skip
+        return listing(reachable=False, error=str(e))
     except Exception as e:  # an adapter bug must not take `gpulock status` down with it
-        return Listing(**base, reachable=False, error=f"internal error: {e!r}"[:300],  # type: ignore[arg-type]
-                       elapsed_s=round(time.monotonic() - start, 6))  # fmt: skip
-    return Listing(
-        **base,  # type: ignore[arg-type]
-        reachable=True,
-        actual_kind=seen.actual_kind,
-        models=seen.models,
-        notes=seen.notes,
-        elapsed_s=round(time.monotonic() - start, 6),
+        return listing(reachable=False, error=f"internal error: {e!r}"[:300])
+    return listing(
+        reachable=True, actual_kind=seen.actual_kind, models=seen.models, notes=seen.notes
     )
 
 
@@ -253,7 +253,7 @@ def _measured(
     return None  # several models in one process: NVML cannot split it between them
 
 
-def summary(li: Listing) -> dict[str, object]:
+def summary(li: Listing) -> dict[str, Any]:
     """A listing as JSON (``gpulock tenants --json``, ``gpulock status --json`` ``tenants``)."""
     return {
         "tenant": li.tenant,
@@ -279,3 +279,41 @@ def summary(li: Listing) -> dict[str, object]:
             for m in li.models
         ],
     }
+
+
+def entries(settings: Settings, *, now_wall: float | None = None) -> list[dict[str, Any]]:
+    """``gpulock tenants --json``'s entries: each listing with pids, last use and idle time."""
+    now = time.time() if now_wall is None else now_wall
+    listings = [with_pids(li) for li in survey(settings)]
+    last = {r.id: r for r in to_records(settings, listings, now_wall=now)}
+    out = []
+    for li in listings:
+        e = summary(li)
+        for m in e["models"]:
+            r = last.get(m["id"])
+            known = r is not None and r.idle_known
+            m["last_used_wall"] = r.last_used_wall if known and r is not None else None
+            m["idle_s"] = round(now - r.last_used_wall, 3) if known and r is not None else None
+        out.append(e)
+    return out
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    """The entries as ``gpulock tenants`` prints them."""
+    from gpulock.units import format_duration, format_size
+
+    lines = []
+    for e in rows:
+        where = f"{e['url']}  gpu{e['gpu']}"
+        if not e["reachable"]:
+            lines.append(f"{e['tenant']}  {e['kind']}  {where}  unreachable: {e['error']}")
+            continue
+        kind = e["actual_kind"] or e["kind"]
+        lines.append(f"{e['tenant']}  {kind}  {where}  {len(e['models'])} model(s)")
+        lines += [f"  note: {note}" for note in e["notes"]]
+        for m in e["models"]:
+            size = format_size(m["size_bytes"]) if m["size_bytes"] is not None else "size ?"
+            idle = format_duration(m["idle_s"]) if m["idle_s"] is not None else "?"
+            use = {True: "in use", False: "idle", None: "in use ?"}[m["in_use"]]
+            lines.append(f"  {m['name']}  {m['state']}  {size}  last use {idle} ago  {use}")
+    return "\n".join(lines)
