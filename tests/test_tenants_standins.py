@@ -380,3 +380,32 @@ def test_a_tenant_residency_is_an_event_when_seen_and_when_gone(tmp_path: Path) 
         assert evs == [("resident", "localai/phi-2"), ("unload", "localai/phi-2")]
     finally:
         s.stop()
+
+
+def test_vllm_in_use_from_its_metrics_is_busy_and_not_put_to_sleep(tmp_path: Path) -> None:
+    v = Vllm("m")
+    v.start()
+    try:
+        settings = settings_for(tmp_path, [{"name": "v", "kind": "vllm", "url": v.url}])
+        v.hold.clear()
+        req = urllib.request.Request(  # noqa: S310 (http://127.0.0.1 only)
+            v.url + "/v1/completions", data=b"{}", method="POST"
+        )
+        t = threading.Thread(
+            target=lambda: urllib.request.urlopen(req, timeout=60).read()  # noqa: S310
+        )
+        t.start()
+        deadline = time.monotonic() + 30
+        while not v.inflight:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        (rec,) = eviction.find(settings, "m")
+        assert rec.in_use
+        assert eviction.evict(settings, rec).outcome == "busy"
+        assert not [p for _m, p, _b in v.hits if p.startswith("/sleep")]
+        v.hold.set()
+        t.join(30)
+        (li,) = survey.survey(settings)
+        assert li.models[0].in_use is False and li.models[0].fingerprint == "1"
+    finally:
+        v.stop()

@@ -8,12 +8,30 @@ sleep level 1 (weights to host memory, KV cache dropped):
 * ``POST /wake_up``, ``GET /is_sleeping`` -> ``{"is_sleeping": bool}``.
 * These exist only when the server runs with ``VLLM_SERVER_DEV_MODE=1`` and
   ``--enable-sleep-mode``; a 404 says so, in words, instead of "not found".
+* In use and last use: its Prometheus ``GET /metrics``: ``vllm:num_requests_running`` above 0
+  is a request being served; ``vllm:request_success_total`` moves with every request served
+  (the usage fingerprint).  Without ``/metrics`` both are unknown.
 """
 
 from __future__ import annotations
 
 from gpulock.tenants.base import Adapter, Seen, TenantModel
 from gpulock.tenants.http import TenantError, TenantHttpError, items, obj
+
+
+def metric_sum(text: str, name: str) -> float | None:
+    """The sum of a Prometheus metric's samples (all label sets) in an exposition text."""
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if not line.startswith(name) or line[len(name) : len(name) + 1] not in ("{", " "):
+            continue
+        try:
+            total += float(line.rsplit(None, 1)[1])
+            found = True
+        except (ValueError, IndexError):
+            continue
+    return total if found else None
+
 
 NO_SLEEP = (
     "vLLM has no sleep endpoints: start it with VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode"
@@ -36,8 +54,25 @@ class VllmAdapter(Adapter):
                 raise
             sleeping, notes = None, (NO_SLEEP,)
         state = "sleeping" if sleeping is True else "loaded"
-        models = tuple(TenantModel(name=n, state=state) for n in names)
+        running, served = self._metrics()
+        models = tuple(
+            TenantModel(
+                name=n, state=state, in_use=None if running is None else running > 0,
+                fingerprint=None if served is None else f"{served:g}",
+            )
+            for n in names
+        )  # fmt: skip
         return Seen(actual_kind="vllm", models=models, notes=notes)
+
+    def _metrics(self) -> tuple[float | None, float | None]:
+        """(requests running, requests served) from ``/metrics``; None where not reported."""
+        try:
+            text = self.client.request("GET", "/metrics", expect_json=False)
+        except TenantError:
+            return None, None
+        return metric_sum(text, "vllm:num_requests_running"), metric_sum(
+            text, "vllm:request_success_total"
+        )
 
     def _call(self, path: str, timeout_s: float) -> None:
         try:

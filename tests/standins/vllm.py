@@ -5,7 +5,9 @@ One served model (``GET /v1/models``).  With ``dev_mode`` (the server ran with
 ``VLLM_SERVER_DEV_MODE=1 --enable-sleep-mode``): ``POST /sleep?level=N&mode=abort|wait``
 (``abort``, the default, aborts the requests in flight -- counted in ``aborted`` -- ``wait``
 lets them finish first), ``POST /wake_up``, ``GET /is_sleeping`` -> ``{"is_sleeping": b}``.
-Without it those paths are 404 ``{"detail": "Not Found"}``, as FastAPI answers.
+Without it those paths are 404 ``{"detail": "Not Found"}``, as FastAPI answers.  ``GET /metrics``
+is Prometheus text with ``vllm:num_requests_running`` and ``vllm:request_success_total``
+(labelled by ``model_name``; the counter also per ``finished_reason``).
 """
 
 from __future__ import annotations
@@ -23,10 +25,22 @@ class Vllm(StandIn):
         self.sleeping = False
         self.inflight = 0
         self.aborted = 0
+        self.served = 0
 
     def handle(self, method: str, path: str, query: dict[str, str], body: Any) -> tuple[int, Any]:
         if path == "/health":
             return 200, ""
+        if method == "GET" and path == "/metrics":
+            label = f'model_name="{self.model}"'
+            served = float(self.served)
+            return 200, (
+                "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+                "# TYPE vllm:num_requests_running gauge\n"
+                f"vllm:num_requests_running{{{label}}} {float(self.inflight)}\n"
+                "# TYPE vllm:request_success_total counter\n"
+                f'vllm:request_success_total{{finished_reason="stop",{label}}} {served}\n'
+                f'vllm:request_success_total{{finished_reason="length",{label}}} 0.0\n'
+            )
         if method == "GET" and path == "/v1/models":
             return 200, {"object": "list", "data": [{"id": self.model, "object": "model"}]}
         if method == "POST" and path == "/v1/completions":
@@ -37,6 +51,7 @@ class Vllm(StandIn):
             finally:
                 with self.lock:
                     self.inflight -= 1
+                    self.served += 1
             return 200, {"choices": [{"text": "hi"}]}
         if not self.dev_mode or path not in ("/sleep", "/wake_up", "/is_sleeping"):
             return 404, {"detail": "Not Found"}
