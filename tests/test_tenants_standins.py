@@ -409,3 +409,21 @@ def test_vllm_in_use_from_its_metrics_is_busy_and_not_put_to_sleep(tmp_path: Pat
         assert li.models[0].in_use is False and li.models[0].fingerprint == "1"
     finally:
         v.stop()
+
+
+def test_localai_backend_busy_per_its_monitor_is_never_shut_down(tmp_path: Path) -> None:
+    srv = make("localai")
+    s = srv.standin
+    assert isinstance(s, LocalAI)
+    try:
+        settings = settings_for(tmp_path, [tenant(srv)])
+        srv.load()
+        s.busy.add("phi-2")
+        (rec,) = eviction.find(settings, "phi-2")
+        assert rec.in_use and eviction.evict(settings, rec).outcome == "busy"
+        assert s.loaded == {"phi-2"}
+        s.busy.clear()
+        (rec,) = eviction.find(settings, "phi-2")
+        assert not rec.in_use and eviction.evict(settings, rec).outcome == "freed"
+    finally:
+        s.stop()

@@ -4,12 +4,18 @@
   "process": {"pid", ...}, "size_vram"}]}`` (``process`` and ``size_vram`` are optional).
 * Unload: ``POST /backend/shutdown {"model": M}`` stops that model's backend process.
 * Load: ``POST /backend/load {"model": M}``.
+* In use: ``GET /backend/monitor?model=M`` -> ``{"state": 1}`` while its backend is busy
+  (0 uninitialized, 2 ready, -1 error); unknown when the monitor does not answer.
 """
 
 from __future__ import annotations
 
+import urllib.parse
+
 from gpulock.tenants.base import Adapter, Seen, TenantModel
-from gpulock.tenants.http import items, obj, sub
+from gpulock.tenants.http import TenantError, items, obj, sub
+
+BUSY = 1  # /backend/monitor's state while the backend serves a request
 
 
 class LocalAIAdapter(Adapter):
@@ -31,9 +37,18 @@ class LocalAIAdapter(Adapter):
                     state="loaded",
                     size_bytes=vram if isinstance(vram, int) and vram >= 0 else None,
                     pid=pid if isinstance(pid, int) and pid > 0 else None,
+                    in_use=self._busy(name),
                 )
             )
         return Seen(actual_kind="localai", models=tuple(models))
+
+    def _busy(self, model: str) -> bool | None:
+        path = "/backend/monitor?" + urllib.parse.urlencode({"model": model})
+        try:
+            state = obj(self.client.get(path), "GET /backend/monitor").get("state")
+        except TenantError:
+            return None
+        return state == BUSY if isinstance(state, int) else None
 
     def unload(self, model: str, *, force: bool = False, timeout_s: float = 10.0) -> str:
         self.client.request(

@@ -4,6 +4,8 @@
   "process": {"pid", "rss_bytes", ...}, "size_vram"}]}``.
 * ``POST /backend/shutdown {"model": M}`` stops M's backend (gone from ``loaded_models``).
 * ``POST /backend/load {"model": M}`` loads it.
+* ``GET /backend/monitor?model=M`` -> ``{"state": 1 busy | 2 ready, "memory": {...}}``; a
+  model not loaded is a 500 (its gRPC client is gone).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ class LocalAI(StandIn):
         super().__init__()
         self.catalog = catalog
         self.loaded: set[str] = set()
+        self.busy: set[str] = set()
 
     def handle(self, method: str, path: str, query: dict[str, str], body: Any) -> tuple[int, Any]:
         if method == "GET" and path == "/system":
@@ -29,6 +32,12 @@ class LocalAI(StandIn):
                     for m in sorted(self.loaded)
                 ]  # fmt: skip
             return 200, {"backends": ["llama-cpp"], "loaded_models": models}
+        if method == "GET" and path == "/backend/monitor":
+            m = query.get("model", "")
+            if m not in self.loaded:
+                return 500, {"error": {"code": 500, "message": f"backend {m} not loaded"}}
+            return 200, {"state": 1 if m in self.busy else 2,
+                         "memory": {"total": self.catalog[m], "breakdown": {}}}  # fmt: skip
         name = body.get("model") if isinstance(body, dict) else None
         if method == "POST" and path == "/backend/shutdown":
             with self.lock:
