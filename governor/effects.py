@@ -38,9 +38,8 @@ from typing import Any, TextIO
 
 from governor.model import LEVELS, Action, GovernorConfig, Snapshot
 from governor.policy import threshold_in_force
-from gpulock import claim, eviction, identity, level, proof, registry
-from gpulock.queuedir import QueueDir, holder_pids, queue_gpus
-from gpulock.settings import Settings
+from gpulock import arbiter
+from gpulock.arbiter import Settings
 from gpulock.units import format_size
 
 EVICT_TIMEOUT_S = 2.0  # an idle model's owner answers at once; busy means "not idle" now
@@ -72,7 +71,7 @@ class Effects:
     ) -> list[dict[str, Any]]:
         """Carry out ``actions`` in order; one result dict per action."""
         results: list[dict[str, Any]] = []
-        records: dict[str, registry.Record] | None = None
+        records: dict[str, arbiter.Record] | None = None
         for a in actions:
             if a.kind == "level":
                 results.append(self._level(a))
@@ -82,7 +81,7 @@ class Effects:
                     results.append(_result(a, "dry-run", "nothing done"))
                     continue
                 if records is None:  # read once per pass, after the level changes
-                    records = {r.id: r for r in registry.Registry(self.settings).records()}
+                    records = {r.id: r for r in arbiter.residents(self.settings)[1]}
                 results.append(self._evict(a, records.get(a.resident or ""), config))
             else:
                 results.append(_result(a, "skipped", f"unknown action kind {a.kind!r}"))
@@ -106,7 +105,7 @@ class Effects:
         return {"action": "level", "from": old, "to": new, "outcome": "done", "reason": a.reason}
 
     def _evict(
-        self, a: Action, record: registry.Record | None, config: GovernorConfig
+        self, a: Action, record: arbiter.Record | None, config: GovernorConfig
     ) -> dict[str, Any]:
         if record is None:
             res = _result(a, "gone", "no such resident any more (unloaded or its owner exited)")
@@ -116,7 +115,7 @@ class Effects:
         # The owner has the timeout to reach a safe point, and as long again to unload before
         # it counts as silent: under a force-evict, "past the grace" should not mean minutes.
         timeout_s = config.grace_s if force else min(EVICT_TIMEOUT_S, config.grace_s)
-        er = eviction.evict(
+        er = arbiter.evict(
             self.settings,
             record,
             force=force,
@@ -126,28 +125,24 @@ class Effects:
         )
         res = _result(a, er.outcome, er.detail)
         res.update(pid=record.pid, freed_bytes=er.freed_bytes, elapsed_s=er.elapsed_s)
-        if force and er.outcome in ("busy", "no-answer"):
+        if force and er.outcome in ("busy", "no-answer") and record.tenant is None:
             res["kill"] = self._kill(a, record, config, er.outcome)
         self._governor_event(a, res)
         return res
 
     def _kill(
-        self, a: Action, r: registry.Record, config: GovernorConfig, why: str
+        self, a: Action, r: arbiter.Record, config: GovernorConfig, why: str
     ) -> dict[str, Any]:
         """SIGTERM, grace, SIGKILL for an owner that ignored a force-evict; what happened."""
         if not config.force_kill:
             return {"outcome": "not-killed", "detail": "force_kill is off"}
-        if not identity.may_signal(r.uid):
+        if not arbiter.may_signal(r.uid):
             return {"outcome": "not-killed", "detail": f"not permitted: owner uid {r.uid}"}
-        if r.pid in holder_pids(self.settings):
+        if r.pid in arbiter.holder_pids(self.settings):
             return {"outcome": "not-killed", "detail": "its process holds a GPU ticket"}
-        reg = registry.Registry(self.settings, create=False)
-        try:
-            fd = claim.watch(reg.claim_path(r.owner))
-        except claim.NotAClaim:
-            fd = None
+        fd = arbiter.watch_owner(self.settings, r)
         if fd is None:
-            reg.records()  # cleans its records
+            arbiter.clean_dead(self.settings)  # cleans its records
             return {"outcome": "owner-gone", "detail": "the owner exited meanwhile"}
         evidence = {
             "resident": r.id,
@@ -159,27 +154,27 @@ class Effects:
             "evidence": a.evidence,
         }
         start = time.monotonic()
-        fifo = reg.claim_path(r.owner)
-        if not proof.proven(r.pid, r.start_ticks, r.uid, fifo):
+        fifo = arbiter.owner_claim(self.settings, r)
+        if not arbiter.proven(r.pid, r.start_ticks, r.uid, fifo):
             # A record names its owner; only the kernel's open files prove it (any member of
             # a shared folder can write a record naming any process).
             os.close(fd)
             return {"outcome": "not-killed", "detail": f"pid {r.pid} does not hold the claim"}
 
         def send(sig: int) -> bool:
-            return proof.send(r.pid, r.start_ticks, r.uid, r.pidns, fifo, sig)
+            return arbiter.signal_proven(r.pid, r.start_ticks, r.uid, r.pidns, fifo, sig)
 
         def announce(sig_name: str) -> None:
             extra = {"grace_s": config.grace_s} if sig_name == "SIGTERM" else {}
             self.settings.emit("kill", **evidence, signal=sig_name, **extra)
 
         try:
-            outcome = claim.end_owner(fd, send, config.grace_s, announce)
+            outcome = arbiter.end_owner(fd, send, config.grace_s, announce)
         finally:
             os.close(fd)
         if outcome == "not-sent":
             return {"outcome": "not-killed", "detail": "pid is no longer the owner"}
-        reg.records()  # a dead owner's records are cleaned (a `cleanup` event each)
+        arbiter.clean_dead(self.settings)  # a dead owner's records go (a `cleanup` event each)
         elapsed = round(time.monotonic() - start, 6)
         return {"outcome": outcome, "detail": f"pid {r.pid}", "elapsed_s": elapsed}
 
@@ -199,11 +194,11 @@ class Effects:
         *,
         now_wall: float | None = None,
         memory: dict[str, Any] | None = None,
-    ) -> level.Published | None:
+    ) -> arbiter.Published | None:
         """Write ``governor.json``; ring frozen waiters when the level leaves ``freeze``."""
         if self.dry_run:
             return None
-        pub = level.Published(
+        pub = arbiter.Published(
             level=level_name,
             since_wall=since_wall,
             updated_wall=self.clock() if now_wall is None else now_wall,
@@ -213,7 +208,7 @@ class Effects:
             thresholds=thresholds,
             memory=memory or {},
         )
-        level.write(self.settings, pub)
+        arbiter.publish_level(self.settings, pub)
         previous, self.published = self.published, level_name
         if previous == "freeze" and level_name != "freeze":
             self.rung = self.ring_waiters()
@@ -222,8 +217,8 @@ class Effects:
     def ring_waiters(self) -> list[tuple[int, int]]:
         """Ring the first waiting ticket of every GPU queue; the (gpu, ticket) rung."""
         rung = []
-        for gpu in queue_gpus(self.settings):
-            seq = QueueDir(self.settings, gpu, create=False).ring_head()
+        for gpu in arbiter.queue_gpus(self.settings):
+            seq = arbiter.ring_head(self.settings, gpu)
             if seq is not None:
                 rung.append((gpu, seq))
         return rung

@@ -27,6 +27,9 @@ class ResidentView:
     owner_holds_lock: bool = False  # its process holds a GPU ticket: never force-evicted
     torch_allocated_bytes: int | None = None
     torch_reserved_bytes: int | None = None
+    tenant: str | None = None  # a tenant's model (gpulock.tenants): the tenant's name
+    idle_known: bool = True  # False: nobody knows its last use, so it is never "idle"
+    min_idle_s: float | None = None  # its tenant's own min_idle; None: the watchdog's
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,8 @@ level includes the actions of the levels below it:
 **Victims** are chosen by cost, never by name: cold-start models before persistent ones
 (they declared that reloading is their way of life), then the longest idle first (least
 likely to be needed soon), then the largest first (fewer evictions to reach the target).
-Pinned models are never chosen.
+Pinned models are never chosen.  Tenant models (``gpulock.tenants``) are chosen the same way;
+one whose last use is unknown (``idle_known`` false) is never idle: only ``force-evict`` takes it.
 
 Unknown signals (None) are neither over nor a reason to act: missing evidence never evicts.
 """
@@ -139,7 +140,8 @@ def decide(
         idle = [
             r
             for r in _candidates(snapshot, g.index, force=False)
-            if now_wall - r.last_used_wall >= config.min_idle_s
+            if now_wall - r.last_used_wall
+            >= (config.min_idle_s if r.min_idle_s is None else r.min_idle_s)
         ]
         why = (
             f"gpu{g.index} {_pct(g.used_bytes / g.total_bytes)} used > {_pct(limit)} "
@@ -182,6 +184,7 @@ def _candidates(snapshot: Snapshot, gpu: int | None, *, force: bool) -> list[Res
         if (gpu is None or r.gpu == gpu)
         and r.policy != "pinned"
         and (not r.in_use or (force and not r.owner_holds_lock))
+        and (r.idle_known or force)
     ]
 
 

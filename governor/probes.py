@@ -4,9 +4,9 @@
 Every reader of the world is injected through the constructor, real ones by default, so a test
 can script PSI text or swap counters without patching modules:
 
-* GPUs: ``gpulock.registry.probe_devices`` (NVML, or simulated GPUs whose used memory is what
-  live residents and holders declare).
-* Residents: ``gpulock.registry.Registry.records()``; a resident's owner "holds the lock"
+* GPUs and residents: ``gpulock.arbiter.residents`` (NVML, or simulated GPUs whose used
+  memory is what live residents, tenant models and holders declare; library residents and the
+  tenants' models in one list); a resident's owner "holds the lock"
   when its pid is the pid or the command pid (``gpulock run``) of a live holding ticket.
 * Host memory pressure: ``/proc/pressure/memory`` (PSI, Linux 4.20+), ``some`` and ``full``
   avg10.  A kernel without PSI, or one booted with ``psi=0``, gives None, never 0.
@@ -23,9 +23,8 @@ import time
 from collections.abc import Callable
 
 from governor.model import GpuSignals, ResidentView, Snapshot
-from gpulock import registry
-from gpulock.queuedir import holder_pids
-from gpulock.settings import Settings
+from gpulock import arbiter
+from gpulock.arbiter import Settings
 
 PSI_MEMORY = "/proc/pressure/memory"
 
@@ -102,10 +101,10 @@ class Probe:
         self._ooms_prev: dict[str, int] | None = None  # resident id -> ooms, None: first pass
 
     def collect(self, now_wall: float) -> Snapshot:
-        report = registry.probe_devices(self.settings)
+        report, records = arbiter.residents(self.settings, clean=self.clean)
         gpus = tuple(GpuSignals(d.index, d.total_bytes, d.used_bytes) for d in report.devices)
-        records = registry.Registry(self.settings, create=False).records(clean=self.clean)
-        holders = holder_pids(self.settings)
+        holders = arbiter.holder_pids(self.settings)
+        min_idle = {t.name: t.min_idle_s for t in self.settings.config.tenants}
         views = tuple(
             ResidentView(
                 id=r.id,
@@ -117,6 +116,9 @@ class Probe:
                 in_use=r.in_use,
                 last_used_wall=r.last_used_wall,
                 owner_holds_lock=r.pid in holders,
+                tenant=r.tenant,
+                idle_known=r.idle_known,
+                min_idle_s=min_idle.get(r.tenant) if r.tenant else None,
                 torch_allocated_bytes=r.torch_allocated_bytes,
                 torch_reserved_bytes=r.torch_reserved_bytes,
             )

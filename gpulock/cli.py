@@ -216,7 +216,20 @@ def build_parser() -> argparse.ArgumentParser:
         "unloading gets 5 s more before the answer counts as missing",
     )
     p.add_argument("--force", action="store_true", help="evict pinned models too")
+    p.add_argument("--tenant", metavar="T", help="only models of tenant T (see gpulock tenants)")
     p.add_argument("--json", action="store_true", help='print {"results": [...]}')
+    _common(p)
+
+    p = sub.add_parser(
+        "tenants",
+        help="the model servers in the config (tenants) and the models they hold",
+        description=(
+            "Ask every tenant in the config (in parallel, briefly) what it holds: reachable or "
+            "not (and why), the kind it says it is, its models with state, size, last use and "
+            "whether one is serving a request."
+        ),
+    )
+    p.add_argument("--json", action="store_true", help='print {"tenants": [...]}')
     _common(p)
 
     sub.add_parser("help", help="list every command, including those of installed packages")
@@ -279,7 +292,7 @@ def _say(kind: str, text: str) -> None:
 
 
 def _dispatch(argv: list[str]) -> int:
-    builtin = {"run", "status", "break", "history", "heartbeat", "evict", "help"}
+    builtin = {"run", "status", "break", "history", "heartbeat", "evict", "tenants", "help"}
     if argv and not argv[0].startswith("-") and argv[0] not in builtin:
         plugins = _plugins()
         plugin = plugins.get(argv[0])
@@ -481,12 +494,13 @@ def cmd_evict(args: argparse.Namespace) -> int:
     from gpulock import eviction, registry
 
     settings = _settings(args)
-    matches = eviction.find(settings, args.target, gpu=args.gpu)
+    matches = eviction.find(settings, args.target, gpu=args.gpu, tenant=args.tenant)
     if not matches:
-        known = sorted({r.name for r in registry.Registry(settings).records()})
+        known = sorted({r.id if r.tenant else r.name for r in registry.all_records(settings)})
         raise GpulockError(
             f"no resident model {args.target!r}"
-            + (f" on gpu{args.gpu}" if args.gpu is not None else ""),
+            + (f" on gpu{args.gpu}" if args.gpu is not None else "")
+            + (f" in tenant {args.tenant}" if args.tenant is not None else ""),
             hint=("resident models: " + ", ".join(known)) if known else "none is registered",
         )
     results = [
@@ -500,8 +514,27 @@ def cmd_evict(args: argparse.Namespace) -> int:
     return EX_OK if all(r.ok for r in results) else EX_ERROR
 
 
+# --- tenants -------------------------------------------------------------------------------
+
+
+def cmd_tenants(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if not settings.config.tenants:
+        if args.json:
+            print(json.dumps({"tenants": []}, indent=2))
+        else:
+            print("no tenants configured (add a 'tenants:' list to the config; see the README)")
+        return EX_OK
+    from gpulock.tenants import survey
+
+    entries = survey.entries(settings)
+    print(json.dumps({"tenants": entries}, indent=2) if args.json else survey.render(entries))
+    return EX_OK
+
+
 _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "evict": cmd_evict,
+    "tenants": cmd_tenants,
     "run": cmd_run,
     "status": cmd_status,
     "break": cmd_break,

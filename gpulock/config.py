@@ -37,6 +37,12 @@ Keys owned by gpulock (the defaults live in ``DEFAULTS``, written as they would 
     How long a kill waits after SIGTERM before SIGKILL.
 ``events_max_bytes`` (size, default ``10MiB``)
     The events log is rotated when it grows past this.
+``exclusive_clears_tenants`` (boolean, default ``true``)
+    Before an exclusive grant (``gpulock run`` without ``--need``), unload the idle, unpinned
+    models of the tenants on that GPU.
+``tenants`` (list, default none)
+    Model servers gpulock sees, evicts and verifies: validated by ``gpulock.tenants.spec``
+    (imported only when the section is there) into ``Config.tenants``.
 
 Sizes read like ``6GiB``, ``800MiB``, ``2GB`` or ``512M``; durations like ``30s``, ``5m``, ``1h30m``
 (see ``gpulock.units``).
@@ -66,6 +72,8 @@ from gpulock.units import parse_duration, parse_size
 
 if TYPE_CHECKING:
     import yaml
+
+    from gpulock.tenants.spec import TenantSpec
 
 __all__ = [
     "DEFAULTS",
@@ -99,6 +107,7 @@ DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
         "on_hung": "report",
         "hung_grace": "10s",
         "events_max_bytes": "10MiB",
+        "exclusive_clears_tenants": True,
     }
 )
 
@@ -136,6 +145,8 @@ class Config:
     on_hung: OnHung = DEFAULTS["on_hung"]
     hung_grace_s: float = parse_duration(DEFAULTS["hung_grace"])
     events_max_bytes: int = parse_size(DEFAULTS["events_max_bytes"])
+    exclusive_clears_tenants: bool = DEFAULTS["exclusive_clears_tenants"]
+    tenants: tuple[TenantSpec, ...] = ()  # the ``tenants:`` section, validated
     sections: Mapping[str, Any] = field(default_factory=_empty)
     lines: Mapping[str, int] = field(default_factory=_empty)
 
@@ -528,9 +539,12 @@ def _validate(
     base = Config(path=pathlib.Path(file), lines=MappingProxyType(lines))
     sections: dict[str, Any] = {}
     values: dict[str, Any] = {}
-    known = sorted([*DEFAULTS, *section_names])
+    known = sorted([*DEFAULTS, *section_names, "tenants"])
+    raw_tenants = None
     for key, value in document.items():
-        if isinstance(key, str) and key in section_names:
+        if key == "tenants":
+            raw_tenants = value
+        elif isinstance(key, str) and key in section_names:
             sections[key] = value
         elif isinstance(key, str) and key in DEFAULTS:
             values[key] = value
@@ -554,6 +568,11 @@ def _validate(
         check = _CHECKS[key]
         field_name, parsed = check(base, value, file)
         changes[field_name] = parsed
+    if raw_tenants is not None:
+        from gpulock.tenants.spec import parse_tenants  # only a config with tenants pays for it
+
+        gpu = changes.get("default_gpu", base.default_gpu)
+        changes["tenants"] = parse_tenants(base, raw_tenants, gpu)
     return dataclasses.replace(base, **changes)
 
 
@@ -661,6 +680,14 @@ def _check_events_max_bytes(base: Config, value: Any, file: str) -> tuple[str, A
     return "events_max_bytes", _positive_size(base, "events_max_bytes", value, "10MiB")
 
 
+def _check_exclusive_clears_tenants(base: Config, value: Any, file: str) -> tuple[str, Any]:
+    if not isinstance(value, bool):
+        raise base.error(
+            "exclusive_clears_tenants", f"expected true or false, got {show_value(value)}"
+        )
+    return "exclusive_clears_tenants", value
+
+
 _CHECKS: Final = {
     "state_dir": _check_state_dir,
     "group": _check_group,
@@ -670,4 +697,5 @@ _CHECKS: Final = {
     "on_hung": _check_on_hung,
     "hung_grace": _check_hung_grace,
     "events_max_bytes": _check_events_max_bytes,
+    "exclusive_clears_tenants": _check_exclusive_clears_tenants,
 }

@@ -14,12 +14,15 @@ from dataclasses import dataclass
 from gpulock import claim, control, devices
 from gpulock import settings as settings_mod
 from gpulock.config import Config
-from gpulock.registry import Record, Registry, probe_devices
+from gpulock.registry import Record, Registry, all_records, probe_devices
 from gpulock.residents import ResidentError
 from gpulock.settings import Settings
 from gpulock.units import format_size, parse_size
 
 MIN_ADMIT_RESERVE_BYTES = 800 * 1024**2  # CUDA context, driver and fragmentation headroom
+# A ticket whose command is [TENANT_CALL, "TENANT/MODEL"] is a routed call to that tenant model:
+# making room for it (or clearing tenants for it) never evicts the model it is about to call.
+TENANT_CALL = "gpulock-tenant-call"
 VERIFY_S = 5.0  # how long a requester waits for freed memory to show (Ollama waits as long)
 
 
@@ -45,21 +48,34 @@ class EvictResult:
     name: str
     gpu: int
     pid: int
-    outcome: str  # freed | unloaded | not-freed | refused | busy | no-answer | owner-gone | ...
+    outcome: str  # freed | unloaded | not-freed | refused | busy | no-answer | owner-gone | gone
+    # gone: a tenant model that was no longer loaded when asked
     detail: str
     freed_bytes: int | None
     elapsed_s: float
 
     @property
     def ok(self) -> bool:
-        return self.outcome in ("freed", "unloaded", "owner-gone", "already-unloaded")
+        return self.outcome in ("freed", "unloaded", "owner-gone", "already-unloaded", "gone")
 
 
-def find(settings: Settings, target: str, *, gpu: int | None = None) -> list[Record]:
-    """Records whose id is ``target``, or whose model name is ``target``."""
-    recs = Registry(settings).records()
+def find(
+    settings: Settings, target: str, *, gpu: int | None = None, tenant: str | None = None
+) -> list[Record]:
+    """Records whose id is ``target``, or whose model name is ``target``.
+
+    Tenant models count (their id is ``TENANT/MODEL``); ``tenant`` keeps only that tenant's.
+    """
+    if tenant is not None:
+        from gpulock.tenants.survey import find_spec
+
+        find_spec(settings, tenant)  # an unknown tenant is an error listing the known ones
+    recs = all_records(settings)
     hits = [r for r in recs if r.id == target] or [r for r in recs if r.name == target]
-    return [r for r in hits if gpu is None or r.gpu == gpu]
+    return [
+        r for r in hits
+        if (gpu is None or r.gpu == gpu) and (tenant is None or r.tenant == tenant)
+    ]  # fmt: skip
 
 
 def evict(
@@ -77,6 +93,13 @@ def evict(
     ``answer_s``: how long to wait for the owner's answer (default ``timeout_s`` + 5 s: the
     owner's own deadline, then time to unload).
     """
+    if record.tenant is not None:
+        from gpulock.tenants import evict as tenant_evict
+
+        return tenant_evict.evict(
+            settings, record, force=force, timeout_s=timeout_s, reason=reason,
+            verify_s=max(verify_s, min(tenant_evict.VERIFY_S, timeout_s)),
+        )  # fmt: skip
     start = time.monotonic()
     reg = Registry(settings)
 
@@ -119,8 +142,12 @@ def evict(
 
 
 def _memory_of(settings: Settings, record: Record) -> int | None:
-    """Memory the owner uses on the record's GPU: NVML per process, or the simulated count."""
-    report = probe_devices(settings)
+    """Memory the owner uses on the record's GPU: NVML per process, or the simulated count.
+
+    Tenants are left out of the simulated count: asking them over HTTP on every poll would
+    only add their noise to this owner's before and after.
+    """
+    report = probe_devices(settings, tenants=[])
     dev = report.get(record.gpu)
     if dev is None:
         return None
@@ -155,21 +182,26 @@ def make_room(
     exclude_pid: int,
     timeout_s: float = 10.0,
     reason: str = "room for a waiter",
+    keep_ids: frozenset[str] = frozenset(),
 ) -> list[EvictResult]:
     """Evict idle, unpinned models of other processes until ``need_bytes`` are free.
 
     Victims in order of cost to the fleet: cold-start models before persistent ones (they
     expect to be reloaded), then least recently used first.  In-use and pinned models are
-    never chosen.  ``timeout_s`` bounds the whole attempt, not each eviction.  Returns what
-    was tried; nothing when the GPU's free memory is unknown.
+    never chosen.  Tenant models (``gpulock.tenants``) are victims like any other.
+    ``timeout_s`` bounds the whole attempt, not each eviction.  Returns what was tried;
+    nothing when the GPU's free memory is unknown.
     """
-    dev = probe_devices(settings).get(gpu)
+    tenants = _tenant_records(settings)
+    dev = probe_devices(settings, tenants=tenants).get(gpu)
     if dev is None or dev.free_bytes is None:
         return []
-    records = Registry(settings).records()
+    records = Registry(settings).records() + tenants
     # The requester's own models are in memory already: a persistent model's next call needs
     # no room for itself, so nobody else's idle model should pay for it.
-    own = sum(r.bytes or 0 for r in records if r.gpu == gpu and r.pid == exclude_pid)
+    # (A tenant's model is the server's, whatever process the server happens to be.)
+    mine = [r for r in records if r.gpu == gpu and r.pid == exclude_pid and r.tenant is None]
+    own = sum(r.bytes or 0 for r in mine)
     short = need_bytes - dev.free_bytes - own
     if short <= 0:
         return []
@@ -177,7 +209,11 @@ def make_room(
         (
             r
             for r in records
-            if r.gpu == gpu and r.pid != exclude_pid and r.policy != "pinned" and not r.in_use
+            if r.gpu == gpu
+            and (r.pid != exclude_pid or r.tenant is not None)
+            and r.policy != "pinned"
+            and not r.in_use
+            and r.id not in keep_ids
         ),
         key=lambda r: (r.policy != "cold-start", r.last_used_wall),
     )
@@ -200,6 +236,53 @@ def make_room(
         if res.ok:
             short -= res.freed_bytes or r.bytes or 0
     return results
+
+
+def _tenant_records(settings: Settings) -> list[Record]:
+    if not settings.config.tenants:
+        return []
+    from gpulock.registry import tenant_records
+
+    return tenant_records(settings)
+
+
+def clear_tenants(
+    settings: Settings,
+    gpu: int,
+    *,
+    timeout_s: float = 10.0,
+    reason: str = "exclusive grant",
+    keep_ids: frozenset[str] = frozenset(),
+) -> tuple[list[EvictResult], list[dict[str, str]]]:
+    """Unload every idle, unpinned tenant model on ``gpu``: an exclusive holder's GPU is its own.
+
+    Returns what was tried and what stays (``{"id", "why"}``: pinned, busy, or the failed
+    outcome), for the grant's event.
+    """
+    results: list[EvictResult] = []
+    kept: list[dict[str, str]] = []
+    deadline = time.monotonic() + timeout_s
+    for r in _tenant_records(settings):
+        if r.gpu != gpu:
+            continue
+        if r.id in keep_ids:
+            kept.append({"id": r.id, "why": "called by this ticket"})
+            continue
+        if r.policy == "pinned":
+            kept.append({"id": r.id, "why": "pinned"})
+            continue
+        if r.in_use:
+            kept.append({"id": r.id, "why": "busy"})
+            continue
+        left = deadline - time.monotonic()
+        if left <= 0:
+            kept.append({"id": r.id, "why": "no time left"})
+            continue
+        res = evict(settings, r, timeout_s=left, verify_s=left, reason=reason)
+        results.append(res)
+        if not res.ok:
+            kept.append({"id": r.id, "why": res.outcome})
+    return results, kept
 
 
 def evict_named(

@@ -24,6 +24,7 @@ from gpulock.state import ensure_subdir, read_record
 FORMAT = "gpulock.resident/1"
 POLICIES = ("persistent", "cold-start", "pinned")
 FOLDER = "residents"
+TENANT_ONLY = ("tenant", "tenant_state", "idle_known")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,12 @@ class Record:
     torch_allocated_bytes: int | None = None
     torch_reserved_bytes: int | None = None
     ooms: int = 0  # out-of-memory errors the owner reported (a governor signal)
+    # A tenant's model (gpulock.tenants): the tenant's name, its state there, and whether its
+    # last use is known (no server reports it; unknown idle time never evicts).  Never read
+    # from a record file: only the survey of configured tenants sets them.
+    tenant: str | None = None
+    tenant_state: str | None = None
+    idle_known: bool = True
 
     @property
     def bytes(self) -> int | None:
@@ -97,7 +104,7 @@ def parse(data: bytes) -> Record:
     obj = safejson.loads(data)
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise ValueError("not a resident record")
-    known = {k: obj[k] for k in Record.__dataclass_fields__ if k in obj}
+    known = {k: obj[k] for k in Record.__dataclass_fields__ if k in obj and k not in TENANT_ONLY}
     for key, typ in _FIELD_TYPES.items():
         if key in known and (
             not isinstance(known[key], typ) or (typ is not bool and isinstance(known[key], bool))
@@ -189,24 +196,75 @@ class Registry:
                     os.unlink(p)
 
 
-def used_bytes(settings: Settings, gpu: int, *, registry: Registry | None = None) -> int:
+def tenant_records(
+    settings: Settings, *, report: devices.DeviceReport | None = None, track: bool = True
+) -> list[Record]:
+    """The models the configured tenants hold, as records (none without a ``tenants:`` list).
+
+    Queries every tenant in parallel (``gpulock.tenants.survey``); one that does not answer
+    contributes nothing here (``gpulock tenants`` says why).
+    """
+    if not settings.config.tenants:
+        return []  # the tenants package is never imported without tenants configured
+    from gpulock.tenants.survey import survey, to_records
+
+    return to_records(settings, survey(settings), report=report, track=track)
+
+
+def all_records(
+    settings: Settings, *, clean: bool = True, tenants: list[Record] | None = None
+) -> list[Record]:
+    """The one view of every resident: library records, then tenant models.
+
+    ``tenants``: the tenant records when the caller has them already (one survey per pass).
+    """
+    lib = Registry(settings, create=False).records(clean=clean)
+    return lib + (tenant_records(settings) if tenants is None else tenants)
+
+
+def used_bytes(
+    settings: Settings,
+    gpu: int,
+    *,
+    registry: Registry | None = None,
+    tenants: list[Record] | None = None,
+) -> int:
     """Simulated used memory of a GPU: what live residents and current holders declare.
 
     Per process the larger of the two counts (a holder usually loads the model it declared as
-    its need), so a model is not counted twice.
+    its need), so a model is not counted twice.  Tenant models count with the server's own
+    figure (``tenants``: as surveyed; a model of unknown size adds nothing it could prove).
     """
     from gpulock.queuedir import QueueDir
 
     per_pid: dict[int, int] = {}
-    for r in (registry or Registry(settings, create=False)).records(clean=False):
+    recs = (registry or Registry(settings, create=False)).records(clean=False)
+    for r in recs + (tenants or []):
+        if r.tenant is not None and r.program == "command":
+            continue  # its server holds a ticket with that need: counted with the holders
         if r.gpu == gpu and r.bytes:
-            per_pid[r.pid] = per_pid.get(r.pid, 0) + r.bytes
+            # A tenant's pid may be unknown (0, another user's server): key it by its id.
+            key = r.pid if r.pid > 0 else -hash(r.id)
+            per_pid[key] = per_pid.get(key, 0) + r.bytes
     for t in QueueDir(settings, gpu, create=False).holders():
         need = t.need_bytes if t.need_bytes is not None else 0
         per_pid[t.pid] = max(per_pid.get(t.pid, 0), need)
     return sum(per_pid.values())
 
 
-def probe_devices(settings: Settings) -> devices.DeviceReport:
-    """The device report, with simulated GPUs' used memory taken from this registry."""
-    return devices.probe(settings.config, used_by=lambda gpu: used_bytes(settings, gpu))
+def probe_devices(
+    settings: Settings, *, tenants: list[Record] | None = None
+) -> devices.DeviceReport:
+    """The device report, with simulated GPUs' used memory taken from this registry.
+
+    With tenants configured, their models count too: ``tenants`` when the caller surveyed
+    them already, else they are surveyed here (only when a simulated GPU needs the figure).
+    """
+    cache: list[list[Record]] = [] if tenants is None else [tenants]
+
+    def used(gpu: int) -> int:
+        if not cache:
+            cache.append(tenant_records(settings, track=False))
+        return used_bytes(settings, gpu, tenants=cache[0])
+
+    return devices.probe(settings.config, used_by=used)

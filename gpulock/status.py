@@ -12,6 +12,12 @@
   ``created_wall``, ``granted_wall``, ``waited_s``, ``held_s``, ``heartbeat_age_s``,
   ``child_pid``.
 * ``devices``: the probed GPUs; ``devices_problem``: why none could be probed, or None.
+* ``residents``: every resident model, library and tenant alike: ``id`` (a tenant model's is
+  ``TENANT/MODEL``), ``tenant`` (the tenant's name, None for a library resident),
+  ``tenant_state`` (``loading``, ``loaded``, ``unloading``; None for a library resident),
+  ``name``, ``pid``, ``gpu``, sizes, ``policy``, ``in_use``, ``idle_s`` (None: in use, or a
+  tenant model whose last use is not known yet) and the rest of the record.
+* ``tenants``: one entry per configured tenant, as ``gpulock tenants --json`` shows it.
 * ``usage``: today's model calls as the router counted them (``<state>/router/ledger.json``):
   ``day``, ``cloud_spend_usd``, ``daily_budget_usd`` (``router.daily_budget``, None when unset)
   and ``by_agent`` / ``by_task`` / ``by_tier``, each name -> ``calls``, ``tokens_in``,
@@ -106,8 +112,10 @@ def gpu_snapshot(
 
 
 def resident_entry(r: registry.Record, now_w: float) -> dict[str, Any]:
+    idle = None if r.in_use or not r.idle_known else round(max(0.0, now_w - r.last_used_wall), 3)
     return {
         "id": r.id,
+        "tenant": r.tenant,
         "name": r.name,
         "pid": r.pid,
         "user": r.user,
@@ -121,7 +129,8 @@ def resident_entry(r: registry.Record, now_w: float) -> dict[str, Any]:
         "uses": r.uses,
         "loaded_wall": r.loaded_wall,
         "last_used_wall": r.last_used_wall,
-        "idle_s": None if r.in_use else round(max(0.0, now_w - r.last_used_wall), 3),
+        "idle_s": idle,
+        "tenant_state": r.tenant_state,
         "torch_allocated_bytes": r.torch_allocated_bytes,
         "torch_reserved_bytes": r.torch_reserved_bytes,
     }
@@ -172,10 +181,22 @@ def governor_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
 
 def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, Any]:
     now_w = time.time() if now_wall is None else now_wall
-    report = registry.probe_devices(settings)
-    recs = registry.Registry(settings, create=False).records(clean=False)
+    tenants: list[dict[str, Any]] = []
+    trecs: list[registry.Record] = []
+    if settings.config.tenants:  # the tenants package is imported only when some are configured
+        from gpulock.tenants import survey
+
+        listings = survey.survey(settings)
+        tenants = [survey.summary(li) for li in listings]
+        trecs = survey.to_records(settings, listings, now_wall=now_w)
+    report = registry.probe_devices(settings, tenants=trecs)
+    if trecs and report.source == "nvml":
+        trecs = survey.to_records(settings, listings, report=report, now_wall=now_w, track=False)
+    recs = registry.Registry(settings, create=False).records(clean=False) + trecs
     gpus = [gpu_snapshot(settings, i, report.get(i), now_w) for i in gpu_indices(settings, report)]
-    registered: dict[int, str] = {r.pid: f"resident {r.name}" for r in recs}
+    registered: dict[int, str] = {
+        r.pid: f"tenant {r.tenant}" if r.tenant else f"resident {r.name}" for r in recs if r.pid
+    }
     for g in gpus:
         for e in g["holders"]:
             registered.setdefault(e["pid"], f"holder of ticket {e['ticket']}")
@@ -190,6 +211,7 @@ def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, 
         "devices_problem": report.problem,
         "gpus": gpus,
         "residents": [resident_entry(r, now_w) for r in recs],
+        "tenants": tenants,
         "usage": usage_entry(settings, now_w),
     }
 
@@ -265,6 +287,7 @@ def render(snap: dict[str, Any]) -> str:
     if not snap["gpus"]:
         lines.append(f"no GPU queues yet (state folder {snap['state_dir']})")
         lines += _render_residents(snap.get("residents", []))
+        lines += _render_tenants(snap.get("tenants", []))
         lines += _render_processes(snap["devices"])
         lines += _render_usage(snap.get("usage"))
         return "\n".join(lines)
@@ -310,6 +333,7 @@ def render(snap: dict[str, Any]) -> str:
         for ig in g["ignored"]:
             lines.append(f"  ignored {ig['file']}: {ig['reason']}")
     lines += _render_residents(snap.get("residents", []))
+    lines += _render_tenants(snap.get("tenants", []))
     lines += _render_processes(snap["devices"])
     lines += _render_usage(snap.get("usage"))
     stale = [e for g in snap["gpus"] for e in g["holders"] + g["waiters"] if e["stale"]]
@@ -359,9 +383,14 @@ def _render_residents(recs: list[dict[str, Any]]) -> list[str]:
     for r in recs:
         rows.append(
             (
-                r["name"],
+                r["name"]
+                + (
+                    f" [{r['tenant_state']}]"
+                    if r.get("tenant_state") not in (None, "loaded")
+                    else ""
+                ),
                 r["id"],
-                str(r["pid"]),
+                str(r["pid"]) if r["pid"] else "-",
                 f"gpu{r['gpu']}",
                 format_size(r["bytes"]),
                 r["policy"],
@@ -371,6 +400,15 @@ def _render_residents(recs: list[dict[str, Any]]) -> list[str]:
             )
         )
     return ["resident models", *_table(rows)]
+
+
+def _render_tenants(tenants: list[dict[str, Any]]) -> list[str]:
+    """One line per tenant that could not be asked (the others show as residents)."""
+    return [
+        f"tenant {t['tenant']} ({t['kind']}, {t['url']}): unreachable: {t['error']}"
+        for t in tenants
+        if not t["reachable"]
+    ]
 
 
 def _render_processes(devs: list[dict[str, Any]]) -> list[str]:

@@ -58,6 +58,8 @@ class Waiter:
         self.safety_s = SAFETY_RECHECK_S
         self.freeze_ends: float | None = None  # monotonic time the governor's freeze goes stale
         self.ahead_seqs: list[int] | None = None
+        self.tenants_kept: list[dict[str, str]] | None = None  # after an exclusive clear
+        self.cleared_early = False  # command tenants stopped while this exclusive one waits
 
     def wait(self) -> Ticket:
         try:
@@ -78,6 +80,11 @@ class Waiter:
                         os.close(fd)
                     self._make_room()
                     return self._grant()
+                if not d.grant and not self.cleared_early and self._command_tenant_holds(ahead):
+                    # A command tenant's server holds its ticket for as long as it runs: an
+                    # exclusive waiter would wait for ever behind it.  Stop it (if idle) now.
+                    self.cleared_early = True
+                    self._clear_tenants()
                 self._rewatch(d.watch, fds)
                 self.freeze_ends = None
                 if frozen is not None:
@@ -200,8 +207,12 @@ class Waiter:
         otherwise make a granted load fail with a CUDA OOM.
         """
         if self.me.need_bytes is None:
+            self._clear_tenants()
             return
-        if not (self.settings.state_dir / "residents").is_dir():
+        if (
+            not self.settings.config.tenants
+            and not (self.settings.state_dir / "residents").is_dir()
+        ):
             return  # nobody ever registered a model: nothing to ask
         from gpulock import eviction
 
@@ -213,15 +224,56 @@ class Waiter:
             exclude_pid=self.me.pid,
             timeout_s=10.0 if left is None else max(min(left, 10.0), 0.5),
             reason=f"room for ticket {self.me.seq} ({self.me.name})",
+            keep_ids=self._calls(),
         )
+
+    def _clear_tenants(self) -> None:
+        """An exclusive holder gets the whole GPU: idle tenant models on it leave first.
+
+        What stays (pinned, busy, or an unload that failed) is named in the grant's event.
+        """
+        cfg = self.settings.config
+        if not cfg.tenants or not cfg.exclusive_clears_tenants:
+            return
+        if not any(t.gpu == self.me.gpu for t in cfg.tenants):
+            return
+        from gpulock import eviction
+
+        left = None if self.deadline is None else self.deadline - time.monotonic()
+        _results, kept = eviction.clear_tenants(
+            self.settings,
+            self.me.gpu,
+            timeout_s=30.0 if left is None else max(min(left, 30.0), 0.5),
+            reason=f"exclusive ticket {self.me.seq} ({self.me.name})",
+            keep_ids=self._calls(),
+        )
+        self.tenants_kept = kept
+
+    def _command_tenant_holds(self, ahead: list[TicketFile]) -> bool:
+        if self.me.need_bytes is not None or not self.settings.config.exclusive_clears_tenants:
+            return False
+        return any(tf.ticket.holding and tf.ticket.name.startswith("tenant:") for tf in ahead)
+
+    def _calls(self) -> frozenset[str]:
+        """The tenant model this ticket is a routed call to (never evicted to make room)."""
+        cmd = self.me.command
+        if len(cmd) == 2 and cmd[0] == "gpulock-tenant-call":  # eviction.TENANT_CALL
+            return frozenset({cmd[1]})
+        return frozenset()
 
     def _grant(self) -> Ticket:
         granted = self.me.granted(time.time())
         atomic_write(
             self.qdir.ticket_path(granted.seq), encode(granted), mode=self.settings.file_mode
         )
+        extra: dict[str, Any] = {}
+        if self.tenants_kept is not None:
+            extra["tenants_kept"] = self.tenants_kept
         self.settings.emit(
-            "acquire", **event_fields(granted), waited_s=round(time.monotonic() - self.start, 6)
+            "acquire",
+            **event_fields(granted),
+            waited_s=round(time.monotonic() - self.start, 6),
+            **extra,
         )
         # The one behind me may share the GPU with me, or now watches a holder with a lease:
         # ring it so it looks again.  Only the nearest live one: no herd.  (Its look also

@@ -29,6 +29,8 @@ def cid(c: Candidate) -> str:
     """What cooldowns, spend and rate limits are kept by: one endpoint's model, across tasks."""
     if c.local:
         return f"llama_cpp:{c.tier}:{c.model}"  # loaded on the GPU is not warm for the CPU tier
+    if c.tenant is not None:
+        return f"tenant:{c.tenant}/{c.model}"  # warm when that tenant holds the model
     return f"{c.backend}:{c.base_url}:{c.model}"
 
 

@@ -211,6 +211,10 @@ class Model:
                 from router.backends import llama_cpp
 
                 b = llama_cpp.backend_for(c, self._settings, gpu=v.gpu, need=v.need_bytes)
+            elif c.tenant is not None:
+                from router.backends.tenant import TenantBackend
+
+                b = TenantBackend(c, self._settings, gpu=v.gpu, need=v.need_bytes)
             else:
                 from router.backends.openai_api import OpenAIBackend
 

@@ -71,10 +71,16 @@ def estimate_wait(
     return remaining + waiters * typical
 
 
-def vram_estimator() -> Callable[[Candidate], int | None]:
+def vram_estimator(
+    tenant_sizes: Mapping[str, int] | None = None,
+) -> Callable[[Candidate], int | None]:
+    """``tenant_sizes``: ``TENANT/MODEL`` -> bytes, as the tenants report the models they hold."""
+
     def vram_of(c: Candidate) -> int | None:
         if c.vram_bytes is not None:
             return c.vram_bytes
+        if c.tenant is not None:
+            return (tenant_sizes or {}).get(f"{c.tenant}/{c.model}")
         if not c.local:
             return None
         try:
@@ -99,19 +105,30 @@ def host(
     env = os.environ if environ is None else environ
     gpus: list[GpuView] = []
     problem = None
+    tenant_warm: set[str] = set()
+    tenant_sizes: dict[str, int] = {}
+    trecs: list[registry.Record] | None = None
+    if any(c.tenant is not None for c in candidates):
+        # Which tenant models are held now (warm) and their sizes: one survey, also used
+        # for the GPUs' used memory below.
+        trecs = registry.tenant_records(settings)
+        for r in trecs:
+            tenant_warm.add(f"tenant:{r.id}")
+            if r.bytes is not None:
+                tenant_sizes[r.id] = r.bytes
     if any(c.tier == "gpu" for c in candidates):
-        report = registry.probe_devices(settings)
+        report = registry.probe_devices(settings, tenants=trecs)
         problem = report.problem
         for d in report.devices:
             gpus.append(_gpu_view(settings, d.index, d.total_bytes, d.free_bytes, rs, now))
     keys = {c.api_key_env for c in candidates if c.api_key_env}
     led = ledger.read(settings, now_wall=now)
-    vram_of = vram_estimator()
+    vram_of = vram_estimator(tenant_sizes)
     return Host(
         gpus=tuple(gpus),
         gpu_problem=problem,
         level=level.current(settings),
-        warm=frozenset(warm or ()),
+        warm=frozenset((warm or set()) | tenant_warm),
         env=frozenset(k for k in keys if env.get(k)),
         missing_files=frozenset(c.model for c in candidates if c.local and not _file(c.model)),
         spend_today_usd=dict(led.spend_usd),

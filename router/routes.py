@@ -36,7 +36,7 @@ from gpulock.config import Config
 from gpulock.units import parse_duration, parse_size
 
 TIERS = ("cpu", "gpu", "cloud")
-BACKENDS = {"llama_cpp": ("cpu", "gpu"), "openai": ("cloud",)}
+BACKENDS = {"llama_cpp": ("cpu", "gpu"), "openai": ("cloud",), "tenant": ("gpu",)}
 POLICIES = ("persistent", "cold-start", "api-fallback")
 
 CANDIDATE_KEYS = (
@@ -59,6 +59,8 @@ CANDIDATE_KEYS = (
     "timeout",
     "gpu",
     "max_tokens",
+    "tenant",
+    "keep_alive",
 )
 TASK_KEYS = ("candidates", "inherit", *CANDIDATE_KEYS)
 ROUTER_KEYS = ("defaults", "cooldown", "daily_budget", "hold_estimate")
@@ -97,6 +99,10 @@ class Candidate:
     timeout_s: float
     gpu: int | None
     max_tokens: int
+    # backend "tenant": a model server of the config's tenants: list, called through its API
+    # (router.backends.tenant); ``model`` is the tenant's model name, ``base_url`` its URL.
+    tenant: str | None = None
+    keep_alive_s: float | None = None  # Ollama's keep_alive for a persistent call; None: its own
 
     @property
     def local(self) -> bool:
@@ -220,7 +226,7 @@ def _candidate(
         """For a field written elsewhere, which candidate it failed on."""
         return "" if where.get(name, key) == key else f" (applied to {key})"
 
-    backend = f.get("backend")
+    backend = f.get("backend", "tenant" if f.get("tenant") is not None else None)
     # Every field is type-checked before use: a mapping here is unhashable, so even the
     # lookup in BACKENDS would fail with a TypeError instead of naming the key.
     if not isinstance(backend, str) or backend not in BACKENDS:
@@ -228,7 +234,7 @@ def _candidate(
             at("backend"),
             f"expected one of {', '.join(BACKENDS)}, got {backend!r}",
         )
-    tier = f.get("tier", "cloud" if backend == "openai" else "cpu")
+    tier = f.get("tier", {"openai": "cloud", "tenant": "gpu"}.get(backend, "cpu"))
     if not isinstance(tier, str) or tier not in BACKENDS[backend]:
         allowed = " or ".join(BACKENDS[backend])
         raise cfg.error(
@@ -247,6 +253,9 @@ def _candidate(
         label = model
     base_url = _text(cfg, at("base_url"), f.get("base_url"))
     api_key_env = _text(cfg, at("api_key_env"), f.get("api_key_env"))
+    tenant = _tenant(cfg, at("tenant"), f.get("tenant"), backend)
+    if tenant is not None:
+        base_url, api_key_env = tenant.url, tenant.api_key_env
     if backend == "openai":
         if base_url is None:
             raise cfg.error(at("base_url"), "an openai candidate needs base_url")
@@ -302,9 +311,30 @@ def _candidate(
         api_key_env=api_key_env,
         policy=policy,
         timeout_s=_duration(cfg, at("timeout"), f.get("timeout")),
-        gpu=_opt_int(cfg, at("gpu"), f.get("gpu"), low=0),
         max_tokens=_int(cfg, at("max_tokens"), f.get("max_tokens"), low=1),
+        tenant=tenant.name if tenant is not None else None,
+        keep_alive_s=(
+            None
+            if f.get("keep_alive") is None
+            else _duration(cfg, at("keep_alive"), f.get("keep_alive"))
+        ),
+        gpu=_opt_int(cfg, at("gpu"), f.get("gpu"), low=0) if tenant is None else tenant.gpu,
     )
+
+
+def _tenant(cfg: Config, key: str, value: Any, backend: str) -> Any:
+    """The configured tenant a ``backend: tenant`` candidate names (its TenantSpec)."""
+    if backend != "tenant":
+        if value is not None:
+            raise cfg.error(key, f"'tenant' is for backend: tenant, not {backend}")
+        return None
+    known = {t.name: t for t in cfg.tenants}
+    if not isinstance(value, str) or value not in known:
+        names = ", ".join(known) or "none is configured (add a tenants: list)"
+        raise cfg.error(
+            key, f"expected the name of a tenant, got {value!r}", hint=f"tenants: {names}"
+        )
+    return known[value]
 
 
 def _env_name(text: str) -> bool:

@@ -208,6 +208,7 @@ def test_defaults_mapping_covers_every_key() -> None:
         "on_hung",
         "hung_grace",
         "events_max_bytes",
+        "exclusive_clears_tenants",
     }
     assert not set(DEFAULTS) & SECTIONS
 

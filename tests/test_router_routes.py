@@ -239,7 +239,7 @@ def test_an_unknown_task_level_key(tmp_path: Path) -> None:
     [
         ("gpu", "openai", "tier", "backend openai serves tier cloud, got 'gpu'"),
         ("cloud", "llama_cpp", "tier", "backend llama_cpp serves tier cpu or gpu, got 'cloud'"),
-        ("cpu", "vllm", "backend", "expected one of llama_cpp, openai, got 'vllm'"),
+        ("cpu", "vllm", "backend", "expected one of llama_cpp, openai, tenant, got 'vllm'"),
         ("tpu", "llama_cpp", "tier", "backend llama_cpp serves tier cpu or gpu, got 'tpu'"),
     ],
 )

@@ -55,7 +55,9 @@ from gpulock.report.stats import (
 from gpulock.report.values import as_int, as_num, as_span, as_text
 from gpulock.units import format_duration
 
-EVICTED = frozenset({"freed", "unloaded", "owner-gone", "already-unloaded"})  # the model left
+EVICTED = frozenset(
+    {"freed", "unloaded", "owner-gone", "already-unloaded", "gone"}
+)  # the model left
 TS_MAX = 1e10  # year 2286: later (or negative) times are garbage
 LOST_WAIT_MIN_S = 0.1  # see _lost_wait
 

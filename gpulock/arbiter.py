@@ -1,0 +1,101 @@
+"""The governor's one door into gpulock: what it reads and what it may change.
+
+``governor/`` is built on gpulock but must not reach into its modules one by one (their
+insides change; the governor's needs do not).  Everything it uses is here:
+
+* reading: ``residents`` (every resident, library and tenant, one view), ``probe``
+  (the device report, with tenant models counted on simulated GPUs), ``holder_pids``,
+  ``queue_gpus``;
+* acting: ``evict`` (library residents and tenant models alike, verified), ``ring_head``,
+  ``publish_level``; for a force-evict's kill, ``watch_owner`` / ``owner_claim`` /
+  ``proven`` / ``end_owner`` / ``may_signal`` / ``signal_proven`` / ``clean_dead`` (a signal
+  reaches only a process proven to hold the resident's claim: ``gpulock.proof``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpulock import claim, devices, level, registry
+from gpulock.claim import end_owner
+from gpulock.eviction import EvictResult, evict
+from gpulock.identity import may_signal
+from gpulock.level import Published
+from gpulock.proof import proven
+from gpulock.proof import send as signal_proven
+from gpulock.queuedir import QueueDir, holder_pids, queue_gpus
+from gpulock.registry import Record
+from gpulock.settings import Settings
+
+__all__ = [
+    "EvictResult",
+    "Published",
+    "Record",
+    "Settings",
+    "clean_dead",
+    "end_owner",
+    "evict",
+    "holder_pids",
+    "may_signal",
+    "owner_claim",
+    "probe",
+    "proven",
+    "publish_level",
+    "queue_gpus",
+    "residents",
+    "ring_head",
+    "signal_proven",
+    "watch_owner",
+]
+
+
+def residents(
+    settings: Settings, *, clean: bool = True
+) -> tuple[devices.DeviceReport, list[Record]]:
+    """The device report and every resident (library records, then tenant models), at once.
+
+    Tenants are surveyed once; on a real GPU their models carry NVML's per-process figure.
+    """
+    lib = registry.Registry(settings, create=False).records(clean=clean)
+    if not settings.config.tenants:
+        return registry.probe_devices(settings, tenants=[]), lib
+    from gpulock.tenants import survey
+
+    listings = survey.survey(settings)
+    trecs = survey.to_records(settings, listings)
+    report = registry.probe_devices(settings, tenants=trecs)
+    if report.source == "nvml":
+        trecs = survey.to_records(settings, listings, report=report, track=False)
+    return report, lib + trecs
+
+
+def probe(settings: Settings) -> devices.DeviceReport:
+    return registry.probe_devices(settings)
+
+
+def ring_head(settings: Settings, gpu: int) -> int | None:
+    """Ring the first waiter of one GPU's queue; its ticket number, or None."""
+    return QueueDir(settings, gpu, create=False).ring_head()
+
+
+def publish_level(settings: Settings, pub: Published) -> None:
+    level.write(settings, pub)
+
+
+def watch_owner(settings: Settings, r: Record) -> int | None:
+    """A watch on a library resident's owner claim; None when the owner is gone."""
+    reg = registry.Registry(settings, create=False)
+    try:
+        return claim.watch(reg.claim_path(r.owner))
+    except claim.NotAClaim:
+        return None
+
+
+def owner_claim(settings: Settings, r: Record) -> Path:
+    """The claim FIFO a library resident's owner holds open (what proves the owner)."""
+    return registry.Registry(settings, create=False).claim_path(r.owner)
+
+
+def clean_dead(settings: Settings) -> None:
+    """Remove the records of owners that died (a ``cleanup`` event each)."""
+    registry.Registry(settings, create=False).records()
