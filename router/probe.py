@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -22,14 +21,14 @@ from gpulock.settings import Settings
 from router import gguf_info, ledger
 from router.choose import GpuView, Host, cid
 from router.routes import Candidate, RouterSettings
+from router.waitest import HoldHistory, Queued, estimate_wait, history_from
 
 TAIL_BYTES = 64 * 1024  # enough for the last few hundred events
-HOLD_HISTORY = 20  # recent holds averaged for the wait estimate
 MAX_HOLD_S = 365 * 86400.0  # a longer held_s in the log is garbage
 
 
-def recent_holds(state_dir: Path, gpu: int, *, limit: int = HOLD_HISTORY) -> list[float]:
-    """Hold times (``held_s`` of ``release`` events) of the last holds of ``gpu``, newest last.
+def recent_holds(state_dir: Path, gpu: int) -> list[tuple[str, float]]:
+    """``(name, held_s)`` of the ``release`` events of ``gpu`` in the log's tail, newest last.
 
     The log is read like every state file: a symlink or a FIFO in its place is not followed or
     waited on (no history then), and a ``held_s`` no hold can have (negative, NaN, infinite,
@@ -39,7 +38,7 @@ def recent_holds(state_dir: Path, gpu: int, *, limit: int = HOLD_HISTORY) -> lis
         tail = state.read_tail(events.log_path(state_dir), TAIL_BYTES)
     except (OSError, StateDirError):
         return []
-    holds: list[float] = []
+    holds: list[tuple[str, float]] = []
     for line in (tail or b"").splitlines():
         if b'"release"' not in line:
             continue
@@ -57,18 +56,14 @@ def recent_holds(state_dir: Path, gpu: int, *, limit: int = HOLD_HISTORY) -> lis
             and not isinstance(held, bool)
             and 0 <= held <= MAX_HOLD_S  # False for NaN as well
         ):
-            holds.append(float(held))
-    return holds[-limit:]
+            name = e.get("name")
+            holds.append((name if isinstance(name, str) else "", float(held)))
+    return holds
 
 
-def estimate_wait(
-    holders_elapsed: Sequence[float], waiters: int, holds: Sequence[float], default_s: float
-) -> float:
-    """Seconds until a newcomer would hold: the holders' remaining time plus one typical hold
-    per waiter ahead.  With no history the configured ``hold_estimate`` stands in."""
-    typical = statistics.median(holds) if holds else default_s
-    remaining = max((max(0.0, typical - e) for e in holders_elapsed), default=0.0)
-    return remaining + waiters * typical
+def hold_history(state_dir: Path, gpu: int, default_s: float) -> HoldHistory:
+    """The GPU's recent holds per ticket name, for router.waitest."""
+    return history_from(recent_holds(state_dir, gpu), default_s)
 
 
 def vram_estimator() -> Callable[[Candidate], int | None]:
@@ -139,8 +134,7 @@ def _gpu_view(
     budget = total - reserve if total is not None and reserve is not None else None
     if free is not None and reserve is not None:
         free = max(0, free - reserve)
-    holders_elapsed: list[float] = []
-    waiters = 0
+    line: list[Queued] = []
     shared: int | None = 0  # the holders' needs, while a newcomer could share (queue.decide)
     qdir = QueueDir(settings, index, create=False)
     for seq, tf, _why in qdir.scan():
@@ -148,20 +142,21 @@ def _gpu_view(
             continue
         t = tf.ticket
         if t.holding and t.granted_wall is not None:
-            holders_elapsed.append(max(0.0, now - t.granted_wall))
+            line.append(Queued(t.name, t.need_bytes, max(0.0, now - t.granted_wall)))
             if shared is not None and t.need_bytes is not None:
                 shared += t.need_bytes
             else:
                 shared = None  # an exclusive holder
         else:
-            waiters += 1
+            line.append(Queued(t.name, t.need_bytes))
             shared = None  # a waiter ahead: FIFO, nobody overtakes it
-    ahead = len(holders_elapsed) + waiters
-    wait = 0.0
-    if ahead:
-        holds = recent_holds(settings.state_dir, index)
-        wait = estimate_wait(holders_elapsed, waiters, holds, rs.hold_estimate_s)
-    return GpuView(index, total, budget, free, ahead, wait, shared)
+    # Holders first, as the lock plays them: scan() is in ticket order, holders are oldest.
+    line.sort(key=lambda q: q.held_s is None)
+    if not line:
+        return GpuView(index, total, budget, free, 0, 0.0, shared)
+    history = hold_history(settings.state_dir, index, rs.hold_estimate_s)
+    wait = estimate_wait(line, history, budget_bytes=budget)  # an exclusive newcomer's
+    return GpuView(index, total, budget, free, len(line), wait, shared, tuple(line), history)
 
 
 def warm_models() -> set[str]:
@@ -175,4 +170,4 @@ def warm_models() -> set[str]:
     return loaded
 
 
-__all__ = ["cid", "estimate_wait", "host", "recent_holds", "warm_models"]
+__all__ = ["cid", "hold_history", "host", "recent_holds", "warm_models"]
