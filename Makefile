@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/eviction.py
 	$(BIN)/python bench/router.py
 	$(BIN)/python bench/wait_estimate.py
+	$(BIN)/python bench/gguf_header.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

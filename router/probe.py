@@ -18,7 +18,7 @@ from gpulock import events, level, registry, state
 from gpulock.errors import StateDirError
 from gpulock.queuedir import QueueDir
 from gpulock.settings import Settings
-from router import gguf_info, ledger
+from router import gguf_cache, gguf_info, ledger
 from router.choose import GpuView, Host, cid
 from router.routes import Candidate, RouterSettings
 from router.waitest import HoldHistory, Queued, estimate_wait, history_from
@@ -66,14 +66,20 @@ def hold_history(state_dir: Path, gpu: int, default_s: float) -> HoldHistory:
     return history_from(recent_holds(state_dir, gpu), default_s)
 
 
-def vram_estimator() -> Callable[[Candidate], int | None]:
+def vram_estimator(settings: Settings | None = None) -> Callable[[Candidate], int | None]:
+    """VRAM of a candidate: its ``vram:``, else from its GGUF header (cached in the state
+    folder when ``settings`` is given: a cron process then does not parse the header)."""
+
     def vram_of(c: Candidate) -> int | None:
         if c.vram_bytes is not None:
             return c.vram_bytes
         if not c.local:
             return None
         try:
-            info = gguf_info.read_info(c.model)
+            if settings is None:
+                info = gguf_info.read_info(c.model)
+            else:
+                info = gguf_cache.read_info_cached(settings, c.model)
         except (OSError, gguf_info.GGUFError):
             return None
         return gguf_info.estimate_vram(info, n_ctx=c.n_ctx, n_gpu_layers=c.n_gpu_layers)
@@ -101,7 +107,7 @@ def host(
             gpus.append(_gpu_view(settings, d.index, d.total_bytes, d.free_bytes, rs, now))
     keys = {c.api_key_env for c in candidates if c.api_key_env}
     led = ledger.read(settings, now_wall=now)
-    vram_of = vram_estimator()
+    vram_of = vram_estimator(settings)
     return Host(
         gpus=tuple(gpus),
         gpu_problem=problem,
