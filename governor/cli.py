@@ -8,13 +8,14 @@ lines, never a traceback for a user's mistake.
 from __future__ import annotations
 
 import argparse
+import io
 import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
 
-from gpulock.cli import Parser, run_command
+from gpulock.cli import Parser, UsageError, print_json, run_command
 
 EX_OK = 0
 
@@ -69,6 +70,12 @@ def build_parser(prog: str = "gpulock governor") -> argparse.ArgumentParser:
         help="print what would be done, one line per action; evict, signal, publish and log "
         "nothing (may run beside the real governor)",
     )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='with --once: print the pass as one JSON object {"dry_run", "level", "actions", '
+        '"lines"} instead of lines',
+    )
     return p
 
 
@@ -84,13 +91,16 @@ def _main(argv: list[str]) -> int:
     from governor.probes import Probe
     from gpulock.settings import load
 
+    if args.json and not args.once:
+        raise UsageError("--json goes with --once", hint="gpulock governor --once --json")
     settings = load(args.config, args.state_dir)
     config = gconfig.load(settings.config)  # ConfigError names file:line:key
+    text = io.StringIO() if args.json else sys.stdout  # --json: the lines go into the object
     governor = Governor(
         settings,
         config,
         probe=Probe(settings, clean=not args.dry_run),
-        effects=Effects(settings, dry_run=args.dry_run, out=sys.stdout),
+        effects=Effects(settings, dry_run=args.dry_run, out=text),
     )
     stop = threading.Event()
 
@@ -102,6 +112,16 @@ def _main(argv: list[str]) -> int:
 
     with governor:
         _in_worker(work, stop)
+    if args.json:
+        assert isinstance(text, io.StringIO)
+        print_json(
+            {
+                "dry_run": args.dry_run,
+                "level": governor.state.level,
+                "actions": governor.last_results,
+                "lines": text.getvalue().splitlines(),
+            }
+        )
     return EX_OK
 
 

@@ -14,12 +14,13 @@ entry-point group and imported only when they run, so the lock package never imp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any, NoReturn
 
@@ -228,21 +229,68 @@ def _plugins() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)}
 
 
-def report(e: UsageError | GpulockError) -> int:
+def report(e: UsageError | GpulockError, *, as_json: bool = False) -> int:
     """Print ``error:`` (and ``hint:``) for a user's mistake; return its exit code.
+
+    With ``as_json`` (the command line asked for ``--json``) the error is one JSON object on
+    stdout instead, so a script reading the output gets JSON whatever happened::
+
+        {"error": {"message": "...", "hint": "..." | null, "type": "UnknownTask",
+                   "exit_code": 2}}
 
     Shared by the commands that packages add (``gpulock governor``...), so every command
     speaks and exits alike.
     """
+    if isinstance(e, UsageError):
+        code = EX_USAGE
+    elif isinstance(e, LockTimeout):
+        code = EX_TEMPFAIL
+    else:
+        code = getattr(e, "exit_code", EX_ERROR)  # RunError: 126/127, like a shell
+    if as_json:
+        print_json(
+            {
+                "error": {
+                    "message": str(e),
+                    "hint": e.hint,
+                    "type": type(e).__name__,
+                    "exit_code": code,
+                }
+            }
+        )
+        return code
     _say("error", str(e))
     if e.hint:
         _say("hint", e.hint)
-    if isinstance(e, UsageError):
-        return EX_USAGE
-    if isinstance(e, LockTimeout):
-        return EX_TEMPFAIL
-    code: int = getattr(e, "exit_code", EX_ERROR)  # RunError: 126/127, like a shell
     return code
+
+
+def wants_json(argv: Sequence[str]) -> bool:
+    """Whether a command line asks for JSON: ``--json`` before any ``--`` (what follows it is
+    a command's own arguments, as in ``gpulock run -- tool --json``)."""
+    args = list(argv)
+    ours = args[: args.index("--")] if "--" in args else args
+    return "--json" in ours
+
+
+def print_json(doc: Any) -> None:
+    """One JSON document on stdout (values JSON cannot hold are written as text)."""
+    print(json.dumps(doc, indent=2, default=str), flush=True)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """While it lasts, what this process and its children write to stdout goes to stderr, so
+    that a ``--json`` command's stdout carries its JSON document alone."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -251,14 +299,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_command(command: Callable[[list[str]], int], argv: Sequence[str] | None = None) -> int:
     """Run one command's ``command(argv)`` as every gpulock command runs: the exit code it
-    returns; a user's mistake as ``error:``/``hint:`` lines and its exit code (``report``);
+    returns; a user's mistake as ``error:``/``hint:`` lines (a JSON object with ``--json``) and
+    its exit code (``report``);
     Ctrl-C before the command took over signals as 130; a reader that left the pipe
     (``gpulock history | head``) as a quiet 0, never a traceback."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         return command(args)
     except (UsageError, GpulockError) as e:
-        return report(e)
+        return report(e, as_json=wants_json(args))
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
     except BrokenPipeError:
