@@ -475,16 +475,40 @@ def _history_line(e: dict[str, Any]) -> str:
     # Agents' and the fleet's events name their agent; the lock's name their holder.
     label_key = "name" if "name" in e else "agent"
     who = f"{e.get(label_key, '')}[{e.get('pid', '')}]" if "pid" in e else ""
-    details = []
+    details: list[str] = []
     for k, v in e.items():
         if k in _SHOWN or v is None or (who and k == label_key):
             continue
-        if k.endswith("_s") and isinstance(v, int | float):
-            v = format_duration(v)
-        elif k.endswith("_bytes") and isinstance(v, int):
-            v = format_size(v)
-        details.append(f"{k}={v}")
+        _details(details, k, v, 0)
     return f"{stamp}  {e['event']:<8} {gpu:<5} {ticket:>6}  {who:<24} {' '.join(details)}"
+
+
+def _details(out: list[str], key: str, v: Any, depth: int) -> None:
+    """``key=value`` for history, readably: a mapping as ``key.sub=value`` (a governor's
+    ``evidence``, a route's ``model``), a list of plain values comma-joined, sizes and
+    durations in units; never a Python repr."""
+    if isinstance(v, dict) and depth < 4:
+        for sub, sv in v.items():
+            if sv is not None:
+                _details(out, f"{key}.{sub}", sv, depth + 1)
+        return
+    out.append(f"{key}={_value(key, v)}")
+
+
+def _value(key: str, v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if key.endswith("_s") and isinstance(v, int | float):
+        return format_duration(v)
+    if key.endswith("_bytes") and isinstance(v, int):
+        return format_size(v)
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, int | str):
+        return str(v)
+    if isinstance(v, list) and all(isinstance(x, int | float | str) for x in v):
+        return ",".join(_value(key, x) for x in v) or "[]"
+    return json.dumps(v, separators=(",", ":"), default=str)
 
 
 # --- heartbeat -----------------------------------------------------------------------------
