@@ -60,6 +60,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/router.py
 	$(BIN)/python bench/metrics.py
 	$(BIN)/python bench/tenants.py
+	$(BIN)/python bench/wait_estimate.py
+	$(BIN)/python bench/gguf_header.py
+	$(BIN)/python bench/checkpoint.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

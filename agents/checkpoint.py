@@ -1,9 +1,18 @@
 """A batch's progress on disk, so that a run killed at item 300 of 600 resumes at 300.
 
-``<state>/agents/<name>/checkpoint.json``, written atomically after every item::
+Two files in ``<state>/agents/<name>/``: the snapshot ``checkpoint.json``, written atomically
+once when a batch starts (with the keys an earlier run finished)::
 
     {"format": "gpulock.checkpoint/1", "agent": "digest", "total": 600,
      "done": ["a.txt", "b.txt", ...], "updated_wall": 1763683200.5}
+
+and the journal ``checkpoint.journal``, to which each finished item appends one line, its key
+as a JSON string (``"c.txt"``), with one ``write()``.  Rewriting the snapshot after every item
+made a batch quadratic (20,000 items: 38 s and gigabytes written); an append is O(1), and once
+``write()`` returns the line survives the process being SIGKILLed.  The next run reads both,
+compacts them into a new snapshot and starts an empty journal; a loop that ends normally removes
+both.  A torn last line (a kill in the middle of a write, a full disk) is skipped: that item is
+simply done again.
 
 ``done`` holds the keys of the items finished so far (``key(item)``, default ``str(item)``).
 Readers ignore unknown keys.  A file that cannot be read as such a record is garbage: the
@@ -21,11 +30,12 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 from gpulock.errors import StateDirError
-from gpulock.state import atomic_write, read_small
+from gpulock.state import atomic_write, open_regular, read_small
 
 __all__ = [
     "CHECKPOINT_NAME",
     "FORMAT",
+    "JOURNAL_NAME",
     "Checkpoint",
     "CheckpointError",
     "checkpointed",
@@ -38,6 +48,7 @@ T = TypeVar("T")
 
 FORMAT: Final = "gpulock.checkpoint/1"
 CHECKPOINT_NAME: Final = "checkpoint.json"
+JOURNAL_NAME: Final = "checkpoint.journal"
 # A checkpoint holds every key done; a million short keys is tens of MiB.  Past this it is
 # refused as garbage rather than read into memory.
 MAX_BYTES: Final = 256 * 1024 * 1024
@@ -86,13 +97,48 @@ def decode(data: bytes) -> Checkpoint:
     return Checkpoint(tuple(done), total, updated_wall)
 
 
+def journal_path(path: Path) -> Path:
+    return path.with_name(JOURNAL_NAME)
+
+
 def load(path: Path) -> Checkpoint | None:
-    """The checkpoint at ``path``; None when there is none.  CheckpointError for garbage."""
+    """The checkpoint at ``path`` with its journal; None when there is none.  CheckpointError
+    for garbage (a journal's torn or foreign lines are skipped, not garbage)."""
     try:
         data = read_small(path, MAX_BYTES)
+        journal = read_small(journal_path(path), MAX_BYTES)
     except (StateDirError, OSError) as e:
         raise CheckpointError(str(e)) from None
-    return None if data is None else decode(data)
+    if data is None:
+        return None  # the journal counts only on top of the snapshot a run starts with
+    base = decode(data)
+    if not journal:
+        return base
+    seen = set(base.done)
+    done = list(base.done)
+    for key in _journal_keys(journal):
+        if key not in seen:
+            seen.add(key)
+            done.append(key)
+    return Checkpoint(tuple(done), base.total, base.updated_wall)
+
+
+def _journal_keys(data: bytes) -> Iterator[str]:
+    lines = data.split(b"\n")[:-1]  # the last piece has no newline: empty, or torn by a kill
+    try:  # the usual journal, parsed as one array: a JSON call per line costs 10x more
+        keys = json.loads(b"[" + b",".join(lines) + b"]")
+    except (ValueError, RecursionError):
+        keys = None
+    if isinstance(keys, list) and all(isinstance(k, str) for k in keys):
+        yield from keys
+        return
+    for line in lines:  # something odd in it: line by line, skipping what is not a key
+        try:
+            key = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(key, str):
+            yield key
 
 
 def save(path: Path, agent: str, done: Sequence[str], total: int, *, mode: int = 0o600) -> None:
@@ -108,10 +154,11 @@ def save(path: Path, agent: str, done: Sequence[str], total: int, *, mode: int =
 
 
 def remove(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    for p in (journal_path(path), path):  # the journal first: it means nothing without the base
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
 
 
 def resumed(path: Path, keys: Iterable[str]) -> set[str]:
@@ -134,25 +181,53 @@ def checkpointed(
     finished: Callable[[int], None],
     ended: Callable[[], None],
 ) -> Iterator[T]:
-    """Yield the items whose key is not in ``skip``, saving the checkpoint after each one.
+    """Yield the items whose key is not in ``skip``, journalling each one as it is done.
 
-    An item is done when the loop asks for the next one: then the checkpoint is written and
-    ``finished(n)`` is called with the number done in this run (progress, flush).  When the
-    loop ends normally the checkpoint is removed and ``ended()`` called; a loop left by an
-    exception or a signal leaves the checkpoint for the next run.
+    Before the first item the snapshot is written with the keys in ``skip`` and the journal
+    emptied (a compaction of what an earlier run left).  An item is done when the loop asks for
+    the next one: then its key is appended to the journal and ``finished(n)`` is called with
+    the number done in this run (progress, flush).  When the loop ends normally both files are
+    removed and ``ended()`` called; a loop left by an exception or a signal leaves them for the
+    next run.
     """
-    done = [k for k in keys if k in skip]
-    seen = set(done)
-    count = 0
-    for item, key in zip(items, keys, strict=True):
-        if key in skip:
-            continue
-        yield item
-        if key not in seen:
-            seen.add(key)
-            done.append(key)
-        save(path, agent, done, len(items), mode=mode)
-        count += 1
-        finished(count)
+    save(path, agent, [k for k in keys if k in skip], len(items), mode=mode)
+    fd = _open_journal(path, mode)
+    try:
+        count = 0
+        for item, key in zip(items, keys, strict=True):
+            if key in skip:
+                continue
+            yield item
+            _append(fd, journal_path(path), key)
+            count += 1
+            finished(count)
+    finally:
+        os.close(fd)
     remove(path)
     ended()
+
+
+def _open_journal(path: Path, mode: int) -> int:
+    journal = journal_path(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    try:
+        return open_regular(journal, flags, mode)
+    except (OSError, StateDirError) as e:
+        why = e.reason if isinstance(e, StateDirError) else (e.strerror or str(e))
+        raise StateDirError(
+            str(journal),
+            f"cannot keep the batch's progress: {why}",
+            hint=f"move {journal} away if it is not a file",
+        ) from None
+
+
+def _append(fd: int, journal: Path, key: str) -> None:
+    line = (json.dumps(key) + "\n").encode()
+    try:
+        os.write(fd, line)  # one write on O_APPEND: a line is whole or torn, never interleaved
+    except OSError as e:
+        raise StateDirError(
+            str(journal),
+            f"cannot save the batch's progress: {e.strerror or e}",
+            hint="free some space",
+        ) from None

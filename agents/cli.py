@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpulock.cli import Parser, UsageError, duration_arg, run_command
+from gpulock.cli import Parser, UsageError, duration_arg, print_json, run_command, stdout_to_stderr
 from gpulock.units import format_duration, format_size
 
 if TYPE_CHECKING:
@@ -92,6 +92,11 @@ def build_parser(prog: str = "gpulock agent") -> argparse.ArgumentParser:
         help="bound the waits for the GPU and models (30s, 10m); past it the run is skipped "
         "with exit 75 (default: the agent's own timeout, else none)",
     )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print how the run ended as one JSON object (the agent's own output goes to stderr)",
+    )
     _common(p)
 
     p = sub.add_parser("list", help="list the agents found", description="List the agents.")
@@ -137,14 +142,22 @@ def _main(argv: list[str], prog: str) -> int:
         return _show(spec, settings, args.json)
     from agents.runtime import run_agent
 
-    return run_agent(
-        spec,
-        args=args.inputs,
-        out=Path(args.out) if args.out else None,
-        timeout_s=args.timeout,
-        settings=settings,
-        verbose=args.verbose,
-    )
+    def run() -> int:
+        return run_agent(
+            spec,
+            args=args.inputs,
+            out=Path(args.out) if args.out else None,
+            timeout_s=args.timeout,
+            settings=settings,
+            verbose=args.verbose,
+        )
+
+    if not args.json:
+        return run()
+    with stdout_to_stderr():
+        code = run()
+    print_json(_run_json(spec.name, settings, code))
+    return code
 
 
 def _find(name: str) -> AgentSpec:
@@ -234,12 +247,29 @@ _LABELS = {"timeout_s": "timeout", "need_bytes": "need", "last_run": "last run"}
 LOG_TAIL_BYTES = 2 * 1024 * 1024  # of each log generation: more than one rotated at 1 MiB holds
 
 
-def _last_run(log: Path) -> dict[str, Any] | None:
+def _run_json(name: str, settings: Settings, code: int) -> dict[str, Any]:
+    """``agent run --json``: this process's run, from the end record it just logged."""
+    from agents.runtime import AGENTS_DIR, LOG_NAME
+
+    log = settings.state_dir / AGENTS_DIR / name / LOG_NAME
+    end = _last_run(log, pid=os.getpid()) or {}
+    return {
+        "agent": name,
+        "outcome": end.get("outcome"),
+        "reason": end.get("reason"),
+        "exit_code": code,
+        "duration_s": end.get("duration_s"),
+        "log": str(log),
+    }
+
+
+def _last_run(log: Path, *, pid: int | None = None) -> dict[str, Any] | None:
     """The newest run in an agent's log: its ``end`` record, or its ``start`` made into one.
 
     A run that never wrote its end (SIGKILL, the OOM killer, a power cut) would otherwise hide
     behind the run before it: its start record comes back with ``outcome`` ``running`` (the
-    process is still there) or ``died``.  The rotated generation is read too.
+    process is still there) or ``died``.  The rotated generation is read too.  ``pid``: only
+    that process's run.
     """
     from gpulock.errors import StateDirError
     from gpulock.state import read_tail
@@ -257,7 +287,11 @@ def _last_run(log: Path) -> dict[str, Any] | None:
                 record = json.loads(raw)
             except (ValueError, RecursionError):
                 continue
-            if isinstance(record, dict) and record.get("event") in ("start", "end"):
+            if (
+                isinstance(record, dict)
+                and record.get("event") in ("start", "end")
+                and (pid is None or record.get("pid") == pid)
+            ):
                 records.append(record)
     ended: dict[object, dict[str, Any]] = {}  # pid -> its newest end, newer than the scan
     for record in reversed(records):

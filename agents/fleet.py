@@ -49,7 +49,14 @@ from agents.fleetrun import TERM_WAIT_S as TERM_WAIT_S
 from agents.fleetserve import serve
 from agents.schedules import DRY_RUN_FIRES as DRY_RUN_FIRES
 from agents.schedules import make_trigger, next_fires
-from gpulock.cli import Parser, UsageError, duration_arg, run_command
+from gpulock.cli import (
+    Parser,
+    UsageError,
+    duration_arg,
+    print_json,
+    run_command,
+    stdout_to_stderr,
+)
 from gpulock.errors import GpulockError
 
 if TYPE_CHECKING:
@@ -82,8 +89,31 @@ fleet file, unusable state folder, this file's fleet already running, APSchedule
 # --- the modes ---------------------------------------------------------------------------------
 
 
-def run_once(settings: Settings, fleet: FleetFile, spec: JobSpec) -> int:
-    """Run one agent now, its output on this terminal; exit with its code."""
+def run_once(settings: Settings, fleet: FleetFile, spec: JobSpec, *, as_json: bool = False) -> int:
+    """Run one agent now, its output on this terminal; exit with its code.
+
+    ``as_json``: the run's output goes to stderr and stdout gets one object: ``agent``,
+    ``pid``, ``exit_code``, ``duration_s``, ``outcome`` (null when the fleet was stopped
+    before it started).
+    """
+    if as_json:
+        with stdout_to_stderr():
+            done = _run_once(settings, fleet, spec)
+        print_json(
+            {
+                "agent": spec.name,
+                "pid": done.pid if done else None,
+                "exit_code": done.exit if done else EX_ERROR,
+                "duration_s": round(done.duration_s, 6) if done else None,
+                "outcome": done.outcome if done else None,
+            }
+        )
+    else:
+        done = _run_once(settings, fleet, spec)
+    return done.exit if done is not None else EX_ERROR
+
+
+def _run_once(settings: Settings, fleet: FleetFile, spec: JobSpec) -> RunResult | None:
     wakeup = Wakeup()
     runner = Runner(settings, wakeup, out=sys.stderr)
     result: list[RunResult | None] = []
@@ -107,8 +137,7 @@ def run_once(settings: Settings, fleet: FleetFile, spec: JobSpec) -> int:
     finally:
         runner.drain(0.0)
         wakeup.close()
-    done = result[0] if result else None
-    return done.exit if done is not None else EX_ERROR
+    return result[0] if result else None
 
 
 def unknown_agents(jobs: Sequence[JobSpec]) -> dict[str, list[str]]:
@@ -217,7 +246,7 @@ def build_parser(prog: str = "gpulock fleet") -> argparse.ArgumentParser:
         metavar="DURATION",
         help="run for this long (30s, 2h), then stop as on SIGTERM",
     )
-    p.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
+    p.add_argument("--json", action="store_true", help="with --dry-run or --once: print JSON")
     p.add_argument("--config", metavar="FILE", help="gpulock config file (default: the usual)")
     p.add_argument(
         "--state-dir", metavar="DIR", help="state folder (default: $GPULOCK_STATE_DIR, config)"
@@ -255,8 +284,10 @@ def _require_apscheduler() -> None:
 
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    if args.json and not args.dry_run:
-        raise UsageError("--json goes with --dry-run", hint="gpulock fleet FILE --dry-run --json")
+    if args.json and not (args.dry_run or args.once is not None):
+        raise UsageError(
+            "--json goes with --dry-run or --once", hint="gpulock fleet FILE --dry-run --json"
+        )
     _require_apscheduler()
     fleet = fleetfile.read(args.fleet_file)
     fleetfile.check_schedules(fleet)
@@ -284,7 +315,8 @@ def _main(argv: list[str]) -> int:
         fleet, state_dir=settings.state_dir, environ=_environ(args.config), python=sys.executable
     )
     if args.once is not None:
-        return run_once(settings, fleet, next(j for j in jobs if j.name == args.once))
+        spec = next(j for j in jobs if j.name == args.once)
+        return run_once(settings, fleet, spec, as_json=args.json)
     return serve(settings, fleet, jobs, for_s=args.for_s)
 
 

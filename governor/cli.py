@@ -8,6 +8,7 @@ lines, never a traceback for a user's mistake.
 from __future__ import annotations
 
 import argparse
+import io
 import signal
 import sys
 import threading
@@ -15,7 +16,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from gpulock.cli import Parser, UsageError, run_command
+from gpulock.cli import Parser, UsageError, print_json, run_command
 
 if TYPE_CHECKING:
     from gpulock.metrics.exporter import Exporter
@@ -80,6 +81,12 @@ def build_parser(prog: str = "gpulock governor") -> argparse.ArgumentParser:
         help="serve Prometheus metrics at http://HOST:PORT/metrics (default: metrics.listen "
         "in the config; none). ':PORT' binds 127.0.0.1",
     )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='with --once: print the pass as one JSON object {"dry_run", "level", "actions", '
+        '"lines"} instead of lines',
+    )
     return p
 
 
@@ -95,14 +102,17 @@ def _main(argv: list[str]) -> int:
     from governor.probes import Probe
     from gpulock.settings import load
 
+    if args.json and not args.once:
+        raise UsageError("--json goes with --once", hint="gpulock governor --once --json")
     settings = load(args.config, args.state_dir)
     config = gconfig.load(settings.config)  # ConfigError names file:line:key
     exporter = _metrics(settings, args.metrics_listen, dry_run=args.dry_run)
+    text = io.StringIO() if args.json else sys.stdout  # --json: the lines go into the object
     governor = Governor(
         settings,
         config,
         probe=Probe(settings, clean=not args.dry_run),
-        effects=Effects(settings, dry_run=args.dry_run, out=sys.stdout),
+        effects=Effects(settings, dry_run=args.dry_run, out=text),
         after_pass=exporter.after_pass if exporter is not None else None,
     )
     stop = threading.Event()
@@ -121,6 +131,16 @@ def _main(argv: list[str]) -> int:
         finally:
             if exporter is not None:
                 exporter.close()
+    if args.json:
+        assert isinstance(text, io.StringIO)
+        print_json(
+            {
+                "dry_run": args.dry_run,
+                "level": governor.state.level,
+                "actions": governor.last_results,
+                "lines": text.getvalue().splitlines(),
+            }
+        )
     return EX_OK
 
 

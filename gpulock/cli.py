@@ -14,12 +14,13 @@ entry-point group and imported only when they run, so the lock package never imp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any, NoReturn
 
@@ -248,21 +249,68 @@ def _plugins() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)}
 
 
-def report(e: UsageError | GpulockError) -> int:
+def report(e: UsageError | GpulockError, *, as_json: bool = False) -> int:
     """Print ``error:`` (and ``hint:``) for a user's mistake; return its exit code.
+
+    With ``as_json`` (the command line asked for ``--json``) the error is one JSON object on
+    stdout instead, so a script reading the output gets JSON whatever happened::
+
+        {"error": {"message": "...", "hint": "..." | null, "type": "UnknownTask",
+                   "exit_code": 2}}
 
     Shared by the commands that packages add (``gpulock governor``...), so every command
     speaks and exits alike.
     """
+    if isinstance(e, UsageError):
+        code = EX_USAGE
+    elif isinstance(e, LockTimeout):
+        code = EX_TEMPFAIL
+    else:
+        code = getattr(e, "exit_code", EX_ERROR)  # RunError: 126/127, like a shell
+    if as_json:
+        print_json(
+            {
+                "error": {
+                    "message": str(e),
+                    "hint": e.hint,
+                    "type": type(e).__name__,
+                    "exit_code": code,
+                }
+            }
+        )
+        return code
     _say("error", str(e))
     if e.hint:
         _say("hint", e.hint)
-    if isinstance(e, UsageError):
-        return EX_USAGE
-    if isinstance(e, LockTimeout):
-        return EX_TEMPFAIL
-    code: int = getattr(e, "exit_code", EX_ERROR)  # RunError: 126/127, like a shell
     return code
+
+
+def wants_json(argv: Sequence[str]) -> bool:
+    """Whether a command line asks for JSON: ``--json`` before any ``--`` (what follows it is
+    a command's own arguments, as in ``gpulock run -- tool --json``)."""
+    args = list(argv)
+    ours = args[: args.index("--")] if "--" in args else args
+    return "--json" in ours
+
+
+def print_json(doc: Any) -> None:
+    """One JSON document on stdout (values JSON cannot hold are written as text)."""
+    print(json.dumps(doc, indent=2, default=str), flush=True)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """While it lasts, what this process and its children write to stdout goes to stderr, so
+    that a ``--json`` command's stdout carries its JSON document alone."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -271,14 +319,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_command(command: Callable[[list[str]], int], argv: Sequence[str] | None = None) -> int:
     """Run one command's ``command(argv)`` as every gpulock command runs: the exit code it
-    returns; a user's mistake as ``error:``/``hint:`` lines and its exit code (``report``);
+    returns; a user's mistake as ``error:``/``hint:`` lines (a JSON object with ``--json``) and
+    its exit code (``report``);
     Ctrl-C before the command took over signals as 130; a reader that left the pipe
     (``gpulock history | head``) as a quiet 0, never a traceback."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         return command(args)
     except (UsageError, GpulockError) as e:
-        return report(e)
+        return report(e, as_json=wants_json(args))
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
     except BrokenPipeError:
@@ -446,16 +495,40 @@ def _history_line(e: dict[str, Any]) -> str:
     # Agents' and the fleet's events name their agent; the lock's name their holder.
     label_key = "name" if "name" in e else "agent"
     who = f"{e.get(label_key, '')}[{e.get('pid', '')}]" if "pid" in e else ""
-    details = []
+    details: list[str] = []
     for k, v in e.items():
         if k in _SHOWN or v is None or (who and k == label_key):
             continue
-        if k.endswith("_s") and isinstance(v, int | float):
-            v = format_duration(v)
-        elif k.endswith("_bytes") and isinstance(v, int):
-            v = format_size(v)
-        details.append(f"{k}={v}")
+        _details(details, k, v, 0)
     return f"{stamp}  {e['event']:<8} {gpu:<5} {ticket:>6}  {who:<24} {' '.join(details)}"
+
+
+def _details(out: list[str], key: str, v: Any, depth: int) -> None:
+    """``key=value`` for history, readably: a mapping as ``key.sub=value`` (a governor's
+    ``evidence``, a route's ``model``), a list of plain values comma-joined, sizes and
+    durations in units; never a Python repr."""
+    if isinstance(v, dict) and depth < 4:
+        for sub, sv in v.items():
+            if sv is not None:
+                _details(out, f"{key}.{sub}", sv, depth + 1)
+        return
+    out.append(f"{key}={_value(key, v)}")
+
+
+def _value(key: str, v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if key.endswith("_s") and isinstance(v, int | float):
+        return format_duration(v)
+    if key.endswith("_bytes") and isinstance(v, int):
+        return format_size(v)
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, int | str):
+        return str(v)
+    if isinstance(v, list) and all(isinstance(x, int | float | str) for x in v):
+        return ",".join(_value(key, x) for x in v) or "[]"
+    return json.dumps(v, separators=(",", ":"), default=str)
 
 
 # --- heartbeat -----------------------------------------------------------------------------

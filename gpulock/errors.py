@@ -12,7 +12,8 @@
 
 Every error carries its fields as attributes, pickles across processes (``__reduce__`` rebuilds
 it from its fields) and may carry a ``hint``: one line that tells the user what to do next.  The
-CLI prints ``error: <str(exc)>`` and ``hint: <exc.hint>``; the library never exits the process.
+CLI prints ``error: <str(exc)>`` and ``hint: <exc.hint>``; an uncaught one's traceback shows the
+hint as a note (``hint: ...`` under the message); the library never exits the process.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class GpulockError(Exception):
         self.message = message
         if hint is not None:
             self.hint = hint
+            # A traceback shows an exception's notes: a library user who does not catch it
+            # sees what to do (the known names, the command to run), as a CLI user does.
+            self.add_note(f"hint: {hint}")
 
     def __str__(self) -> str:
         return self.message

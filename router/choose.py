@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from gpulock.units import format_duration, format_size, format_usd
 from router.routes import Candidate
+from router.waitest import HoldHistory, Queued, estimate_wait
 
 REDUCE_MIN_CTX = 512
 REDUCE_MIN_BATCH = 32
@@ -50,6 +51,10 @@ class GpuView:
     # The holders' needs summed when a newcomer with a need could join them now (nobody waits,
     # nobody holds exclusively), as gpulock's queue rule shares a GPU; None: it waits in line.
     shared_bytes: int | None = None
+    # Who is in line (queue order) and the GPU's hold history: with a history, the wait is
+    # estimated per newcomer need by router.waitest; without one, ``est_wait_s`` stands.
+    line: tuple[Queued, ...] = ()
+    history: HoldHistory | None = None
 
 
 def _no_estimate(c: Candidate) -> int | None:
@@ -237,7 +242,7 @@ def _judge_gpu(c: Candidate, host: Host, deadline_s: float | None, warm: bool) -
     elif _shares(best, need):
         wait = f", shared with {best.ahead} holder{'s' if best.ahead > 1 else ''}"
     else:
-        wait = f", ~{format_duration(best.est_wait_s)} queue wait"
+        wait = f", ~{format_duration(_wait_s(best, need))} queue wait"
     size = f"needs {format_size(need)}" if need is not None else "needs the whole GPU"
     reason = f"gpu{best.index}: {size}{wait}" + (" (warm)" if warm else "") + note
     return Verdict(c, True, reason, gpu=best.index, need_bytes=need, warm=warm)
@@ -272,4 +277,8 @@ def _shares(g: GpuView, need: int | None) -> bool:
 
 
 def _wait_s(g: GpuView, need: int | None) -> float | None:
-    return 0.0 if _shares(g, need) else g.est_wait_s
+    if _shares(g, need):
+        return 0.0
+    if g.history is not None:
+        return estimate_wait(g.line, g.history, need_bytes=need, budget_bytes=g.budget_bytes)
+    return g.est_wait_s

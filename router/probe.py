@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -19,17 +18,17 @@ from gpulock import events, level, registry, state
 from gpulock.errors import StateDirError
 from gpulock.queuedir import QueueDir
 from gpulock.settings import Settings
-from router import gguf_info, ledger
+from router import gguf_cache, gguf_info, ledger
 from router.choose import GpuView, Host, cid
 from router.routes import Candidate, RouterSettings
+from router.waitest import HoldHistory, Queued, estimate_wait, history_from
 
 TAIL_BYTES = 64 * 1024  # enough for the last few hundred events
-HOLD_HISTORY = 20  # recent holds averaged for the wait estimate
 MAX_HOLD_S = 365 * 86400.0  # a longer held_s in the log is garbage
 
 
-def recent_holds(state_dir: Path, gpu: int, *, limit: int = HOLD_HISTORY) -> list[float]:
-    """Hold times (``held_s`` of ``release`` events) of the last holds of ``gpu``, newest last.
+def recent_holds(state_dir: Path, gpu: int) -> list[tuple[str, float]]:
+    """``(name, held_s)`` of the ``release`` events of ``gpu`` in the log's tail, newest last.
 
     The log is read like every state file: a symlink or a FIFO in its place is not followed or
     waited on (no history then), and a ``held_s`` no hold can have (negative, NaN, infinite,
@@ -39,7 +38,7 @@ def recent_holds(state_dir: Path, gpu: int, *, limit: int = HOLD_HISTORY) -> lis
         tail = state.read_tail(events.log_path(state_dir), TAIL_BYTES)
     except (OSError, StateDirError):
         return []
-    holds: list[float] = []
+    holds: list[tuple[str, float]] = []
     for line in (tail or b"").splitlines():
         if b'"release"' not in line:
             continue
@@ -57,24 +56,23 @@ def recent_holds(state_dir: Path, gpu: int, *, limit: int = HOLD_HISTORY) -> lis
             and not isinstance(held, bool)
             and 0 <= held <= MAX_HOLD_S  # False for NaN as well
         ):
-            holds.append(float(held))
-    return holds[-limit:]
+            name = e.get("name")
+            holds.append((name if isinstance(name, str) else "", float(held)))
+    return holds
 
 
-def estimate_wait(
-    holders_elapsed: Sequence[float], waiters: int, holds: Sequence[float], default_s: float
-) -> float:
-    """Seconds until a newcomer would hold: the holders' remaining time plus one typical hold
-    per waiter ahead.  With no history the configured ``hold_estimate`` stands in."""
-    typical = statistics.median(holds) if holds else default_s
-    remaining = max((max(0.0, typical - e) for e in holders_elapsed), default=0.0)
-    return remaining + waiters * typical
+def hold_history(state_dir: Path, gpu: int, default_s: float) -> HoldHistory:
+    """The GPU's recent holds per ticket name, for router.waitest."""
+    return history_from(recent_holds(state_dir, gpu), default_s)
 
 
 def vram_estimator(
-    tenant_sizes: Mapping[str, int] | None = None,
+    tenant_sizes: Mapping[str, int] | None = None, settings: Settings | None = None
 ) -> Callable[[Candidate], int | None]:
-    """``tenant_sizes``: ``TENANT/MODEL`` -> bytes, as the tenants report the models they hold."""
+    """VRAM of a candidate: its ``vram:``; a tenant's model, from ``tenant_sizes``
+    (``TENANT/MODEL`` -> bytes, as the tenants report the models they hold); else from its GGUF
+    header (cached in the state folder when ``settings`` is given: a cron process then does not
+    parse the header)."""
 
     def vram_of(c: Candidate) -> int | None:
         if c.vram_bytes is not None:
@@ -84,7 +82,10 @@ def vram_estimator(
         if not c.local:
             return None
         try:
-            info = gguf_info.read_info(c.model)
+            if settings is None:
+                info = gguf_info.read_info(c.model)
+            else:
+                info = gguf_cache.read_info_cached(settings, c.model)
         except (OSError, gguf_info.GGUFError):
             return None
         return gguf_info.estimate_vram(info, n_ctx=c.n_ctx, n_gpu_layers=c.n_gpu_layers)
@@ -123,7 +124,7 @@ def host(
             gpus.append(_gpu_view(settings, d.index, d.total_bytes, d.free_bytes, rs, now))
     keys = {c.api_key_env for c in candidates if c.api_key_env}
     led = ledger.read(settings, now_wall=now)
-    vram_of = vram_estimator(tenant_sizes)
+    vram_of = vram_estimator(tenant_sizes, settings)
     return Host(
         gpus=tuple(gpus),
         gpu_problem=problem,
@@ -156,8 +157,7 @@ def _gpu_view(
     budget = total - reserve if total is not None and reserve is not None else None
     if free is not None and reserve is not None:
         free = max(0, free - reserve)
-    holders_elapsed: list[float] = []
-    waiters = 0
+    line: list[Queued] = []
     shared: int | None = 0  # the holders' needs, while a newcomer could share (queue.decide)
     qdir = QueueDir(settings, index, create=False)
     for seq, tf, _why in qdir.scan():
@@ -165,20 +165,21 @@ def _gpu_view(
             continue
         t = tf.ticket
         if t.holding and t.granted_wall is not None:
-            holders_elapsed.append(max(0.0, now - t.granted_wall))
+            line.append(Queued(t.name, t.need_bytes, max(0.0, now - t.granted_wall)))
             if shared is not None and t.need_bytes is not None:
                 shared += t.need_bytes
             else:
                 shared = None  # an exclusive holder
         else:
-            waiters += 1
+            line.append(Queued(t.name, t.need_bytes))
             shared = None  # a waiter ahead: FIFO, nobody overtakes it
-    ahead = len(holders_elapsed) + waiters
-    wait = 0.0
-    if ahead:
-        holds = recent_holds(settings.state_dir, index)
-        wait = estimate_wait(holders_elapsed, waiters, holds, rs.hold_estimate_s)
-    return GpuView(index, total, budget, free, ahead, wait, shared)
+    # Holders first, as the lock plays them: scan() is in ticket order, holders are oldest.
+    line.sort(key=lambda q: q.held_s is None)
+    if not line:
+        return GpuView(index, total, budget, free, 0, 0.0, shared)
+    history = hold_history(settings.state_dir, index, rs.hold_estimate_s)
+    wait = estimate_wait(line, history, budget_bytes=budget)  # an exclusive newcomer's
+    return GpuView(index, total, budget, free, len(line), wait, shared, tuple(line), history)
 
 
 def warm_models() -> set[str]:
@@ -192,4 +193,4 @@ def warm_models() -> set[str]:
     return loaded
 
 
-__all__ = ["cid", "estimate_wait", "host", "recent_holds", "warm_models"]
+__all__ = ["cid", "hold_history", "host", "recent_holds", "warm_models"]

@@ -224,6 +224,52 @@ def write_tiny_llama(
     return target
 
 
+# Qwen2.5's tokenizer: what a real GGUF header carries (bench/gguf_header.py, the tests).
+QWEN_TOKENS = 151_936
+QWEN_MERGES = 151_387
+
+
+def write_big_header(
+    path: str | os.PathLike[str],
+    *,
+    n_tokens: int = QWEN_TOKENS,
+    n_merges: int = QWEN_MERGES,
+    tokenizer_first: bool = False,
+) -> pathlib.Path:
+    """A GGUF file with a Qwen2.5-sized BPE tokenizer and Qwen2.5-7B's hyperparameters, and no
+    tensors: a header as large as a real model's, for measuring header reads.
+
+    llama.cpp's converter writes the hyperparameters before the tokenizer; ``tokenizer_first``
+    writes them after it (the worst order for a reader that wants only the hyperparameters).
+    """
+    import gguf
+
+    target = pathlib.Path(path)
+    writer = gguf.GGUFWriter(target, "qwen2")
+
+    def hparams() -> None:
+        writer.add_block_count(28)
+        writer.add_context_length(32768)
+        writer.add_embedding_length(3584)
+        writer.add_feed_forward_length(18944)
+        writer.add_head_count(28)
+        writer.add_head_count_kv(4)
+
+    if not tokenizer_first:
+        hparams()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"tok{i:x}" for i in range(n_tokens)])
+    writer.add_token_types([1] * n_tokens)
+    writer.add_token_merges([f"t{i:x} o{i % 977:x}" for i in range(n_merges)])
+    if tokenizer_first:
+        hparams()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return target
+
+
 def _looks_complete(path: pathlib.Path) -> bool:
     """Whether ``path`` starts like a GGUF file and is big enough to hold the default weights."""
     try:

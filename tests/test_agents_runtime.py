@@ -709,3 +709,28 @@ def test_skip_errors_are_matched_by_name_without_importing_them() -> None:
     assert skip_reason(NoModelAvailable("no model fits")) == "no model fits"
     Other = type("NoModelAvailable", (Exception,), {"__module__": "elsewhere"})
     assert skip_reason(Other("x")) is None
+
+
+# --- --json ------------------------------------------------------------------------------------
+
+
+def test_run_json_prints_how_the_run_ended_and_nothing_else_on_stdout(cli: Cli) -> None:
+    out = cli.root / "hello.txt"
+    r = run(cli, "run", "t-hello", "a", "--out", str(out), "--json")
+    assert r.code == 0, r.describe()
+    doc = r.json()
+    assert doc["agent"] == "t-hello" and doc["outcome"] == "ok" and doc["exit_code"] == 0
+    assert doc["reason"] is None and doc["duration_s"] >= 0
+    assert doc["log"] == str(cli.state / "agents" / "t-hello" / "log.jsonl")
+    r = run(cli, "run", "t-boom", "--json")
+    assert r.code == 1
+    doc = r.json()
+    assert (doc["outcome"], doc["reason"], doc["exit_code"]) == ("error", "ValueError: boom", 1)
+
+
+def test_with_json_an_unknown_agent_is_a_json_error(cli: Cli) -> None:
+    r = run(cli, "run", "t-nobody", "--json")
+    assert (r.code, r.stderr) == (2, ""), r.describe()
+    err = r.json()["error"]
+    assert err["message"] == "unknown agent 't-nobody'" and err["exit_code"] == 2
+    assert "t-hello" in err["hint"]

@@ -6,6 +6,9 @@ import json
 import multiprocessing
 import os
 import pickle
+import subprocess
+import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -32,6 +35,34 @@ def test_errors_pickle_with_their_fields(exc: errors.GpulockError) -> None:
     assert str(back) == str(exc)
     assert back.__dict__ == exc.__dict__
     assert back.hint == exc.hint
+    assert getattr(back, "__notes__", []) == ([f"hint: {exc.hint}"] if exc.hint else [])
+
+
+def test_an_uncaught_error_shows_its_hint_and_the_known_names(tmp_path: Path) -> None:
+    # A library user who does not catch UnknownTask saw only "unknown task 'summarise'".
+    cfg = tmp_path / "gpulock.yaml"
+    cfg.write_text(
+        "routes:\n"
+        "  summarize: [{tier: cloud, backend: openai, model: m, base_url: http://127.0.0.1:9/v1,"
+        " api_key_env: K}]\n"
+        "  tag: [{tier: cloud, backend: openai, model: m, base_url: http://127.0.0.1:9/v1,"
+        " api_key_env: K}]\n"
+    )
+    env = {**os.environ, "GPULOCK_CONFIG": str(cfg), "GPULOCK_STATE_DIR": str(tmp_path / "s")}
+    code = "import router; router.get_model('summarise')"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 1
+    tail = r.stderr.splitlines()[-2:]
+    assert tail == [
+        "router.errors.UnknownTask: unknown task 'summarise'",
+        "hint: known tasks: summarize, tag",
+    ]
+
+
+def test_the_hint_survives_a_process_boundary_in_the_traceback() -> None:
+    exc = pickle.loads(pickle.dumps(gpulock.NeedTooLarge(0, 2**40, 2**30)))  # noqa: S301
+    text = "".join(traceback.format_exception(exc))
+    assert text.endswith("hint: ask for less, or lower 'reserve' in the config\n")
 
 
 def test_lock_timeout_is_a_timeout_error_that_names_the_holder() -> None:

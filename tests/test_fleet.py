@@ -438,7 +438,6 @@ def test_missing_fleet_file_and_usage_errors(fw: FleetWorld) -> None:
     path = fw.write([fw.agent("a", every="1m")])
     for args, says in [
         ([str(path), "--once", "zed"], "no agent 'zed'"),
-        ([str(path), "--json"], "--json goes with --dry-run"),
         ([str(path), "--for", "soon"], "soon"),
         ([str(path), "--once", "a", "--for", "1s"], "not allowed with"),
         ([], "FLEET.yaml"),
@@ -446,6 +445,9 @@ def test_missing_fleet_file_and_usage_errors(fw: FleetWorld) -> None:
         r = fw.run(*args)
         assert_clean_error(r, 2)
         assert says in r.stderr, r.describe()
+    r = fw.run(str(path), "--json")  # with --json, the error is JSON too
+    assert (r.code, r.stderr) == (2, ""), r.describe()
+    assert json.loads(r.stdout)["error"]["message"] == "--json goes with --dry-run or --once"
 
 
 def test_import_stays_light_and_missing_apscheduler_names_the_extra(fw: FleetWorld) -> None:
@@ -662,6 +664,16 @@ def test_once_runs_one_agent_now_with_its_exit_code(fw: FleetWorld) -> None:
     (run,) = fw.runs("daily")
     assert (run["exit"], run["outcome"]) == (3, "error")
     assert not fw.runs("other")
+
+
+def test_once_json_prints_the_run_and_sends_its_output_to_stderr(fw: FleetWorld) -> None:
+    path = fw.write([fw.agent("daily", code=3, schedule="0 3 * * *")])
+    r = fw.run(str(path), "--once", "daily", "--json", timeout_s=20)
+    assert r.code == 3, r.describe()
+    doc = json.loads(r.stdout)
+    assert (doc["agent"], doc["exit_code"], doc["outcome"]) == ("daily", 3, "error")
+    assert isinstance(doc["pid"], int) and doc["duration_s"] >= 0
+    assert "hello from daily" in r.stderr
 
 
 def test_fleet_runs_real_agents_through_the_runtime(fw: FleetWorld) -> None:

@@ -517,8 +517,12 @@ def test_a_hold_across_the_logs_rotation_is_one_hold(tmp_path: Path) -> None:
 )
 def test_usage_errors_exit_2(cli: Cli, args: list[str], says: str) -> None:
     r = cli.run("report", *args)
-    assert_clean_error(r, 2)
-    assert says in error_lines(r.stderr)[0], r.describe()
+    if "--json" in args:  # with --json, the error is JSON too
+        assert (r.code, r.stderr) == (2, ""), r.describe()
+        assert says in json.loads(r.stdout)["error"]["message"], r.describe()
+    else:
+        assert_clean_error(r, 2)
+        assert says in error_lines(r.stderr)[0], r.describe()
     assert not (cli.root / "x.html").exists()
 
 

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from router.choose import Choice, GpuView, Host, choose, cid
-from router.probe import estimate_wait
 from router.routes import Candidate
 
 GiB = 1024**3
@@ -234,21 +233,6 @@ def test_the_shorter_queue_wins_among_gpus() -> None:
     short_q = gpu(24, index=1, ahead=1, est_wait_s=10.0)
     c = choose("t", (BIG_GPU,), host(long_q, short_q), deadline_s=60)
     assert c.chosen is not None and c.chosen.gpu == 1
-
-
-@pytest.mark.parametrize(
-    ("elapsed", "waiters", "holds", "default", "expected"),
-    [
-        ([], 0, [], 30.0, 0.0),  # nobody ahead
-        ([10.0], 0, [], 30.0, 20.0),  # a holder 10 s into a typical 30 s hold
-        ([10.0], 2, [40.0, 60.0, 50.0], 30.0, 40.0 + 100.0),  # median of history: 50 s
-        ([90.0], 1, [], 30.0, 30.0),  # a holder past the typical hold: 0 left, 1 waiter
-    ],
-)
-def test_estimate_wait(
-    elapsed: list[float], waiters: int, holds: list[float], default: float, expected: float
-) -> None:
-    assert estimate_wait(elapsed, waiters, holds, default) == pytest.approx(expected)
 
 
 # --- the cloud: keys, budgets, rate limits, cooldowns ------------------------------------------

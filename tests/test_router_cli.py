@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import GPULOCK, Cli, assert_clean_error
+from cli_helpers import GPULOCK, Cli, assert_clean_error, wait_until
 
 from gpulock.units import format_size
 from router import gguf_info
@@ -344,6 +344,32 @@ def test_impossible_hold_times_in_the_log_are_not_history(cli: Cli, tiny: Path) 
     assert "> deadline 5.0 s" in r.stdout
     holder.release()
     holder.wait()
+
+
+def test_the_wait_is_estimated_from_who_is_in_line(cli: Cli, tiny: Path) -> None:
+    # The repro: a long exclusive holder and two waiters whose names took seconds
+    # before, with quick jobs of other names filling the recent history.  The GPU-wide median
+    # said "~112 ms"; each name's own holds say ~11 s, past a 5 s deadline.
+    cfg = routes(cli, tiny, extra="router: {hold_estimate: 30s}")
+    env = cli.env(GPULOCK_CONFIG=str(cfg))
+    history = [("render", 6.0), ("render", 6.2), ("tts", 3.0), ("tts", 3.1)]
+    history += [("tagger", 0.05)] * 20
+    holder = cli.hold("render")  # creates the state folder
+    with open(cli.state / "events.jsonl", "a") as f:
+        for name, held in history:
+            f.write(
+                json.dumps({"ts": 1, "event": "release", "gpu": 0, "name": name, "held_s": held})
+            )
+            f.write("\n")
+    waiters = [cli.start_run("tts", cmd=["true"]) for _ in range(2)]
+    wait_until(lambda: len(cli.entries()) == 3, lambda: f"3 in line\n{cli.describe()}")
+    r = cli.run("route", "summarize", "--explain", "--deadline", "5s", env=env)
+    assert r.code == 0, r.describe()
+    assert r.stdout.startswith("summarize: cpu tiny-llama"), r.describe()
+    assert "(3 ahead) > deadline 5.0 s" in r.stdout
+    holder.release()
+    for p in [holder, *waiters]:
+        p.wait()
 
 
 def gguf(*parts: bytes) -> bytes:
