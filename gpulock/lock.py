@@ -264,14 +264,23 @@ def acquire(
     ticket, fd = qdir.enqueue(make, deadline)
     try:
         granted = Waiter(settings, qdir, ticket, fd, budget, deadline, start).wait()
+        # Inside the try: an exception (a signal handler's) between the grant and the
+        # Lease must still give the GPU back, not leave a granted ticket behind.
+        result = Lease(settings, qdir, granted, fd, time.monotonic() - start)
+        held[gpu_i] = result
     except BaseException:
+        held.pop(gpu_i, None)
         qdir.remove(ticket.seq)
         owner_fds.discard(fd)
         os.close(fd)
         raise
-    result = Lease(settings, qdir, granted, fd, time.monotonic() - start)
-    held[gpu_i] = result
     return result
+
+
+def leases_held() -> list[Lease]:
+    """The leases this thread holds now (``gpulock run`` releases them if a signal cuts in
+    just as ``acquire`` returns)."""
+    return [lease for lease in getattr(_held, "leases", {}).values() if lease.held]
 
 
 def locked(
