@@ -165,6 +165,19 @@ def process_used_bytes(report: DeviceReport, gpu: int, pid: int) -> int | None:
     return max(known) if known else None
 
 
+def gpu_pids(gpu: int, config: Config | None = None) -> frozenset[int] | None:
+    """The pids NVML lists on ``gpu`` now; None for simulated GPUs or without NVML."""
+    if simulated_sizes(config) is not None:
+        return None
+    nv, _ = _nvml_module()
+    if nv is None:
+        return None
+    h = _nvml(nv.nvmlDeviceGetHandleByIndex, gpu)
+    if h is None:
+        return None
+    return frozenset(p.pid for p in _nvml_processes(nv, h))
+
+
 def nvml_available() -> bool:
     """True when NVML is installed, initialised and reports at least one GPU."""
     nv, _ = _nvml_module()
