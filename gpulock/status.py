@@ -4,7 +4,9 @@
 
 * ``gpus``: one object per GPU with ``gpu``, ``total_bytes``, ``reserve_bytes``,
   ``budget_bytes`` (None when the size is unknown), ``holders`` and ``waiters`` (queue order)
-  and ``ignored`` (files in the queue folder that are not readable tickets, with the reason).
+  and ``ignored`` (files in the queue folder that are not readable tickets, with the reason),
+  ``orphan_fifos`` (``<seq>.fifo`` files without a ticket that no process holds: debris of a
+  holder killed inside its release; ``gpulock break --stale`` removes them).
 * every holder/waiter entry: ``ticket``, ``name``, ``pid``, ``state`` (``holding``,
   ``waiting``, ``hung``: alive past its lease without a heartbeat, ``dead``: its owner is gone
   and the ticket awaits cleanup), ``stale`` (hung or dead), ``position`` (0 = head), ``user``,
@@ -102,6 +104,7 @@ def gpu_snapshot(
         "holders": holders,
         "waiters": waiters,
         "ignored": ignored,
+        "orphan_fifos": [qdir.fifo_path(s).name for s in qdir.orphan_fifos()],
     }
 
 
@@ -309,13 +312,17 @@ def render(snap: dict[str, Any]) -> str:
                 lines.append("  " + "  ".join(cells) + "  " + r[-1])
         for ig in g["ignored"]:
             lines.append(f"  ignored {ig['file']}: {ig['reason']}")
+        for name in g.get("orphan_fifos", []):
+            lines.append(f"  orphan {name}: no ticket and no process holds it ! (stale)")
     lines += _render_residents(snap.get("residents", []))
     lines += _render_processes(snap["devices"])
     lines += _render_usage(snap.get("usage"))
     stale = [e for g in snap["gpus"] for e in g["holders"] + g["waiters"] if e["stale"]]
-    if stale:
+    orphans = [n for g in snap["gpus"] for n in g.get("orphan_fifos", [])]
+    if stale or orphans:
         lines.append(
             "! stale entries: 'gpulock break --stale' removes dead ones and ends hung ones"
+            + (" (and removes orphan FIFOs)" if orphans else "")
         )
     return "\n".join(lines)
 
