@@ -14,7 +14,6 @@ them and are not passed here.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
@@ -22,10 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpulock import state
+from gpulock import logfile, state
 from gpulock.errors import StateDirError
 
 LOG_NAME = "events.jsonl"
+LOCK_NAME = ".events.lock"  # taken only to rotate
 DEFAULT_MAX_BYTES = 10 * 1024 * 1024
 
 
@@ -47,39 +47,14 @@ def emit(
     record["event"] = event
     record.update(fields)
     line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
-    path = log_path(state_dir)
     try:
         # Never through a symlink, never stuck on a FIFO put in its place, and exactly ``mode``
-        # (0660 in a group-shared folder) whatever the umask.
-        fd = state.open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+        # (0660 in a group-shared folder) whatever the umask: see gpulock.logfile.
+        logfile.append(
+            log_path(state_dir), line, mode=mode, max_bytes=max_bytes, lock_name=LOCK_NAME
+        )
     except (OSError, StateDirError):
         return
-    try:
-        os.write(fd, line)
-        size = os.fstat(fd).st_size
-    except OSError:
-        return
-    finally:
-        os.close(fd)
-    if size > max_bytes:
-        _rotate(path, max_bytes, mode)
-
-
-def _rotate(path: Path, max_bytes: int, mode: int) -> None:
-    lock = path.with_name(".events.lock")
-    try:
-        lfd = state.open_regular(lock, os.O_RDWR | os.O_CREAT, mode)
-    except (OSError, StateDirError):
-        return
-    try:
-        fcntl.flock(lfd, fcntl.LOCK_EX)
-        try:
-            if os.stat(path).st_size > max_bytes:  # someone else may have rotated already
-                os.replace(path, path.with_name(LOG_NAME + ".1"))
-        except OSError:
-            pass
-    finally:
-        os.close(lfd)  # closing drops the flock
 
 
 def read(state_dir: Path, *, since_wall: float | None = None) -> Iterator[dict[str, Any]]:
