@@ -77,11 +77,12 @@ def processes(t: Ticket) -> dict[int, int | None]:
     return out
 
 
-def open_pidfd(pid: int, ticks: int | None, pidns: str | None) -> int | None:
+def open_pidfd(pid: int, ticks: int | None, pidns: str | None, uid: int) -> int | None:
     """A pidfd of ``pid`` if it still is the recorded process; None if it is gone (or unknown).
 
-    The start time is checked after the pidfd is open, so the process verified is the one
-    watched: a pid reused since is not waited for.
+    The start time and owner are checked after the pidfd is open, so the process verified is
+    the one watched: a pid reused since is not waited for, nor (a ticket being only a file) a
+    process of another user that a crafted ticket names.
     """
     if ticks is None or pidns is None or pidns != identity.pid_namespace():
         return None  # another namespace (or no /proc): nothing here can tell
@@ -89,10 +90,22 @@ def open_pidfd(pid: int, ticks: int | None, pidns: str | None) -> int | None:
         fd = os.pidfd_open(pid)
     except OSError:  # ProcessLookupError: gone already
         return None
-    if identity.start_ticks(pid) != ticks:
+    if identity.start_ticks(pid) != ticks or real_uid(pid) != uid:
         os.close(fd)
         return None
     return fd
+
+
+def real_uid(pid: int) -> int | None:
+    """The real uid of ``pid`` (``/proc/<pid>/status``), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def exited(fd: int) -> bool:
@@ -145,7 +158,7 @@ class ExitWatch:
         if d is None:
             d = self.dead[t.seq] = _Dead(t, now)
             for pid, ticks in processes(t).items():
-                fd = open_pidfd(pid, ticks, t.pidns)
+                fd = open_pidfd(pid, ticks, t.pidns, t.uid)
                 if fd is not None:
                     d.pidfds[pid] = fd
                     self.fds[fd] = (t.seq, pid)

@@ -127,6 +127,14 @@ def test_a_reused_pid_is_not_waited_for() -> None:
     other = dataclasses.replace(t, start_ticks=(t.start_ticks or 0) + 1)
     w = exitwait.ExitWatch(select.poll(), 10.0, lambda gpu: None, lambda k, **f: None)
     assert not w.blocks(other)  # this pid runs, but it is not the recorded process
+    assert w.blocks(dataclasses.replace(t, seq=8))  # ...while the recorded one is waited for
+    w.close()
+
+
+def test_a_ticket_naming_another_users_process_is_not_waited_for() -> None:
+    t = dataclasses.replace(ticket_of(1), uid=os.getuid() + 4242)  # pid 1: init, running
+    w = exitwait.ExitWatch(select.poll(), 10.0, lambda gpu: None, lambda k, **f: None)
+    assert not w.blocks(t)
     w.close()
 
 
