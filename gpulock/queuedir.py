@@ -199,6 +199,7 @@ class QueueDir:
         return removed
 
     def _open_mutex(self) -> int:
+        """The sequence mutex's file, opened as ``enqueue`` opens it."""
         return os.open(
             self.settings.state_dir / ".seq",
             os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
@@ -236,7 +237,8 @@ class QueueDir:
     def enqueue(self, make: Callable[[int], Ticket], deadline: float | None) -> tuple[Ticket, int]:
         """Take the next number, create the FIFO (read end held), then publish the ticket."""
         mode = self.settings.file_mode
-        mfd = self._open_mutex()
+        mpath = self.settings.state_dir / ".seq"
+        mfd = os.open(mpath, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, mode)
         try:
             _flock_until(mfd, deadline, self.gpu)
             raw = os.pread(mfd, 32, 0).strip()
