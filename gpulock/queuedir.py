@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulock import claim, identity
+from gpulock import claim
 from gpulock.errors import LockTimeout
 from gpulock.settings import Settings
 from gpulock.state import atomic_write
@@ -175,6 +175,8 @@ class QueueDir:
             os.close(mfd)
 
     def _clean_orphans_locked(self, names: list[str] | None) -> list[int]:
+        from gpulock import identity  # here: rarely needed, and the module's imports stay put
+
         removed = []
         for seq in self.orphan_fifos(names):
             path = self.fifo_path(seq)
