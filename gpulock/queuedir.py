@@ -164,7 +164,10 @@ class QueueDir:
 
         Under the sequence mutex (given up after ``wait_s``: then nothing is removed).
         """
-        mfd = self._open_mutex()
+        try:
+            mfd = self._open_mutex()
+        except OSError:
+            return []  # no sequence file to lock (a read-only folder): nothing to clean safely
         try:
             try:
                 _flock_until(mfd, time.monotonic() + wait_s, self.gpu)
