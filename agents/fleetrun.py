@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import select
 import signal
-import stat
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ from types import FrameType
 from typing import IO, TYPE_CHECKING, Any, Final
 
 from agents.fleetplan import JobSpec
+from gpulock import logfile
 from gpulock.errors import StateDirError
 from gpulock.state import open_regular
 from gpulock.units import format_duration
@@ -337,12 +337,12 @@ def _open_log(path: Path, mode: int) -> IO[bytes]:
     place is a StateDirError, not followed and not waited on (with the runner's lock held, a
     FIFO would stop the whole fleet, its stop included); a new log gets exactly ``mode``.
     """
+    # gpulock.logfile rotates it, as it does the event log and the agents' run logs (under
+    # a short flock beside it: a run and the runner's next run of that agent never both do).
     try:
-        st = path.lstat()
-        if stat.S_ISREG(st.st_mode) and st.st_size > LOG_MAX_BYTES:
-            os.replace(path, path.with_name(path.name + ".1"))
-    except FileNotFoundError:
-        pass
+        logfile.rotate(path, max_bytes=LOG_MAX_BYTES, mode=mode, lock_name=".log.lock")
+    except (OSError, StateDirError):
+        pass  # a bad lock file costs the rotation, never the run: the log itself is checked next
     fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
     return os.fdopen(fd, "ab")
 

@@ -8,7 +8,6 @@ Writing never raises: a full disk must not turn a good run into a failed one.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -17,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+from gpulock import logfile
 from gpulock.errors import GpulockError
-from gpulock.state import open_regular
 
 LOG_NAME: Final = "log.jsonl"
 LOG_MAX_BYTES: Final = 1024 * 1024
@@ -98,26 +97,11 @@ class JsonLineHandler(logging.Handler):
 def append_line(path: Path, data: bytes, *, mode: int, max_bytes: int) -> None:
     """Append ``data`` with one write; past ``max_bytes``, rotate the file to ``<path>.1``.
 
-    The log and its rotation lock are opened as every state file is (``open_regular``): a
-    symlink, a folder or a FIFO in their place raises StateDirError instead of being followed
-    or hanging the run; a new log gets exactly ``mode``, 0o660 included.
+    ``gpulock.logfile`` does it, as for the event log: a symlink, a folder or a FIFO in the
+    log's or its rotation lock's place raises StateDirError instead of being followed or
+    hanging the run; a new log gets exactly ``mode``, 0o660 included.
     """
-    fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
-    try:
-        os.write(fd, data)
-        size = os.fstat(fd).st_size
-    finally:
-        os.close(fd)
-    if size <= max_bytes:
-        return
-    # Under a short flock, so that two runs (a run and a skip) never rotate at once.
-    lfd = open_regular(path.with_name(".log.lock"), os.O_RDWR | os.O_CREAT, mode)
-    try:
-        fcntl.flock(lfd, fcntl.LOCK_EX)
-        if os.stat(path).st_size > max_bytes:
-            os.replace(path, path.with_name(path.name + ".1"))
-    finally:
-        os.close(lfd)
+    logfile.append(path, data, mode=mode, max_bytes=max_bytes, lock_name=".log.lock")
 
 
 class _EchoFormatter(logging.Formatter):

@@ -226,6 +226,7 @@ def signals_of(snapshot: Snapshot) -> dict[str, Any]:
             None if snapshot.swap_bytes_per_s is None else round(snapshot.swap_bytes_per_s, 1)
         ),
         "oom_reports": snapshot.oom_reports,
+        "oom_kills": snapshot.oom_kills,
         "local_minutes": snapshot.local_minutes,
     }
 
@@ -243,6 +244,7 @@ def thresholds_of(config: GovernorConfig, snapshot: Snapshot) -> dict[str, Any]:
         "psi_full": config.psi_full,
         "swap_bytes_per_s": config.swap_bytes_per_s,
         "oom_reports": config.oom_reports,
+        "oom_kills": config.oom_kills,
         "samples": config.samples,
         "cooldown_s": config.cooldown_s,
     }

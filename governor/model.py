@@ -51,6 +51,7 @@ class Snapshot:
     psi_full_avg10: float | None = None
     swap_bytes_per_s: float | None = None  # swap in + out
     oom_reports: int = 0  # OOMs reported by residents since the last pass
+    oom_kills: int | None = None  # the kernel's OOM kills since the last pass (/proc/vmstat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,7 @@ class GovernorConfig:
     psi_full: float = 5.0
     swap_bytes_per_s: float = 32 * 1024**2
     oom_reports: int = 1
+    oom_kills: int = 1  # kernel OOM kills in one pass: the ladder goes to evict-idle at once
     force_kill: bool = False  # terminate owners that ignore a force-evict past the grace
     grace_s: float = 10.0
 

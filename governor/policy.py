@@ -11,8 +11,8 @@ in use and idle for at least ``min_idle``.
 **Governor ladder.**  Signals, each against its threshold: VRAM used fraction per GPU,
 fragmentation per GPU (torch reserved - allocated, summed over the residents that report it),
 unregistered memory per GPU (used - what residents declare, when configured), host memory
-pressure (PSI some/full avg10), swap traffic, OOM reports.  A signal over its threshold for
-``samples`` passes in a row climbs one step of
+pressure (PSI some/full avg10), swap traffic, OOM reports, kernel OOM kills.  A signal over
+its threshold for ``samples`` passes in a row climbs one step of
 ``normal -> reduce -> evict-idle -> force-evict -> freeze``; after every signal has stayed
 clear for ``cooldown`` the ladder walks one step down (and the cooldown starts again).  Each
 level includes the actions of the levels below it:
@@ -23,6 +23,14 @@ level includes the actions of the levels below it:
   host-wide signal.
 * ``force-evict`` -- the same, and in-use models too, unless their process holds a GPU ticket.
 * ``freeze`` -- new GPU admissions wait (the lock reads the published level).
+
+**Kernel OOM kills** (``oom_kill`` in ``/proc/vmstat`` went up since the last pass) are not a
+trend to confirm over ``samples`` passes: the host already ran out of memory and the kernel
+killed a process.  One pass with ``oom_kills`` or more sends the ladder straight to
+``evict-idle`` (from any lower level), so idle models hand their memory back before the next
+kill; it does not go to ``force-evict`` (that would kill work in progress on evidence that
+says nothing about which process caused the shortage) nor to ``freeze``.  It then walks down
+by the usual cooldown.
 
 **Victims** are chosen by cost, never by name: cold-start models before persistent ones
 (they declared that reloading is their way of life), then the longest idle first (least
@@ -49,7 +57,7 @@ from governor.model import (
 )
 
 GPU_SIGNALS = ("vram", "fragmentation", "unregistered")
-HOST_SIGNALS = ("psi_some", "psi_full", "swap", "oom")
+HOST_SIGNALS = ("psi_some", "psi_full", "swap", "oom", "oom_kill")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +111,8 @@ def readings(snapshot: Snapshot, config: GovernorConfig) -> list[Reading]:
     out.append(Reading("psi_full", snapshot.psi_full_avg10, config.psi_full))
     out.append(Reading("swap", snapshot.swap_bytes_per_s, config.swap_bytes_per_s))
     out.append(Reading("oom", float(snapshot.oom_reports), float(config.oom_reports)))
+    kills = None if snapshot.oom_kills is None else float(snapshot.oom_kills)
+    out.append(Reading("oom_kill", kills, float(config.oom_kills)))
     return out
 
 
@@ -244,6 +254,12 @@ def _ladder(
 ) -> tuple[State, list[Action]]:
     over = {x.key: (state.over_count(x.key) + 1 if x.over else 0) for x in reads}
     rank = LEVELS.index(state.level)
+    kills = next((x for x in reads if x.name == "oom_kill" and x.over), None)
+    if kills is not None and rank < LEVELS.index("evict-idle"):
+        new = "evict-idle"
+        why = f"the kernel's OOM killer ran {kills.value:.0f} time(s) since the last pass"
+        nxt = State(level=new, level_since_wall=now_wall, over=(), clear_since_wall=None)
+        return nxt, [Action(kind="level", level=new, reason=why, evidence=evidence)]
     triggered = sorted(k for k, n in over.items() if n >= config.samples)
     if triggered and rank < len(LEVELS) - 1:
         new = LEVELS[rank + 1]

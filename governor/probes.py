@@ -10,8 +10,11 @@ can script PSI text or swap counters without patching modules:
   when its pid is the pid or the command pid (``gpulock run``) of a live holding ticket.
 * Host memory pressure: ``/proc/pressure/memory`` (PSI, Linux 4.20+), ``some`` and ``full``
   avg10.  A kernel without PSI, or one booted with ``psi=0``, gives None, never 0.
-* Swap: psutil's cumulative swap-in and swap-out bytes; the rate needs two samples, so the
-  first pass says None.
+* Swap: ``/proc/vmstat``'s cumulative ``pswpin`` and ``pswpout`` pages, times the page size
+  (``os.sysconf``: 4 KiB on x86, 16 or 64 KiB on some ARM kernels); the rate needs two samples,
+  so the first pass says None.
+* Kernel OOM kills: the increase of ``/proc/vmstat``'s ``oom_kill`` (Linux 4.13+) since the last
+  pass; None on the first pass and where the kernel does not count them.
 * OOMs: the increase of the residents' ``ooms`` counters since the last pass.  The first pass
   only takes the baseline (an OOM from before the governor started is no news); a resident
   first seen later counts all its OOMs (it registered, and ran out, since the last look).
@@ -19,14 +22,60 @@ can script PSI text or swap counters without patching modules:
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from governor.model import GpuSignals, ResidentView, Snapshot
 from gpulock import arbiter
 from gpulock.arbiter import Settings
 
 PSI_MEMORY = "/proc/pressure/memory"
+VMSTAT = "/proc/vmstat"
+
+
+@dataclass(frozen=True, slots=True)
+class VmStat:
+    """The ``/proc/vmstat`` counters the governor reads; None where absent or garbage."""
+
+    swap_in_bytes: int | None
+    swap_out_bytes: int | None
+    oom_kills: int | None
+
+
+def parse_vmstat(text: str | None, page_bytes: int) -> VmStat:
+    """Swap traffic (pages times ``page_bytes``) and kernel OOM kills since boot.
+
+    The file is one ``name value`` pair per line (``pswpin 1234``); unknown names are ignored.
+    """
+    values: dict[str, int] = {}
+    for line in (text or "").splitlines():
+        name, _, raw = line.strip().partition(" ")
+        if name in ("pswpin", "pswpout", "oom_kill") and raw.strip().isdigit():
+            values[name] = int(raw)
+    pin, pout = values.get("pswpin"), values.get("pswpout")
+    return VmStat(
+        None if pin is None else pin * page_bytes,
+        None if pout is None else pout * page_bytes,
+        values.get("oom_kill"),
+    )
+
+
+def read_vmstat() -> str | None:
+    """The text of ``/proc/vmstat``, or None where there is none (not Linux, no /proc)."""
+    try:
+        with open(VMSTAT, encoding="ascii", errors="replace") as f:
+            return f.read(1 << 16)
+    except OSError:
+        return None
+
+
+def page_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError):
+        return 4096  # what every Linux the kernel's docs name uses when it cannot be asked
 
 
 def parse_psi(text: str | None) -> tuple[float | None, float | None]:
@@ -69,14 +118,8 @@ def read_psi_memory() -> str | None:
 
 
 def read_swap_counters() -> tuple[int, int] | None:
-    """Cumulative bytes swapped in and out since boot (psutil), or None when unknown."""
-    import psutil  # only the governor needs it on this path: not imported by every cron job
-
-    try:
-        sw = psutil.swap_memory()
-    except (OSError, RuntimeError):
-        return None
-    return int(sw.sin), int(sw.sout)
+    """Cumulative bytes swapped in and out since boot (``/proc/vmstat``), or None."""
+    return _swap_of(parse_vmstat(read_vmstat(), page_bytes()))
 
 
 class Probe:
@@ -87,14 +130,22 @@ class Probe:
         settings: Settings,
         *,
         psi_reader: Callable[[], str | None] = read_psi_memory,
-        swap_reader: Callable[[], tuple[int, int] | None] = read_swap_counters,
+        swap_reader: Callable[[], tuple[int, int] | None] | None = None,
+        vmstat_reader: Callable[[], str | None] = read_vmstat,
         clock: Callable[[], float] = time.monotonic,
         clean: bool = True,
     ) -> None:
-        """``clock`` is monotonic (swap rates); ``clean=False`` leaves dead records alone."""
+        """``clock`` is monotonic (swap rates); ``clean=False`` leaves dead records alone.
+
+        ``vmstat_reader`` gives ``/proc/vmstat``'s text (swap and OOM kills), read once a pass;
+        ``swap_reader``, when given, overrides the swap counters taken from it.
+        """
         self.settings = settings
         self.psi_reader = psi_reader
         self.swap_reader = swap_reader
+        self.vmstat_reader = vmstat_reader
+        self.page_bytes = page_bytes()
+        self._kills_prev: int | None = None  # oom_kill at the last pass
         self.clock = clock
         self.clean = clean
         self._swap_prev: tuple[float, int] | None = None  # (clock, sin + sout)
@@ -125,6 +176,8 @@ class Probe:
             for r in records
         )
         some, full = parse_psi(self.psi_reader())
+        vm = parse_vmstat(self.vmstat_reader(), self.page_bytes)
+        swap = self.swap_reader() if self.swap_reader is not None else _swap_of(vm)
         tm = time.localtime(now_wall)
         return Snapshot(
             now_wall=now_wall,
@@ -133,12 +186,19 @@ class Probe:
             residents=views,
             psi_some_avg10=some,
             psi_full_avg10=full,
-            swap_bytes_per_s=self._swap_rate(),
+            swap_bytes_per_s=self._swap_rate(swap),
             oom_reports=self._new_ooms({r.id: r.ooms for r in records}),
+            oom_kills=self._new_kills(vm.oom_kills),
         )
 
-    def _swap_rate(self) -> float | None:
-        counters = self.swap_reader()
+    def _new_kills(self, count: int | None) -> int | None:
+        """Kernel OOM kills since the last pass; None on the first (a baseline) or unknown."""
+        prev, self._kills_prev = self._kills_prev, count
+        if prev is None or count is None or count < prev:
+            return None
+        return count - prev
+
+    def _swap_rate(self, counters: tuple[int, int] | None) -> float | None:
         now = self.clock()
         if counters is None:
             self._swap_prev = None
@@ -157,3 +217,9 @@ class Probe:
         if prev is None:
             return 0
         return sum(max(n - prev.get(rid, 0), 0) for rid, n in current.items())
+
+
+def _swap_of(vm: VmStat) -> tuple[int, int] | None:
+    if vm.swap_in_bytes is None or vm.swap_out_bytes is None:
+        return None
+    return vm.swap_in_bytes, vm.swap_out_bytes

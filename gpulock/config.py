@@ -35,6 +35,10 @@ Keys owned by gpulock (the defaults live in ``DEFAULTS``, written as they would 
     kill it and hand the GPU on.
 ``hung_grace`` (duration, default ``10s``)
     How long a kill waits after SIGTERM before SIGKILL.
+``exit_wait`` (duration, default ``10s``)
+    After a holder dies (as opposed to releasing), the longest its successor waits for the
+    dead holder's processes to exit and, on a real GPU, for NVML to stop listing them, so
+    the memory they held is free.  ``0`` grants at once, as before.
 ``events_max_bytes`` (size, default ``10MiB``)
     The events log is rotated when it grows past this.
 ``exclusive_clears_tenants`` (boolean, default ``true``)
@@ -106,6 +110,7 @@ DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
         "reserve": "10%",
         "on_hung": "report",
         "hung_grace": "10s",
+        "exit_wait": "10s",
         "events_max_bytes": "10MiB",
         "exclusive_clears_tenants": True,
     }
@@ -144,6 +149,7 @@ class Config:
     reserve: str | int = DEFAULTS["reserve"]
     on_hung: OnHung = DEFAULTS["on_hung"]
     hung_grace_s: float = parse_duration(DEFAULTS["hung_grace"])
+    exit_wait_s: float = parse_duration(DEFAULTS["exit_wait"])
     events_max_bytes: int = parse_size(DEFAULTS["events_max_bytes"])
     exclusive_clears_tenants: bool = DEFAULTS["exclusive_clears_tenants"]
     tenants: tuple[TenantSpec, ...] = ()  # the ``tenants:`` section, validated
@@ -676,6 +682,15 @@ def _check_hung_grace(base: Config, value: Any, file: str) -> tuple[str, Any]:
         raise base.error("hung_grace", str(exc)) from None
 
 
+def _check_exit_wait(base: Config, value: Any, file: str) -> tuple[str, Any]:
+    if not (isinstance(value, str) or _is_number(value)):
+        raise base.error("exit_wait", f"expected a duration like 10s, got {show_value(value)}")
+    try:
+        return "exit_wait_s", parse_duration(value)
+    except ValueError as exc:
+        raise base.error("exit_wait", str(exc)) from None
+
+
 def _check_events_max_bytes(base: Config, value: Any, file: str) -> tuple[str, Any]:
     return "events_max_bytes", _positive_size(base, "events_max_bytes", value, "10MiB")
 
@@ -696,6 +711,7 @@ _CHECKS: Final = {
     "reserve": _check_reserve,
     "on_hung": _check_on_hung,
     "hung_grace": _check_hung_grace,
+    "exit_wait": _check_exit_wait,
     "events_max_bytes": _check_events_max_bytes,
     "exclusive_clears_tenants": _check_exclusive_clears_tenants,
 }

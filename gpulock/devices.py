@@ -55,7 +55,7 @@ class Device:
     name: str
     source: str  # "simulated" | "nvml"
     total_bytes: int | None
-    used_bytes: int | None = None
+    used_bytes: int | None = None  # NVML v2: allocated, without what the driver reserves
     free_bytes: int | None = None
     uuid: str | None = None  # "GPU-..." for NVML devices; None for simulated ones
     util_gpu_pct: int | None = None  # share of the last sample period a kernel ran
@@ -63,6 +63,9 @@ class Device:
     # NVML's listing; empty both when nobody uses the GPU and when it could not be listed, so
     # ask ``process_used_bytes``, which says None rather than guess.
     processes: tuple[GpuProcess, ...] = ()
+    # Memory the driver and firmware keep for themselves (NVML v2); None where only v1 answers
+    # (then ``used_bytes`` includes it) and for simulated GPUs.
+    reserved_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +168,19 @@ def process_used_bytes(report: DeviceReport, gpu: int, pid: int) -> int | None:
     return max(known) if known else None
 
 
+def gpu_pids(gpu: int, config: Config | None = None) -> frozenset[int] | None:
+    """The pids NVML lists on ``gpu`` now; None for simulated GPUs or without NVML."""
+    if simulated_sizes(config) is not None:
+        return None
+    nv, _ = _nvml_module()
+    if nv is None:
+        return None
+    h = _nvml(nv.nvmlDeviceGetHandleByIndex, gpu)
+    if h is None:
+        return None
+    return frozenset(p.pid for p in _nvml_processes(nv, h))
+
+
 def nvml_available() -> bool:
     """True when NVML is installed, initialised and reports at least one GPU."""
     nv, _ = _nvml_module()
@@ -265,7 +281,7 @@ def _nvml_device(nv: Any, index: int) -> Device:
     if h is None:
         return Device(index, f"GPU {index}", "nvml", None)
     name = _text(_nvml(nv.nvmlDeviceGetName, h)) or f"GPU {index}"
-    mem = _nvml(nv.nvmlDeviceGetMemoryInfo, h)
+    mem, reserved = _nvml_memory(nv, h)
     util = _nvml(nv.nvmlDeviceGetUtilizationRates, h)
     return Device(
         index,
@@ -278,7 +294,19 @@ def _nvml_device(nv: Any, index: int) -> Device:
         util_gpu_pct=_pct(getattr(util, "gpu", None)),
         util_mem_pct=_pct(getattr(util, "memory", None)),
         processes=_nvml_processes(nv, h),
+        reserved_bytes=reserved,
     )
+
+
+def _nvml_memory(nv: Any, handle: Any) -> tuple[Any, int | None]:
+    """(memory info, driver-reserved bytes): v2 where the package and driver have it, so that
+    ``used`` is what processes allocated; else v1, whose ``used`` includes the reservation."""
+    v2 = getattr(nv, "nvmlMemory_v2", None)
+    if v2 is not None:
+        mem = _nvml(lambda: nv.nvmlDeviceGetMemoryInfo(handle, version=v2))
+        if mem is not None:  # None: an older driver (FunctionNotFound, version mismatch)
+            return mem, _int(getattr(mem, "reserved", None))
+    return _nvml(nv.nvmlDeviceGetMemoryInfo, handle), None
 
 
 def _nvml_processes(nv: Any, handle: Any) -> tuple[GpuProcess, ...]:

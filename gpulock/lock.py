@@ -41,7 +41,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from gpulock import devices, identity
 from gpulock.config import Config
-from gpulock.errors import LockError, NeedTooLarge
+from gpulock.errors import LockError, LockTimeout, NeedTooLarge
 from gpulock.queuedir import QueueDir, owner_fds, unlink_quietly
 from gpulock.settings import Settings, load
 from gpulock.state import atomic_write
@@ -152,10 +152,12 @@ class Lease:
         try:
             unlink_quietly(self._qdir.ticket_path(seq))  # new scans no longer see it...
             now_w = time.time()
+            # ...the FIFO goes while we still hold it, so a FIFO without a ticket that nobody
+            # holds is always debris (see gpulock.queuedir), never a release in progress...
+            unlink_quietly(self._qdir.fifo_path(seq))
         finally:
             owner_fds.discard(fd)
             os.close(fd)  # ...and this wakes whoever watches it: the handoff happens here
-        unlink_quietly(self._qdir.fifo_path(seq))  # tidying, off the handoff's path
         granted = self._ticket.granted_wall
         self.settings.emit(
             "release",
@@ -261,17 +263,41 @@ def acquire(
             lease_s=lease_s,
         )
 
-    ticket, fd = qdir.enqueue(make, deadline)
+    try:
+        ticket, fd = qdir.enqueue(make, deadline)
+    except LockTimeout:
+        # Out of time before a ticket could be taken (the sequence mutex stayed busy): a
+        # timeout all the same, and the event log says so like any other.
+        settings.emit(
+            "timeout",
+            gpu=gpu_i,
+            ticket=None,
+            pid=me.pid,
+            name=label,
+            need_bytes=need_bytes,
+            waited_s=round(time.monotonic() - start, 6),
+            reason="no ticket yet: the sequence mutex stayed busy",
+        )
+        raise
     try:
         granted = Waiter(settings, qdir, ticket, fd, budget, deadline, start).wait()
+        # Inside the try: an exception (a signal handler's) between the grant and the
+        # Lease must still give the GPU back, not leave a granted ticket behind.
+        result = Lease(settings, qdir, granted, fd, time.monotonic() - start)
+        held[gpu_i] = result
     except BaseException:
+        held.pop(gpu_i, None)
         qdir.remove(ticket.seq)
         owner_fds.discard(fd)
         os.close(fd)
         raise
-    result = Lease(settings, qdir, granted, fd, time.monotonic() - start)
-    held[gpu_i] = result
     return result
+
+
+def leases_held() -> list[Lease]:
+    """The leases this thread holds now (``gpulock run`` releases them if a signal cuts in
+    just as ``acquire`` returns)."""
+    return [lease for lease in getattr(_held, "leases", {}).values() if lease.held]
 
 
 def locked(

@@ -5,6 +5,11 @@ removes tickets and their claims.
 * ``<seq>.fifo`` -- its claim (``gpulock.claim``): the owner holds it open for its life;
 * ``<state>/.seq`` -- the last number handed out, under a short ``flock``.
 
+A ``<seq>.fifo`` without its ticket that no process holds is an orphan: the debris of an owner
+killed between removing its ticket and its FIFO (``Lease.release``), or inside ``enqueue``.
+Nothing would ever remove it, so ``enqueue`` (already under the sequence mutex) and ``gpulock
+break --stale`` do, under that mutex: no ``enqueue`` can then be re-creating the same path.
+
 The queue's rules are in ``gpulock.queue``; the wait in ``gpulock.waiter``; the public
 ``acquire`` in ``gpulock.lock``.
 """
@@ -139,6 +144,75 @@ class QueueDir:
             pass
         return removed
 
+    def orphan_fifos(self, names: list[str] | None = None) -> list[int]:
+        """Sequence numbers of FIFOs that have no ticket and that no process holds.
+
+        ``names``: the folder's listing, when the caller has one.
+        """
+        if names is None:
+            try:
+                names = os.listdir(self.path)
+            except FileNotFoundError:
+                return []
+        tickets = {s for s in map(seq_of, names) if s is not None}
+        out = []
+        for name in names:
+            stem, _, ext = name.partition(".")
+            if ext != "fifo" or not stem.isdigit() or fifo_name(int(stem)) != name:
+                continue
+            seq = int(stem)
+            if seq not in tickets and not claim.held(self.fifo_path(seq)):
+                out.append(seq)
+        return sorted(out)
+
+    def clean_orphans(self, *, wait_s: float = 2.0) -> list[int]:
+        """Remove the orphan FIFOs this user may remove; the numbers removed.
+
+        Under the sequence mutex (given up after ``wait_s``: then nothing is removed).
+        """
+        try:
+            mfd = self._open_mutex()
+        except (OSError, StateDirError):
+            return []  # no sequence file to lock (a read-only folder): nothing to clean safely
+        try:
+            try:
+                _flock_until(mfd, time.monotonic() + wait_s, self.gpu)
+            except LockTimeout:
+                return []
+            return self._clean_orphans_locked(None)
+        finally:
+            os.close(mfd)
+
+    def _clean_orphans_locked(self, names: list[str] | None) -> list[int]:
+        from gpulock import identity  # here: rarely needed, and the module's imports stay put
+
+        removed = []
+        for seq in self.orphan_fifos(names):
+            path = self.fifo_path(seq)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISFIFO(st.st_mode) or not identity.may_signal(st.st_uid):
+                continue  # another user's: theirs (or root's) to remove
+            if claim.held(path):
+                continue  # looked again under the mutex: someone holds it after all
+            unlink_quietly(path)
+            removed.append(seq)
+            self.settings.emit(
+                "cleanup",
+                gpu=self.gpu,
+                ticket=seq,
+                file=path.name,
+                reason="orphan FIFO: no ticket and no process holds it",
+                by_pid=os.getpid(),
+            )
+        return removed
+
+    def _open_mutex(self) -> int:
+        """The sequence mutex's file, opened as ``enqueue`` opens it."""
+        return open_seq(self.settings.state_dir / ".seq", self.settings.file_mode)
+
     def holders(self) -> list[Ticket]:
         """The live tickets that hold this GPU, in queue order."""
         return [
@@ -176,7 +250,10 @@ class QueueDir:
             _flock_until(mfd, deadline, self.gpu)
             raw = os.pread(mfd, 32, 0).strip()
             counter = int(raw) if raw.isdigit() else 0
-            present = self.seqs()
+            names = os.listdir(self.path)
+            present = sorted(s for s in map(seq_of, names) if s is not None)
+            if len(names) > 2 * len(present):  # a FIFO without a ticket is here: an orphan?
+                self._clean_orphans_locked(names)
             # Never below a ticket still present, even if the counter file was lost: a smaller
             # number would jump the queue.
             seq = max(counter, present[-1] if present else 0) + 1

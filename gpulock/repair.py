@@ -19,7 +19,7 @@ from gpulock.waiter import signal_holder, ticket_evidence
 class BreakResult:
     ticket: int
     gpu: int
-    action: str  # "removed" (owner was gone), "killed" (hung or forced), "skipped"
+    action: str  # "removed" (owner was gone, or an orphan FIFO), "killed", "skipped"
     detail: str
 
 
@@ -114,6 +114,9 @@ def break_stale(settings: Settings, *, grace_s: float | None = None) -> list[Bre
                 results.append(_break(settings, qdir, tf, force=False, grace_s=grace_s))
             except LockError as e:  # NotPermitted, unproven, another namespace
                 results.append(BreakResult(tf.ticket.seq, gpu, "skipped", str(e)))
+        for seq in qdir.clean_orphans():
+            why = "orphan FIFO (no ticket, no process held it)"
+            results.append(BreakResult(seq, gpu, "removed", why))
     return results
 
 

@@ -10,11 +10,17 @@
   re-parented here and waited for before the GPU is released.
 * SIGTERM, SIGHUP, SIGUSR1/2 are forwarded to the command; SIGINT and SIGQUIT too, except when
   they come from the terminal, which already delivered them to the whole foreground group.
+* It never blocks in a plain ``waitpid``: a signal that lands just before such a call has its
+  Python handler deferred until the call returns, i.e. until the command ends by itself (a
+  SIGTERM right after the grant was lost that way).  Instead it sleeps in ``poll`` on the
+  signal wake-up descriptor, which the C-level handler writes for every signal (SIGCHLD
+  included), so a signal that arrives at any instant wakes it, and it reaps with ``WNOHANG``.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -24,7 +30,7 @@ from types import FrameType
 from typing import Any
 
 from gpulock.errors import GpulockError
-from gpulock.lock import ENV_TICKET, acquire
+from gpulock.lock import ENV_TICKET, acquire, leases_held
 from gpulock.settings import Settings
 from gpulock.state import ENV_STATE_DIR
 
@@ -85,61 +91,79 @@ def run(
     def leave(signum: int, _frame: FrameType | None) -> None:
         raise _Signalled(signum)
 
-    previous: dict[int, Any] = {s: signal.signal(s, leave) for s in (signal.SIGTERM, signal.SIGHUP)}
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    old_wakeup: int | None = None
+    previous: dict[int, Any] = {}
     try:
-        held = acquire(
-            gpu,
-            need,
-            timeout,
-            name or os.path.basename(command[0]),
-            lease,
-            config=settings.config,
-            state_dir=settings.state_dir,
-            command=command,
-        )
-    except _Signalled as stop:
-        return 128 + stop.signum
-    try:
-        env = dict(os.environ)
-        env["CUDA_VISIBLE_DEVICES"] = held.cuda_visible_devices
-        # gpulock numbers GPUs as NVML does (PCI bus order); CUDA's default is fastest first,
-        # which on a mixed machine would put the job on a GPU it did not lock.
-        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-        env[ENV_TICKET] = f"{held.gpu}:{held.ticket}"
-        env[ENV_STATE_DIR] = str(settings.state_dir)
-        _become_subreaper()
-        child: list[int] = []  # the command's pid, once it runs
-        caught: list[int] = []  # signals that came before it did
-        forward = _forwarder(child, caught)
-        # From here on no handler raises, so nothing can interrupt Popen or set_child and
-        # leave the command running after we released the GPU.
-        for sig in FORWARDED:
-            previous.setdefault(sig, signal.getsignal(sig))
-            signal.signal(sig, forward)
-        if caught:  # came between the grant and now: do not start the command at all
-            return 128 + caught[0]
-        # The command inherits the claim, so the GPU stays claimed while it runs even if this
-        # process dies.  A nested run passes on the descriptor it inherited, when it has one;
-        # the outer ticket keeps its child_pid.
-        fds = () if held.claim_fd is None else (held.claim_fd,)
         try:
-            proc = subprocess.Popen(list(command), env=env, pass_fds=fds)
-        except OSError as e:
-            raise RunError(f"cannot run {command[0]}: {e.strerror}", 126) from None
-        child.append(proc.pid)
-        for signum in caught:  # came while it started: it gets them now
-            forward(signum, None)
-        if not held.inherited:
-            held.set_child(proc.pid)
-        rc = proc.wait()
-        _wait_for_orphans()
-        return rc if rc >= 0 else 128 - rc
-    except _Signalled as stop:  # arrived between the grant and the command's start
-        return 128 + stop.signum
+            for s in (signal.SIGTERM, signal.SIGHUP):
+                previous.setdefault(s, signal.getsignal(s))  # first: restored whatever comes
+                signal.signal(s, leave)
+            held = acquire(
+                gpu,
+                need,
+                timeout,
+                name or os.path.basename(command[0]),
+                lease,
+                config=settings.config,
+                state_dir=settings.state_dir,
+                command=command,
+            )
+        except _Signalled as stop:
+            # A signal checked at the very end of acquire() lands here with the lease
+            # granted: give it back now rather than leave a granted ticket to a dying process.
+            for granted in leases_held():
+                granted.release()
+            return 128 + stop.signum
+        try:
+            env = dict(os.environ)
+            env["CUDA_VISIBLE_DEVICES"] = held.cuda_visible_devices
+            # gpulock numbers GPUs as NVML does (PCI bus order); CUDA's default is fastest
+            # first, which on a mixed machine would put the job on a GPU it did not lock.
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+            env[ENV_TICKET] = f"{held.gpu}:{held.ticket}"
+            env[ENV_STATE_DIR] = str(settings.state_dir)
+            _become_subreaper()
+            child: list[int] = []  # the command's pid, once it runs
+            caught: list[int] = []  # signals that came before it did
+            forward = _forwarder(child, caught)
+            # Every signal with a Python handler now also writes a byte to wake_w, so the
+            # wait below cannot sleep through one (see the module's docstring).
+            old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+            # From here on no handler raises, so nothing can interrupt Popen or set_child and
+            # leave the command running after we released the GPU.
+            for sig in (*FORWARDED, signal.SIGCHLD):
+                previous.setdefault(sig, signal.getsignal(sig))
+                signal.signal(sig, _wake_only if sig == signal.SIGCHLD else forward)
+            if caught:  # came between the grant and now: do not start the command at all
+                return 128 + caught[0]
+            # The command inherits the claim, so the GPU stays claimed while it runs even if
+            # this process dies.  A nested run passes on the descriptor it inherited, when it
+            # has one; the outer ticket keeps its child_pid.
+            fds = () if held.claim_fd is None else (held.claim_fd,)
+            try:
+                proc = subprocess.Popen(list(command), env=env, pass_fds=fds)
+            except OSError as e:
+                raise RunError(f"cannot run {command[0]}: {e.strerror}", 126) from None
+            child.append(proc.pid)
+            for signum in caught:  # came while it started: it gets them now
+                forward(signum, None)
+            if not held.inherited:
+                held.set_child(proc.pid)
+            rc = _reap_all(proc.pid, wake_r, child)
+            proc.returncode = rc  # reaped here, not by Popen: tell it, so it never waits
+            return rc if rc >= 0 else 128 - rc
+        except _Signalled as stop:  # arrived between the grant and the command's start
+            return 128 + stop.signum
+        finally:
+            held.release()
     finally:
-        held.release()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        if old_wakeup is not None:
+            signal.set_wakeup_fd(old_wakeup)
+        os.close(wake_r)
+        os.close(wake_w)
 
 
 def _forwarder(child: list[int], caught: list[int]) -> Callable[[int, FrameType | None], None]:
@@ -149,7 +173,8 @@ def _forwarder(child: list[int], caught: list[int]) -> Callable[[int, FrameType 
             return
         if signum in (signal.SIGINT, signal.SIGQUIT) and _terminal_delivers():
             return
-        for pid in [child[0], *_children()]:
+        targets = [] if child[0] <= 0 else [child[0]]  # <= 0 once reaped: its pid may be reused
+        for pid in dict.fromkeys([*targets, *_children()]):
             try:
                 os.kill(pid, signum)
             except ProcessLookupError:
@@ -192,9 +217,34 @@ def _become_subreaper() -> None:
         pass  # without it, orphaned grandchildren are not waited for; the FIFO still is
 
 
-def _wait_for_orphans() -> None:
+def _wake_only(_signum: int, _frame: FrameType | None) -> None:
+    """SIGCHLD: the wake-up byte is what matters; the handler has nothing to do."""
+
+
+def _reap_all(command_pid: int, wake_fd: int, child: list[int]) -> int:
+    """Wait for the command and then every orphan re-parented to us; the command's status.
+
+    Sleeps only in ``poll`` on the wake-up descriptor: a child's exit (SIGCHLD) and a
+    forwarded signal both write to it, even one that arrives just before ``poll`` is entered.
+    """
+    poller = select.poll()
+    poller.register(wake_fd, select.POLLIN)
+    rc: int | None = None
     while True:
         try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:  # no child left at all
+            if rc is None:  # only this loop reaps, so this cannot happen; say so if it does
+                raise RunError("lost track of the command's exit status", 1) from None
+            return rc
+        if pid == command_pid:
+            rc = os.waitstatus_to_exitcode(status)
+            child[0] = 0  # reaped: never signal that pid again
+        if pid != 0:
+            continue  # reap the next one, if any, before sleeping
+        poller.poll()  # forwarded signals' handlers run when this returns
+        try:
+            while os.read(wake_fd, 512):
+                pass
+        except BlockingIOError:
+            pass

@@ -3,8 +3,14 @@
 ``snapshot()`` is the documented ``gpulock status --json`` object (``"version": 1``):
 
 * ``gpus``: one object per GPU with ``gpu``, ``total_bytes``, ``reserve_bytes``,
-  ``budget_bytes`` (None when the size is unknown), ``holders`` and ``waiters`` (queue order)
-  and ``ignored`` (files in the queue folder that are not readable tickets, with the reason).
+  ``budget_bytes`` (None when the size is unknown), ``claimed_bytes`` (what the live holders
+  claim: the whole GPU while one holds it exclusively, else the sum of their needs; None when
+  an exclusive holder's GPU size is unknown), ``free_bytes`` (the GPU less the larger of what
+  the device reports used and what is claimed; None when unknown), ``holders`` and ``waiters``
+  (queue order)
+  and ``ignored`` (files in the queue folder that are not readable tickets, with the reason),
+  ``orphan_fifos`` (``<seq>.fifo`` files without a ticket that no process holds: debris of a
+  holder killed inside its release; ``gpulock break --stale`` removes them).
 * every holder/waiter entry: ``ticket``, ``name``, ``pid``, ``state`` (``holding``,
   ``waiting``, ``hung``: alive past its lease without a heartbeat, ``dead``: its owner is gone
   and the ticket awaits cleanup), ``stale`` (hung or dead), ``position`` (0 = head), ``user``,
@@ -98,6 +104,13 @@ def gpu_snapshot(
         (holders if tf.ticket.holding else waiters).append(e)
     total = dev.total_bytes if dev else None
     reserve = settings.config.reserve_bytes(total) if total is not None else None
+    claimed = claimed_bytes([e for e in holders if e["state"] in ("holding", "hung")], total)
+    used = dev.used_bytes if dev else None
+    free = None
+    if total is not None and (used is not None or claimed is not None):
+        free = max(total - max(used or 0, claimed or 0), 0)
+        if dev is not None and dev.free_bytes is not None:
+            free = min(free, dev.free_bytes)
     return {
         "gpu": gpu,
         "name": dev.name if dev else None,
@@ -105,10 +118,20 @@ def gpu_snapshot(
         "total_bytes": total,
         "reserve_bytes": reserve,
         "budget_bytes": total - reserve if total is not None and reserve is not None else None,
+        "claimed_bytes": claimed,
+        "free_bytes": free,
         "holders": holders,
         "waiters": waiters,
         "ignored": ignored,
+        "orphan_fifos": [qdir.fifo_path(s).name for s in qdir.orphan_fifos()],
     }
+
+
+def claimed_bytes(holders: Sequence[dict[str, Any]], total: int | None) -> int | None:
+    """What live holders claim: an exclusive one the whole GPU, the others their needs."""
+    if any(e["need_bytes"] is None for e in holders):
+        return total
+    return sum(int(e["need_bytes"]) for e in holders)
 
 
 def resident_entry(r: registry.Record, now_w: float) -> dict[str, Any]:
@@ -145,6 +168,7 @@ def device_entry(d: devices.Device, registered: dict[int, str]) -> dict[str, Any
         "total_bytes": d.total_bytes,
         "used_bytes": d.used_bytes,
         "free_bytes": d.free_bytes,
+        "reserved_bytes": d.reserved_bytes,
         "util_gpu_pct": d.util_gpu_pct,
         "util_mem_pct": d.util_mem_pct,
         "processes": [
@@ -302,8 +326,18 @@ def render(snap: dict[str, Any]) -> str:
             dev = next((d for d in snap["devices"] if d["index"] == g["gpu"]), None)
             if dev is not None and dev["used_bytes"] is not None:
                 head += f", used {format_size(dev['used_bytes'])}"
-            if dev is not None and dev["free_bytes"] is not None:
-                head += f", free {format_size(dev['free_bytes'])}"
+            if dev is not None and dev.get("reserved_bytes"):
+                head += f", driver-reserved {format_size(dev['reserved_bytes'])}"
+            if g.get("claimed_bytes"):
+                live = [e for e in g["holders"] if e["state"] in ("holding", "hung")]
+                exclusive = any(e["need_bytes"] is None for e in live)
+                head += f", claimed {format_size(g['claimed_bytes'])}"
+                head += " (exclusive)" if exclusive else " by holders"
+            free = g.get("free_bytes")
+            if free is None and dev is not None:
+                free = dev["free_bytes"]
+            if free is not None:
+                head += f", free {format_size(free)}"
         n_wait = sum(1 for e in g["waiters"] if e["state"] == "waiting")
         n_hold = sum(1 for e in g["holders"] if e["state"] in ("holding", "hung"))
         head += f"  -  {n_hold} holding, {n_wait} waiting" if entries else "  -  idle"
@@ -332,14 +366,18 @@ def render(snap: dict[str, Any]) -> str:
                 lines.append("  " + "  ".join(cells) + "  " + r[-1])
         for ig in g["ignored"]:
             lines.append(f"  ignored {ig['file']}: {ig['reason']}")
+        for name in g.get("orphan_fifos", []):
+            lines.append(f"  orphan {name}: no ticket and no process holds it ! (stale)")
     lines += _render_residents(snap.get("residents", []))
     lines += _render_tenants(snap.get("tenants", []))
     lines += _render_processes(snap["devices"])
     lines += _render_usage(snap.get("usage"))
     stale = [e for g in snap["gpus"] for e in g["holders"] + g["waiters"] if e["stale"]]
-    if stale:
+    orphans = [n for g in snap["gpus"] for n in g.get("orphan_fifos", [])]
+    if stale or orphans:
         lines.append(
             "! stale entries: 'gpulock break --stale' removes dead ones and ends hung ones"
+            + (" (and removes orphan FIFOs)" if orphans else "")
         )
     return "\n".join(lines)
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpulock import claim, identity, level, proof, queue
+from gpulock import claim, devices, exitwait, identity, level, proof, queue
 from gpulock.errors import LockTimeout
 from gpulock.queuedir import QueueDir, TicketFile
 from gpulock.settings import Settings
@@ -60,12 +60,21 @@ class Waiter:
         self.ahead_seqs: list[int] | None = None
         self.tenants_kept: list[dict[str, str]] | None = None  # after an exclusive clear
         self.cleared_early = False  # command tenants stopped while this exclusive one waits
+        # Dead holders ahead whose processes have not finished exiting (gpulock.exitwait).
+        self.exits = exitwait.ExitWatch(
+            self.poller,
+            settings.config.exit_wait_s,
+            lambda gpu: devices.gpu_pids(gpu, settings.config),
+            lambda kind, **f: settings.emit(kind, **event_fields(me), **f),
+        )
+        self.exit_blockers: list[int] = []  # their sequence numbers, from the last scan
 
     def wait(self) -> Ticket:
         try:
             return self._loop()
         finally:
             self._unwatch_all()
+            self.exits.close()
 
     def _loop(self) -> Ticket:
         rescan = True
@@ -74,6 +83,12 @@ class Waiter:
             if rescan:
                 ahead, fds = self._scan_ahead()
                 d = queue.decide(self.me, [tf.ticket for tf in ahead], self.budget)
+                if d.grant and self.exit_blockers:
+                    d = queue.Decision(
+                        False,
+                        (),
+                        f"holder {self.exit_blockers[0]} died: waiting for its processes to exit",
+                    )
                 frozen = level.freeze(self.settings) if d.grant else None
                 if d.grant and frozen is None:
                     for fd in fds.values():
@@ -105,6 +120,7 @@ class Waiter:
             wake = min(wake, self._hung_holders(ahead, now))
             if self.freeze_ends is not None:
                 wake = min(wake, self.freeze_ends)
+            wake = min(wake, self.exits.wake_at())
             ready = self.poller.poll(max(0, math.ceil((wake - time.monotonic()) * 1000)))
             rescan = bool(ready) or self._due(ahead)
             self.safety_s = (
@@ -113,6 +129,8 @@ class Waiter:
             for fd, _ in ready:
                 if fd == self.fd:
                     claim.drain(self.fd)
+                else:
+                    self.exits.on_ready(fd)  # a dead holder's process exited (if it is one)
 
     def _watch_governor(self, word: level.Published) -> None:
         """While frozen: wake when the governor dies (its claim), rings, or its word goes stale."""
@@ -128,6 +146,8 @@ class Waiter:
     def _due(self, ahead: list[TicketFile]) -> bool:
         """After a timed wake: does anything need a fresh look?"""
         if self.freeze_ends is not None and time.monotonic() >= self.freeze_ends:
+            return True
+        if self.exit_blockers and time.monotonic() >= self.exits.wake_at():
             return True
         now_w = time.time()
         for tf in ahead:
@@ -150,6 +170,7 @@ class Waiter:
             # only drop the ones that left (O(1) per handoff instead of O(queue length)).
             self.ahead_seqs = [s for s in self.qdir.seqs() if s < self.me.seq]
         gone: set[int] = set()
+        self.exit_blockers = []
         for seq in reversed(self.ahead_seqs):
             try:
                 tf = self.qdir.read(seq)
@@ -160,6 +181,9 @@ class Waiter:
             except TicketFormatError:
                 continue  # garbage is skipped: it never holds the GPU
             if fd is None:
+                if tf.ticket.holding and self.exits.blocks(tf.ticket):
+                    self.exit_blockers.append(seq)  # cleaned once its processes are gone
+                    continue
                 self._clean_dead(tf)
                 gone.add(seq)
                 continue

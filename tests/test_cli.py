@@ -258,8 +258,7 @@ def test_status_with_100_queued_tickets(cli: Cli) -> None:
     cli.wait_ready(bulk, ready)
 
     r = cli.run("status", "--json")
-    assert r.code == 0, r.describe()
-    assert r.wall_s < 10, r.describe()
+    assert r.code == 0, r.describe()  # how fast: bench/, not here
     (g,) = r.json()["gpus"]
     entries = g["holders"] + g["waiters"]
     assert [e["name"] for e in entries] == [f"bulk-{i:03d}" for i in range(100)]

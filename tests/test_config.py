@@ -207,6 +207,7 @@ def test_defaults_mapping_covers_every_key() -> None:
         "reserve",
         "on_hung",
         "hung_grace",
+        "exit_wait",
         "events_max_bytes",
         "exclusive_clears_tenants",
     }
@@ -643,3 +644,13 @@ def fails_with(text: str, sections: frozenset[str]) -> ConfigError:
     with pytest.raises(ConfigError) as caught:
         parse_config(text, FILE, sections=sections)
     return caught.value
+
+
+def test_exit_wait_is_a_duration_named_with_its_line_when_bad(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "gpulock.yaml"
+    path.write_text("exit_wait: 3s\n")
+    assert load_config(str(path)).exit_wait_s == 3.0
+    path.write_text("reserve: 1GiB\nexit_wait: soon\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path))
+    assert "gpulock.yaml:2: exit_wait:" in str(e.value)

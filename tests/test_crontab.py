@@ -169,3 +169,39 @@ def test_the_agents_named_exist(crontab: tuple[dict[str, str], list[Job]], tmp_p
     _, jobs = crontab
     missing = {a.name for a in _agent_jobs(jobs)} - listed
     assert not missing, f"crontab.example runs agents that do not exist: {sorted(missing)}"
+
+
+# --- the systemd units crontab.example points at -------------------------------------------------
+
+
+def unit(name: str) -> dict[str, list[str]]:
+    """``key -> values`` of a unit file (comments dropped; a key may repeat)."""
+    out: dict[str, list[str]] = {}
+    for raw in (REPO / "contrib" / name).read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";", "[")):
+            continue
+        key, _, value = line.partition("=")
+        out.setdefault(key.strip(), []).append(value.strip())
+    return out
+
+
+@pytest.mark.parametrize(
+    ("name", "command"),
+    [("gpulock-fleet.service", "fleet"), ("gpulock-governor.service", "governor")],
+)
+def test_the_units_crontab_names_exist_and_use_its_install_path(name: str, command: str) -> None:
+    assert f"contrib/{name}" in CRONTAB.read_text()
+    [exec_start] = unit(name)["ExecStart"]
+    argv = exec_start.split()
+    assert argv[0] == PREFIX + "gpulock" and argv[1] == command, exec_start
+    assert (VENV_BIN / "gpulock").exists()  # the same program, as installed here
+
+
+def test_the_fleet_unit_gives_running_agents_their_grace() -> None:
+    u = unit("gpulock-fleet.service")
+    assert u["KillMode"] == ["mixed"]  # SIGTERM to the fleet only: it stops its agents
+    assert u["KillSignal"] == ["SIGTERM"]
+    example_grace_s = 30  # examples/fleet.yaml's fleet.grace
+    assert int(u["TimeoutStopSec"][0]) > example_grace_s
+    assert "grace: 30s" in (REPO / "examples" / "fleet.yaml").read_text()

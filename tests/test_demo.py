@@ -43,9 +43,15 @@ def test_short_demo_runs_the_fleet_and_writes_the_report(tmp_path: Path) -> None
     events = [json.loads(line) for line in log.read_text().splitlines()]
     errors = [e for e in events if e["event"] == "agent" and e["outcome"] == "error"]
     assert errors == [], errors  # every agent of the demo works; a crash is a bug
-    ok_agents = {e["agent"] for e in events if e["event"] == "agent" and e["outcome"] == "ok"}
-    assert len(ok_agents) >= 15, sorted(ok_agents)  # periods 9-21 s + 2 s jitter in 26 s
     runs = [e for e in events if e["event"] == "fleet-run"]
+    # What happened, not how much fit in a window: the demo runs its fleet on past --seconds
+    # until every agent has run once, however loaded the machine is.
+    from agents.demo import FLAKY
+    from agents.demo_agents import VARIANTS
+
+    assert {e["agent"] for e in runs} == {*VARIANTS, FLAKY}, sorted({e["agent"] for e in runs})
+    missed = [e for e in events if e["event"] == "fleet-missed"]
+    assert ("missed fires:" in summary) == bool(missed), (summary, len(missed))
     assert len({e["pid"] for e in runs}) == len(runs)  # every run its own process
     tiers = Counter(e["tier"] for e in events if e["event"] == "call" and e["ok"])
     assert {"gpu", "cpu", "cloud"} <= set(tiers), tiers

@@ -366,3 +366,39 @@ def test_chokepoint_passes_values_and_turns_errors_into_none() -> None:
     assert devices._nvml(lambda a, b: a + b, 2, 3) == 5
     assert devices._nvml(lambda: 0) == 0  # a measured 0 stays 0
     assert devices._nvml(fails_with(NotSupported())) is None
+
+
+# nvidia-ml-py 12.535+ (the API followed here: nvmlDeviceGetMemoryInfo(handle, version=None);
+# with version=nvmlMemory_v2 it calls nvmlDeviceGetMemoryInfo_v2 and returns a struct with
+# version, total, reserved, free, used, where used no longer includes reserved).
+NVML_MEMORY_V2 = 0x02000028
+
+
+def memory_v2(driver_has_v2: bool) -> Callable[..., Any]:
+    def get(h: str, version: int | None = None) -> SimpleNamespace:
+        if version is None:  # v1: used = total - free, the driver's reservation included
+            return SimpleNamespace(total=24 * GIB, used=5 * GIB, free=19 * GIB)
+        if not driver_has_v2:
+            raise FunctionNotFound()
+        assert version == NVML_MEMORY_V2
+        return SimpleNamespace(
+            version=version, total=24 * GIB, reserved=512 * MIB, free=19 * GIB,
+            used=5 * GIB - 512 * MIB,
+        )  # fmt: skip
+
+    return get
+
+
+def test_nvml_v2_memory_leaves_the_driver_reservation_out_of_used() -> None:
+    nv = fake_nvml(nvmlMemory_v2=NVML_MEMORY_V2, nvmlDeviceGetMemoryInfo=memory_v2(True))
+    gpu0 = devices._nvml_report(nv=nv).devices[0]
+    assert (gpu0.total_bytes, gpu0.used_bytes, gpu0.free_bytes) == (24 * GIB, 4.5 * GIB, 19 * GIB)
+    assert gpu0.reserved_bytes == 512 * MIB
+
+
+def test_nvml_memory_falls_back_to_v1_where_the_driver_lacks_v2() -> None:
+    nv = fake_nvml(nvmlMemory_v2=NVML_MEMORY_V2, nvmlDeviceGetMemoryInfo=memory_v2(False))
+    gpu0 = devices._nvml_report(nv=nv).devices[0]
+    assert (gpu0.used_bytes, gpu0.free_bytes, gpu0.reserved_bytes) == (5 * GIB, 19 * GIB, None)
+    old_package = devices._nvml_report(nv=fake_nvml()).devices[0]  # no nvmlMemory_v2 at all
+    assert (old_package.used_bytes, old_package.reserved_bytes) == (5 * GIB, None)

@@ -426,14 +426,14 @@ def test_making_room_past_an_owner_that_does_not_answer_keeps_to_the_timeout(lab
     try:
         wait_until(lambda: proc_state(o.pid) == "T", WAIT_S, "the owner to stop")
         r = lab.cli.run(
-            "run", "--need", "6GiB", "--timeout", "1", "--name", "job", "--", "true", timeout_s=4
+            "run", "--need", "6GiB", "--timeout", "1", "--name", "job", "--", "true", timeout_s=30
         )
     finally:
         os.kill(o.pid, signal.SIGCONT)
 
     # Granted (room is best effort) or timed out: either way within --timeout and some slack.
     assert r.code in (0, 75), r.describe()
-    assert r.wall_s < 4.0, r.describe()
+    assert r.wall_s < 9.0, r.describe()  # not make_room's own 10 s: bounded by --timeout
 
 
 # --- 8. flush_every --------------------------------------------------------------------------

@@ -102,8 +102,9 @@ def test_timeout_behind_a_holder_exits_75_naming_the_holder(cli: Cli) -> None:
     assert_clean_error(r, 75)
     err = error_lines(r.stderr)[0]
     assert f"pid {holder.pid}" in err and "big-model" in err, r.describe()
-    # It waited its timeout, then gave up promptly (interpreter start included).
-    assert 0.3 <= r.wall_s < 0.3 + 1.0, r.describe()
+    # It waited its timeout, then gave up (how promptly is a benchmark's business).
+    [timeout] = cli.events("timeout", name="late")
+    assert r.wall_s >= 0.3 and timeout["waited_s"] >= 0.3, r.describe()
     # It left the line: only the holder's ticket remains; the holder still holds.
     assert [e["name"] for e in cli.entries()] == ["big-model"]
     assert cli.events("timeout", name="late"), cli.describe()
@@ -125,13 +126,19 @@ def test_sigterm_while_waiting_exits_143_and_leaves_the_line(cli: Cli) -> None:
     assert holder.wait() == 0, holder.output()
 
 
-def test_sigterm_right_after_the_grant_never_leaves_the_command_running(cli: Cli) -> None:
-    """Whenever SIGTERM comes, `gpulock run` either does not start CMD or forwards the signal
-    and waits for it: it never returns while CMD still runs on a GPU it has given back.
+def test_sigterm_right_after_the_grant_ends_the_command_under_cpu_load(cli: Cli) -> None:
+    """Whenever SIGTERM comes after the grant, `gpulock run` exits 143 and leaves nothing
+    running: it either does not start CMD or forwards the signal and waits for it.
 
-    The window is a few milliseconds wide, so this sweeps the delay after the grant over
-    40 tries (stopping at the first failure) and watches the grant with a tight poll.
+    The windows are a few milliseconds wide (before the command starts; just before the
+    wait for it, where a plain ``waitpid`` would sleep through a signal whose handler had
+    not run yet, until ``sleep 10`` ended by itself), so this sweeps the delay after the
+    grant over 40 tries while two busy children load the CPU, the way cron's minute
+    boundary does.  The busy children make a preemption inside a window likely; the test
+    asserts what happened to every try, never how long anything took.
     """
+    busy = [cli.start([sys.executable, "-c", "while True: pass"], f"busy{k}") for k in range(2)]
+    failures = []
     for i in range(40):
         state = cli.root / f"race{i}"
         log = state / "events.jsonl"
@@ -140,26 +147,30 @@ def test_sigterm_right_after_the_grant_never_leaves_the_command_running(cli: Cli
             f"race{i}",
             env=cli.env(GPULOCK_STATE_DIR=str(state)),
         )
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 30
         while not (log.exists() and log.stat().st_size > 0):  # the first event: acquire
             assert time.monotonic() < deadline, f"race{i} never got the GPU\n{proc.output()}"
             time.sleep(0.0002)
-        delay = 0.0005 * (i % 12)
+        delay = 0.0005 * (i % 20)
         if delay:
             time.sleep(delay)  # where in the window to strike, not a wait for anything
         os.kill(proc.pid, signal.SIGTERM)
         code = proc.wait()
-        assert code == 128 + signal.SIGTERM, proc.output()
         try:
             os.killpg(proc.pid, 0)
             left = True
+            proc.kill_group()
         except ProcessLookupError:
             left = False
-        files = sorted(os.listdir(state / "gpu0"))
-        assert not left, (
-            f"try {i} (SIGTERM {delay * 1000:.1f} ms after the grant): gpulock run exited "
-            f"{code} but its command still runs; queue folder: {files}"
-        )
+        if code != 128 + signal.SIGTERM or left:
+            files = sorted(os.listdir(state / "gpu0"))
+            failures.append(
+                f"try {i} (SIGTERM {delay * 1000:.1f} ms after the grant): exit {code}, "
+                f"command still running: {left}, queue folder: {files}"
+            )
+    for b in busy:
+        b.kill_group()
+    assert not failures, "\n".join(failures)
 
 
 # --- the claim outlives `gpulock run` itself, and covers the whole process tree ---------------
@@ -229,12 +240,10 @@ def test_grandchildren_that_outlive_the_command_keep_the_gpu_claimed(cli: Cli) -
 
 def test_nested_gpulock_run_on_the_same_gpu_runs_at_once(cli: Cli) -> None:
     inner = [*GPULOCK, "run", "--name", "inner", "--timeout", "5", "--"]
-    start = time.monotonic()
     r = cli.run("run", "--name", "outer", "--", *inner, "sh", "-c", "echo inner ran")
     assert "Traceback" not in r.stderr, r.describe()
     assert r.code == 0, r.describe()
     assert r.stdout == "inner ran\n"
-    assert time.monotonic() - start < 5.0, r.describe()
     # One grant only: the inner run was covered by the outer lease, and did not queue.
     assert [e["name"] for e in cli.events("acquire")] == ["outer"], cli.describe()
     assert not cli.events("wait"), cli.describe()
@@ -258,7 +267,43 @@ def test_python_acquire_inside_gpulock_run_is_granted_at_once(cli: Cli) -> None:
     outer = cli.events("acquire", name="outer")
     assert len(outer) == 1, cli.describe()
     assert inherited == "True" and int(ticket) == outer[0]["ticket"], r.describe()
-    assert float(took) < 1.0, r.describe()
+    assert float(took) >= 0 and not cli.events("wait"), cli.describe()  # no queueing
     # Releasing the inherited lease does not give back the outer run's GPU.
     assert second == "True", r.describe()
     assert len(cli.events("acquire")) == 1 and not cli.events("wait"), cli.describe()
+
+
+# The main thread blocks SIGTERM, so the kernel hands it to a helper thread: its C-level
+# handler runs there and the main thread is never interrupted.  That is the general form of
+# the lost-signal race (a handler that has not run when the wait for the command begins): a
+# wait that sleeps in waitpid() hears of it only when the command ends by itself.
+DEFERRED_PY = """\
+import signal, sys, threading
+from gpulock import runner
+from gpulock.settings import load
+threading.Thread(target=threading.Event().wait, daemon=True).start()  # SIGTERM unblocked
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # in the main thread only
+sys.exit(runner.run(load(None, sys.argv[1]), sys.argv[2:], name="deferred"))
+"""
+
+# The command: unblock SIGTERM (inherited blocked), say it runs, then sleep.
+SLEEPER_PY = """\
+import signal, sys, time
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+open(sys.argv[1], "w").close()
+time.sleep(60)
+"""
+
+
+def test_a_signal_whose_handler_runs_late_still_ends_the_command(cli: Cli) -> None:
+    driver = cli.script("deferred.py", DEFERRED_PY)
+    sleeper = cli.script("sleeper.py", SLEEPER_PY)
+    ready = cli.root / "sleeper.ready"
+    proc = cli.start(
+        [sys.executable, str(driver), str(cli.root / "state"), sys.executable, str(sleeper),
+         str(ready)],
+        "deferred",
+    )  # fmt: skip
+    cli.wait_ready(proc, ready)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait() == 128 + signal.SIGTERM, proc.output()

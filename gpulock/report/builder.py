@@ -97,6 +97,7 @@ class _Builder:
     evictions_freed: int = 0
     agent_events: list[dict[str, Any]] = field(default_factory=list)
     killed_runs: list[dict[str, Any]] = field(default_factory=list)  # fleet-run, outcome killed
+    missed: Counter[str] = field(default_factory=Counter)  # fleet-missed by reason
     routes: list[dict[str, Any]] = field(default_factory=list)
     calls: list[dict[str, Any]] = field(default_factory=list)
 
@@ -308,6 +309,8 @@ def _dispatch(b: _Builder, ts: float, kind: str, e: dict[str, Any]) -> None:
         b.agent_events.append(e)
     elif ts >= b.lo and kind == "fleet-run" and e.get("outcome") == "killed":
         b.killed_runs.append(e)
+    elif ts >= b.lo and kind == "fleet-missed":
+        b.missed[str(e.get("reason"))] += 1
     elif ts >= b.lo and kind == "route":
         b.routes.append(e)
     elif ts >= b.lo and kind == "call":
@@ -415,6 +418,8 @@ def _totals(
         agent_skips=sum(a.skip for a in agents),
         agent_errors=sum(a.error for a in agents),
         agent_other=sum(a.other for a in agents),
+        missed_fires=sum(b.missed.values()),
+        missed_late=b.missed["late"],
         route_choices=len(b.routes),
         calls=len(b.calls),
         calls_failed=sum(1 for e in b.calls if e.get("ok") is False),

@@ -153,6 +153,8 @@ class Totals:
     agent_skips: int = 0
     agent_errors: int = 0
     agent_other: int = 0
+    missed_fires: int = 0  # fleet-missed: scheduled runs the fleet dropped
+    missed_late: int = 0  # ...because they could not start within misfire_grace
     route_choices: int = 0
     calls: int = 0
     calls_failed: int = 0

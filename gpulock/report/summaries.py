@@ -39,6 +39,12 @@ def summary_lines(data: ReportData) -> list[str]:
             f"runs: {t.handoffs} GPU holds by {holders} holders; skips: {t.timeouts} "
             "(timed out waiting)"
         )
+    if t.missed_fires:
+        running = t.missed_fires - t.missed_late
+        lines.append(
+            f"missed fires: {t.missed_fires} (the fleet dropped them: {t.missed_late} could not "
+            f"start within misfire_grace, {running} came while the agent's last run still ran)"
+        )
     lines.append(f"evictions: {t.evictions} ({t.evictions_freed} freed memory)")
     now = f" (now {t.level_now})" if t.level_now else ""
     lines.append(f"governor level changes: {t.level_changes}{now}")

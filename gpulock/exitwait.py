@@ -1,0 +1,217 @@
+"""After a holder dies: hand its GPU on only once its processes have really gone.
+
+A holder that releases removes its ticket before it closes its claim, so a successor that
+finds no ticket knows the GPU was given back on purpose.  A holder that dies leaves its ticket
+behind, and the kernel closes the claim FIFO before the dying process has finished exiting (its
+other descriptors, the GPU driver's among them, close later; under ``gpulock run`` the command
+may still run after the owner died): on a real GPU the dead holder's memory is still allocated
+when its FIFO reports the death, and a successor granted at once can OOM.
+
+So a waiter that would be granted past a dead holder first waits, within ``exit_wait`` (config,
+default 10 s), until
+
+* the dead holder's processes (its owner and, under ``gpulock run``, its command: pid + start
+  time, so a reused pid is never waited for) have exited: a ``pidfd`` per process, polled by
+  the waiter together with its claims, becomes readable at the exit (no polling loop); and
+* on a real GPU, NVML no longer lists them.  NVML has no notification, so this one is
+  re-checked with a backoff (``NVML_FIRST_S`` doubling to ``NVML_MAX_S``), only while a
+  dead holder's pids are still listed.
+
+``decide`` is the pure rule; ``ExitWatch`` the waiter's I/O around it.  The waiter writes an
+``exit-wait`` event when it starts waiting and ``exit-wait-timeout`` when it gives up.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+
+from gpulock import identity
+from gpulock.ticket import Ticket
+
+NVML_FIRST_S = 0.05  # the driver frees a dead context's memory within milliseconds...
+NVML_MAX_S = 1.0  # ...but a loaded machine may take longer: back off to once a second
+
+GpuPids = Callable[[int], "frozenset[int] | None"]  # gpu -> pids NVML lists; None: unknown
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Whether a dead holder's successor may be granted now."""
+
+    state: str  # "gone" (go on) | "wait" | "give-up" (waited exit_wait; go on, with an event)
+    reason: str
+
+
+def decide(
+    running: Collection[int],
+    listed: Collection[int] | None,
+    waited_s: float,
+    limit_s: float,
+) -> Verdict:
+    """The rule: wait while a dead holder's process still runs or NVML still lists it.
+
+    ``running``: its processes that have not exited; ``listed``: those of its pids NVML still
+    lists on the GPU (None: no NVML, nothing to check); ``waited_s`` since the death was seen.
+    """
+    if running:
+        why = "process(es) " + ", ".join(map(str, sorted(running))) + " still exiting"
+    elif listed:
+        why = "NVML still lists pid(s) " + ", ".join(map(str, sorted(listed)))
+    else:
+        return Verdict("gone", "the dead holder's processes have exited")
+    if waited_s >= limit_s:
+        return Verdict("give-up", f"{why} after {waited_s:.1f} s (exit_wait {limit_s:g} s)")
+    return Verdict("wait", why)
+
+
+def processes(t: Ticket) -> dict[int, int | None]:
+    """The processes that held the GPU for ``t``: pid -> start ticks (None: not checkable)."""
+    out: dict[int, int | None] = {t.pid: t.start_ticks}
+    if t.child_pid is not None:
+        out[t.child_pid] = t.child_start_ticks
+    return out
+
+
+def open_pidfd(pid: int, ticks: int | None, pidns: str | None, uid: int) -> int | None:
+    """A pidfd of ``pid`` if it still is the recorded process; None if it is gone (or unknown).
+
+    The start time and owner are checked after the pidfd is open, so the process verified is
+    the one watched: a pid reused since is not waited for, nor (a ticket being only a file) a
+    process of another user that a crafted ticket names.
+    """
+    if ticks is None or pidns is None or pidns != identity.pid_namespace():
+        return None  # another namespace (or no /proc): nothing here can tell
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:  # ProcessLookupError: gone already
+        return None
+    if identity.start_ticks(pid) != ticks or real_uid(pid) != uid:
+        os.close(fd)
+        return None
+    return fd
+
+
+def real_uid(pid: int) -> int | None:
+    """The real uid of ``pid`` (``/proc/<pid>/status``), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def exited(fd: int) -> bool:
+    """A pidfd is readable once its process has exited."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(0))
+
+
+@dataclass(slots=True)
+class _Dead:
+    """One dead holder being waited out."""
+
+    ticket: Ticket
+    since: float  # monotonic: when its death was seen
+    pidfds: dict[int, int] = field(default_factory=dict)  # pid -> pidfd, while running
+    listed: frozenset[int] | None = None  # its pids NVML listed at the last look
+    nvml_next: float = 0.0  # monotonic: when to ask NVML again
+    nvml_every: float = NVML_FIRST_S
+    announced: bool = False
+    done: bool = False
+
+
+class ExitWatch:
+    """The dead holders one waiter waits out, their pidfds registered on the waiter's poller."""
+
+    def __init__(
+        self,
+        poller: select.poll,
+        limit_s: float,
+        gpu_pids: GpuPids,
+        emit: Callable[..., None],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.poller = poller
+        self.limit_s = limit_s
+        self.gpu_pids = gpu_pids
+        self.emit = emit
+        self.clock = clock
+        self.dead: dict[int, _Dead] = {}  # seq -> its state
+        self.fds: dict[int, tuple[int, int]] = {}  # pidfd -> (seq, pid)
+
+    def blocks(self, t: Ticket) -> bool:
+        """Must the grant wait for this dead holder?  First call opens its pidfds."""
+        if self.limit_s <= 0:
+            return False
+        now = self.clock()
+        d = self.dead.get(t.seq)
+        if d is None:
+            d = self.dead[t.seq] = _Dead(t, now)
+            for pid, ticks in processes(t).items():
+                fd = open_pidfd(pid, ticks, t.pidns, t.uid)
+                if fd is not None:
+                    d.pidfds[pid] = fd
+                    self.fds[fd] = (t.seq, pid)
+                    self.poller.register(fd, select.POLLIN)
+        if d.done:
+            return False
+        for fd in [fd for fd in d.pidfds.values() if exited(fd)]:
+            self.on_ready(fd)
+        if not d.pidfds and now >= d.nvml_next:  # exited: does the driver agree yet?
+            on_gpu = self.gpu_pids(t.gpu)
+            d.listed = None if on_gpu is None else on_gpu & frozenset(processes(t))
+            d.nvml_next = now + d.nvml_every
+            d.nvml_every = min(d.nvml_every * 2, NVML_MAX_S)
+        listed = d.listed if not d.pidfds else None
+        v = decide(set(d.pidfds), listed, now - d.since, self.limit_s)
+        fields = {"dead_ticket": t.seq, "dead_pid": t.pid, "dead_child_pid": t.child_pid}
+        if v.state == "wait":
+            if not d.announced:
+                d.announced = True
+                self.emit("exit-wait", **fields, reason=v.reason, exit_wait_s=self.limit_s)
+            return True
+        if v.state == "give-up":
+            self.emit("exit-wait-timeout", **fields, reason=v.reason, waited_s=now - d.since)
+        self._finish(d)
+        return False
+
+    def on_ready(self, fd: int) -> bool:
+        """A readable descriptor: if it is one of our pidfds, its process exited."""
+        owner = self.fds.pop(fd, None)
+        if owner is None:
+            return False
+        seq, pid = owner
+        self.poller.unregister(fd)
+        os.close(fd)
+        self.dead[seq].pidfds.pop(pid, None)
+        return True
+
+    def wake_at(self) -> float:
+        """When the waiter must look again without a kernel wake-up (monotonic; inf: never)."""
+        wake = math.inf
+        for d in self.dead.values():
+            if d.done:
+                continue
+            wake = min(wake, d.since + self.limit_s)
+            if not d.pidfds and d.listed:
+                wake = min(wake, d.nvml_next)
+        return wake
+
+    def _finish(self, d: _Dead) -> None:
+        for fd in list(d.pidfds.values()):
+            self.on_ready(fd)
+        d.done = True
+
+    def close(self) -> None:
+        for d in self.dead.values():
+            self._finish(d)
