@@ -57,54 +57,61 @@ class Waiter:
         self.safety_s = SAFETY_RECHECK_S
         self.freeze_ends: float | None = None  # monotonic time the governor's freeze goes stale
         self.ahead_seqs: list[int] | None = None
+        self.rescan = True  # look at the queue on the next step
+        self.ahead: list[TicketFile] = []
 
     def wait(self) -> Ticket:
         try:
-            return self._loop()
+            while (wake := self.step()) is not None:
+                ready = self.poller.poll(max(0, math.ceil((wake - time.monotonic()) * 1000)))
+                self.woken(bool(ready))
+            self._make_room()
+            return self._grant()
         finally:
             self._unwatch_all()
 
-    def _loop(self) -> Ticket:
-        rescan = True
-        ahead: list[TicketFile] = []
-        while True:
-            if rescan:
-                ahead, fds = self._scan_ahead()
-                d = queue.decide(self.me, [tf.ticket for tf in ahead], self.budget)
-                frozen = level.freeze(self.settings) if d.grant else None
-                if d.grant and frozen is None:
-                    for fd in fds.values():
-                        os.close(fd)
-                    self._make_room()
-                    return self._grant()
-                self._rewatch(d.watch, fds)
-                self.freeze_ends = None
-                if frozen is not None:
-                    d = queue.Decision(False, (), "the governor froze new GPU admissions")
-                    self._watch_governor(frozen)
-                if not self.announced:
-                    self.announced = True
-                    n_ahead = sum(1 for q in self.qdir.seqs() if q < self.me.seq)
-                    self.settings.emit(
-                        "wait", **event_fields(self.me), ahead=n_ahead, reason=d.reason
-                    )
-            now = time.monotonic()
-            if self.deadline is not None and now >= self.deadline:
-                raise self._timeout(ahead)
-            wake = now + self.safety_s
-            if self.deadline is not None:
-                wake = min(wake, self.deadline)
-            wake = min(wake, self._hung_holders(ahead, now))
-            if self.freeze_ends is not None:
-                wake = min(wake, self.freeze_ends)
-            ready = self.poller.poll(max(0, math.ceil((wake - time.monotonic()) * 1000)))
-            rescan = bool(ready) or self._due(ahead)
-            self.safety_s = (
-                SAFETY_RECHECK_S if rescan else min(self.safety_s * 2, SAFETY_RECHECK_MAX_S)
-            )
-            for fd, _ in ready:
-                if fd == self.fd:
-                    claim.drain(self.fd)
+    # One step of the wait, shared by the blocking ``wait`` above and the event loop's
+    # ``gpulock.aiolock``: the two differ only in how they sleep until ``step``'s wake time.
+    def step(self) -> float | None:
+        """Look at the queue if something changed: None when this ticket may hold the GPU now
+        (the caller makes room and grants), else the monotonic time to wake at the latest.
+        Raises LockTimeout at the deadline."""
+        if self.rescan:
+            self.ahead, fds = self._scan_ahead()
+            d = queue.decide(self.me, [tf.ticket for tf in self.ahead], self.budget)
+            frozen = level.freeze(self.settings) if d.grant else None
+            if d.grant and frozen is None:
+                for fd in fds.values():
+                    os.close(fd)
+                return None
+            self._rewatch(d.watch, fds)
+            self.freeze_ends = None
+            if frozen is not None:
+                d = queue.Decision(False, (), "the governor froze new GPU admissions")
+                self._watch_governor(frozen)
+            if not self.announced:
+                self.announced = True
+                n_ahead = sum(1 for q in self.qdir.seqs() if q < self.me.seq)
+                self.settings.emit("wait", **event_fields(self.me), ahead=n_ahead, reason=d.reason)
+        now = time.monotonic()
+        if self.deadline is not None and now >= self.deadline:
+            raise self._timeout(self.ahead)
+        wake = now + self.safety_s
+        if self.deadline is not None:
+            wake = min(wake, self.deadline)
+        wake = min(wake, self._hung_holders(self.ahead, now))
+        if self.freeze_ends is not None:
+            wake = min(wake, self.freeze_ends)
+        return wake
+
+    def woken(self, ready: bool) -> None:
+        """After the sleep: ``ready`` when a watched descriptor (or the doorbell) woke us."""
+        self.rescan = ready or self._due(self.ahead)
+        self.safety_s = (
+            SAFETY_RECHECK_S if self.rescan else min(self.safety_s * 2, SAFETY_RECHECK_MAX_S)
+        )
+        if ready:
+            claim.drain(self.fd)  # doorbells; a no-op when a watched ticket woke us
 
     def _watch_governor(self, word: level.Published) -> None:
         """While frozen: wake when the governor dies (its claim), rings, or its word goes stale."""
