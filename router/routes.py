@@ -58,6 +58,7 @@ CANDIDATE_KEYS = (
     "timeout",
     "gpu",
     "max_tokens",
+    "parallel",
 )
 TASK_KEYS = ("candidates", "inherit", *CANDIDATE_KEYS)
 ROUTER_KEYS = ("defaults", "cooldown", "daily_budget", "hold_estimate")
@@ -96,6 +97,7 @@ class Candidate:
     timeout_s: float
     gpu: int | None
     max_tokens: int
+    parallel: int = 1  # requests `gpulock serve` runs at once under one ticket of this model
 
     @property
     def local(self) -> bool:
@@ -301,6 +303,7 @@ def _candidate(
         timeout_s=_duration(cfg, at("timeout"), f.get("timeout")),
         gpu=_opt_int(cfg, at("gpu"), f.get("gpu"), low=0),
         max_tokens=_int(cfg, at("max_tokens"), f.get("max_tokens"), low=1),
+        parallel=_int(cfg, at("parallel"), f.get("parallel", 1), low=1),
     )
 
 
