@@ -45,12 +45,12 @@ class ListenError(GpulockError):
     exit_code = 2
 
 
-def parse_listen(text: str, *, key: str = "--listen") -> tuple[str, int]:
+def parse_listen(text: str, *, key: str | None = "--listen") -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:8080`` for IPv6; ``:PORT`` means loopback) -> (host, port)."""
     host, sep, port = text.strip().rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ListenError(
-            f"{key}: expected HOST:PORT like 127.0.0.1:11435, got {text!r}",
+            (f"{key}: " if key else "") + f"expected HOST:PORT like 127.0.0.1:11435, got {text!r}",
             hint="the port is a number from 1 to 65535",
         )
     host = host.strip("[]") or "127.0.0.1"
@@ -78,7 +78,7 @@ def load(cfg: Config) -> ServeConfig:
     host, port = parse_listen(DEFAULT_LISTEN)
     if raw.get("listen") is not None:
         try:
-            host, port = parse_listen(str(raw["listen"]), key="serve.listen")
+            host, port = parse_listen(str(raw["listen"]), key=None)
         except ListenError as e:
             raise cfg.error("serve.listen", e.message, hint=e.hint) from None
     env = raw.get("api_keys_env")
