@@ -321,7 +321,9 @@ class Gateway:
         return PlainTextResponse("Ollama is running")
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "waiting": self.d.line.waiting})
+        line = self.d.line
+        running = sum(line.held().values())
+        return JSONResponse({"status": "ok", "waiting": line.waiting, "running": running})
 
     async def gpulock_status(self, request: Request) -> Response:
         snap = await asyncio.to_thread(status.snapshot, self.settings)
