@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -153,10 +153,13 @@ class Gateway:
         if length is not None and length.isdigit() and int(length) > self.max_body:
             raise ApiError(413, f"request body over serve.max_body ({self.max_body} bytes)")
         data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > self.max_body:
-                raise ApiError(413, f"request body over serve.max_body ({self.max_body} bytes)")
+        try:
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > self.max_body:
+                    raise ApiError(413, f"request body over serve.max_body ({self.max_body} bytes)")
+        except ClientDisconnect:
+            raise ApiError(499, "the client closed the request") from None
         try:
             obj = json.loads(data)
         except (ValueError, UnicodeDecodeError):

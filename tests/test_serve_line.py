@@ -277,3 +277,32 @@ def test_a_deadline_falls_back_along_the_route_else_504(
     assert r.json()["error"]["code"] == "deadline_exceeded"
     holder.release()
     wait_until(lambda: not world.tickets(), DEFAULT_WAIT_S, "an empty queue")
+
+
+def test_the_governors_level_applies(world: World, start: Callable[..., GatewayProc]) -> None:
+    import os
+    import time
+
+    from gpulock import claim, level
+
+    g = start(n_ctx=2048)
+    s = world.settings()
+    fd = claim.create(level.claim_path(s), 0o600)  # the test plays a running governor
+    try:
+
+        def publish(lvl: str) -> None:
+            now = time.time()
+            level.write(s, level.Published(lvl, now, now, 60.0, os.getpid()))
+
+        publish("freeze")  # new GPU work waits: GPU candidates are passed over
+        r = chat(g, "frozen")
+        assert r.status == 503 and "freeze" in r.json()["error"]["message"]
+        r = g.request("POST", "/v1/chat/completions", {"model": "fallback", "messages": MSG})
+        assert r.status == 200 and r.headers["x-gpulock-tier"] == "cpu"
+        publish("reduce")  # contexts are halved
+        r = chat(g, "reduced")
+        assert r.status == 200 and r.headers["x-gpulock-tier"] == "gpu"
+        loads = world.events("model-load", model="tiny-gpu")
+        assert [e["n_ctx"] for e in loads] == [1024]
+    finally:
+        os.close(fd)
