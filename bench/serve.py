@@ -160,6 +160,13 @@ async def throughput(url: str, clients: int, seconds: float) -> float:
         return done / (time.perf_counter() - start)
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (load-independent, unlike wall time)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def vm_hwm_kib(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -216,7 +223,16 @@ def main(argv: list[str] | None = None) -> int:
         wait_up(f"http://127.0.0.1:{gw_port}/health", procs[1])
         direct = f"{up_url}/chat/completions"
         via = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
+        cpu0 = [cpu_s(p.pid) for p in procs]
         lat = asyncio.run(latency(direct, via, args.requests, False))
+        cpu1 = [cpu_s(p.pid) for p in procs]
+        # Per request through the gateway: the upstream served 2 requests (one direct, one
+        # forwarded) per round, the gateway 1.
+        n_req = args.requests + 20
+        results["cpu_ms_per_request"] = {
+            "upstream": (cpu1[0] - cpu0[0]) / (2 * n_req) * 1e3,
+            "gateway": (cpu1[1] - cpu0[1]) / n_req * 1e3,
+        }
         ttft = asyncio.run(latency(direct, via, args.requests // 2, True))
         rows = []
         for name, data in (("latency, non-streaming", lat), ("time to first token", ttft)):
@@ -257,7 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     for n, (d, g) in tput.items():
         print(f"| {n} | {d:.0f} | {g:.0f} | {100 * g / d:.0f} % |")
     mem = f"{hwm / 1024:.0f} MiB" if hwm else "?"
-    print(f"\ngateway peak RSS (VmHWM): {mem}")
+    cpu = results["cpu_ms_per_request"]
+    print(
+        f"\nCPU per request (non-streaming): gateway {cpu['gateway']:.2f} ms, upstream "
+        f"{cpu['upstream']:.2f} ms; gateway peak RSS (VmHWM): {mem}"
+    )
     added = rows[0][3] - rows[0][1]
     ttft_added = rows[1][3] - rows[1][1]
     ratio = tput[64][1] / tput[64][0]
@@ -271,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\nsummary: gpulock serve adds {added:.2f} ms p50 ({rows[0][4] - rows[0][2]:.2f} ms p99) "
         f"non-streaming, {ttft_added:.2f} ms to the first token; throughput "
         + ", ".join(f"{n}: {100 * g / d:.0f} %" for n, (d, g) in tput.items())
-        + f" of direct; gateway RSS {mem}; "
+        + f" of direct; gateway CPU {cpu['gateway']:.2f} ms/request; RSS {mem}; "
         + ("PASS" if not failed else "FAILED: " + ", ".join(failed))
     )
     if args.json:
