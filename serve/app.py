@@ -311,11 +311,13 @@ class Gateway:
         return JSONResponse(api_ollama.tags([(n, sizes.get(n, 0)) for n in self.d.known()]))
 
     async def ollama_ps(self, request: Request) -> Response:
-        rows = []
-        for b in self.d.loaded():
+        rows: dict[str, tuple[str, int, int]] = {}
+        for b in self.d.loaded():  # a model and its embedding context: one entry
             size = b.need or 0
-            rows.append((b.candidate.name, size, size if b.gpu is not None else 0))
-        return JSONResponse(api_ollama.ps(rows))
+            name = b.candidate.name
+            old = rows.get(name, (name, 0, 0))
+            rows[name] = (name, old[1] + size, old[2] + (size if b.gpu is not None else 0))
+        return JSONResponse(api_ollama.ps(list(rows.values())))
 
     async def ollama_version(self, request: Request) -> Response:
         return JSONResponse({"version": api_ollama.API_VERSION})

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
+import threading
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -110,14 +112,25 @@ class LocalEngine:
 
     async def answer(self, ask: Ask) -> Answer:
         kw = _llama_kw(ask)
+        # A client that hangs up stops the generation at the next token (llama.cpp asks this
+        # after each one); until then the call, and so the GPU's ticket, are kept.
+        stop = threading.Event()
+        kw["logits_processor"] = _stopper(stop, self.backend)
         if ask.kind == "chat":
-            r = await asyncio.to_thread(
+            call = functools.partial(
                 self.backend.chat, ask.messages, wait_s=None, label=ask.model, **kw
             )
         else:
-            r = await asyncio.to_thread(
+            call = functools.partial(
                 self.backend.complete, ask.prompt, wait_s=None, label=ask.model, **kw
             )
+        job = asyncio.ensure_future(asyncio.to_thread(call))
+        try:
+            r = await asyncio.shield(job)
+        except asyncio.CancelledError:
+            stop.set()
+            await asyncio.wait({job})
+            raise
         finish = ((r.raw or {}).get("choices") or [{}])[0].get("finish_reason") or "stop"
         return Answer(r.text, Usage(r.tokens_in, r.tokens_out, finish))
 
@@ -164,6 +177,29 @@ class LocalEngine:
 
 
 _END = object()
+
+
+def _stopper(stop: threading.Event, backend: _HeldLlama) -> Any:
+    """A logits processor (chat and text calls both take one; llama.cpp applies it before
+    each token) that, once ``stop`` is set, leaves end-of-sequence the only possible token:
+    the call ends at the next token, as if the model had finished.  (An exception would not
+    do: llama.cpp calls it through a ctypes callback, which ignores exceptions.)"""
+    from llama_cpp import LogitsProcessorList
+
+    def check(_ids: Any, scores: Any) -> Any:
+        if not stop.is_set():
+            return scores
+        llm = (
+            backend._llm if backend._llm is not None else getattr(backend._resident, "model", None)
+        )
+        if llm is None:
+            return scores
+        eos = llm.token_eos()
+        scores[:] = -float("inf")
+        scores[eos] = 0.0
+        return scores
+
+    return LogitsProcessorList([check])
 
 
 def _next(gen: Iterator[str]) -> Any:

@@ -306,3 +306,20 @@ def test_the_governors_level_applies(world: World, start: Callable[..., GatewayP
         assert [e["n_ctx"] for e in loads] == [1024]
     finally:
         os.close(fd)
+
+
+def test_a_client_that_hangs_up_during_a_whole_answer_frees_the_gpu(
+    world: World, start: Callable[..., GatewayProc]
+) -> None:
+    g = start(n_ctx=2048)
+    s = raw_request(g, {"model": "chat", "messages": MSG, "max_tokens": 1800}, "abandon")
+    seq = ticket_of(world, "abandon")
+    wait_until(
+        lambda: (t := world.tickets().get(seq)) is not None and t.holding,
+        WAIT_S,
+        "the request to hold the GPU",
+    )
+    s.close()
+    world.wait_event("release", WAIT_S, name="abandon")
+    assert world.tickets() == {}
+    assert chat(g, "after").status == 200
