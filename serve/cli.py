@@ -1,7 +1,7 @@
 """``gpulock serve``: one OpenAI- and Ollama-compatible endpoint in front of every model.
 
 Found by ``gpulock`` through the ``gpulock.commands`` entry point (``serve``); Starlette, uvicorn
-and httpx (the ``serve`` extra) are imported only here, when the server starts.
+and aiohttp (the ``serve`` extra) are imported only here, when the server starts.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _main(argv: list[str]) -> int:
             hint=f"export {sc.api_keys_env}=... or remove serve.api_keys_env",
         )
     try:
-        import httpx
+        import aiohttp  # noqa: F401  (the client for OpenAI-compatible upstreams)
         import uvicorn
     except ImportError as e:
         raise GpulockError(
@@ -90,15 +90,10 @@ def _main(argv: list[str]) -> int:
     from serve.line import Line
 
     table = load_table(settings.config)
-    client = httpx.AsyncClient(
-        timeout=httpx.Timeout(None, connect=10.0),
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
-    )
-    dispatcher = Dispatcher(settings, table, Line(settings, sc.max_queue), client)
+    dispatcher = Dispatcher(settings, table, Line(settings, sc.max_queue))
 
     async def shutdown() -> None:
         await dispatcher.shutdown()
-        await client.aclose()
 
     app = build_app(
         settings, dispatcher, keys=keys, max_body=sc.max_body_bytes, on_shutdown=shutdown

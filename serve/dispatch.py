@@ -77,12 +77,23 @@ class Opened:
 
 
 class Dispatcher:
-    def __init__(self, settings: Settings, table: Table, line: Line, client: Any) -> None:
+    def __init__(self, settings: Settings, table: Table, line: Line) -> None:
         self.settings = settings
         self.table = table
         self.line = line
-        self.client = client  # httpx.AsyncClient for remote candidates
+        self._http: Any = None  # aiohttp.ClientSession for remote candidates, made on first use
         self._local: dict[tuple[Any, ...], _HeldLlama] = {}
+
+    def http(self) -> Any:
+        """The one client session for OpenAI-compatible servers (made inside the event loop)."""
+        if self._http is None:
+            import aiohttp
+
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+                timeout=aiohttp.ClientTimeout(total=None, connect=10.0),
+            )
+        return self._http
 
     # --- names -------------------------------------------------------------------------------
 
@@ -224,7 +235,7 @@ class Dispatcher:
     def _engine(self, v: Verdict) -> LocalEngine | RemoteEngine:
         c = v.candidate
         if not c.local:
-            return RemoteEngine(c, self.client)
+            return RemoteEngine(c, self.http())
         return LocalEngine(self._backend(v, _HeldLlama), self._backend(v, _EmbedLlama))
 
     def _backend(self, v: Verdict, kind: type[_HeldLlama]) -> _HeldLlama:
@@ -275,6 +286,8 @@ class Dispatcher:
         )
 
     async def shutdown(self) -> None:
+        if self._http is not None:
+            await self._http.close()
         for b in list(self._local.values()):
             await asyncio.to_thread(b.unload)
 

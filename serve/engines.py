@@ -219,11 +219,13 @@ def _llama_kw(ask: Ask) -> dict[str, Any]:
 
 
 class RemoteEngine:
-    """An OpenAI-compatible server (the cloud tier, or a local one like llama.cpp's)."""
+    """An OpenAI-compatible server (the cloud tier, or a local one like llama.cpp's), through
+    one shared ``aiohttp.ClientSession`` (kept-alive connections; its C parser keeps the
+    gateway's own cost per request low)."""
 
     def __init__(self, c: Candidate, client: Any) -> None:
         self.candidate = c
-        self.client = client  # one httpx.AsyncClient for the server: connections are kept
+        self.client = client
 
     def _headers(self) -> dict[str, str]:
         c = self.candidate
@@ -244,21 +246,33 @@ class RemoteEngine:
             body["prompt"] = ask.prompt
         return body
 
-    async def answer(self, ask: Ask) -> Answer:
-        import httpx
+    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        import aiohttp
 
-        path = "/chat/completions" if ask.kind == "chat" else "/completions"
         try:
-            r = await self.client.post(
-                self._url(path), json=self._body(ask), headers=self._headers()
-            )
-        except httpx.TimeoutException:
+            async with self.client.post(
+                self._url(path), json=body, headers=self._headers(), timeout=self._timeout()
+            ) as r:
+                data = await r.read()
+                _check(r.status, r.headers)
+        except TimeoutError:
             raise BackendError("timeout", "the request timed out") from None
-        except httpx.HTTPError:
+        except aiohttp.ClientError:
             raise BackendError("connection", "could not connect") from None
-        _check(r.status_code, r.headers)
         try:
-            out = r.json()
+            return json.loads(data)
+        except ValueError:
+            raise BackendError("server", "the server's answer is not JSON") from None
+
+    def _timeout(self) -> Any:
+        import aiohttp
+
+        return aiohttp.ClientTimeout(total=self.candidate.timeout_s, connect=10.0)
+
+    async def answer(self, ask: Ask) -> Answer:
+        path = "/chat/completions" if ask.kind == "chat" else "/completions"
+        out = await self._post(path, self._body(ask))
+        try:
             choice = out["choices"][0]
             text = choice["message"].get("content") if ask.kind == "chat" else choice["text"]
             u = out.get("usage") or {}
@@ -267,24 +281,25 @@ class RemoteEngine:
                 int(u.get("completion_tokens") or 0),
                 choice.get("finish_reason") or "stop",
             )
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        except (KeyError, IndexError, TypeError, AttributeError):
             raise BackendError("server", "the server's answer is not an OpenAI response") from None
         return Answer(text or "", usage)
 
     async def stream(self, ask: Ask, usage: Usage) -> AsyncIterator[str]:
-        import httpx
+        import aiohttp
 
         path = "/chat/completions" if ask.kind == "chat" else "/completions"
         body = {**self._body(ask), "stream": True, "stream_options": {"include_usage": True}}
         try:
-            async with self.client.stream(
-                "POST", self._url(path), json=body, headers=self._headers()
+            async with self.client.post(
+                self._url(path), json=body, headers=self._headers(), timeout=self._timeout()
             ) as r:
-                if r.status_code >= 400:
-                    await r.aread()
-                    _check(r.status_code, r.headers)
+                if r.status >= 400:
+                    await r.read()
+                    _check(r.status, r.headers)
                 n = 0
-                async for line in r.aiter_lines():
+                async for raw in r.content:  # one line at a time
+                    line = raw.decode("utf-8", "replace").strip()
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
@@ -309,28 +324,19 @@ class RemoteEngine:
                             yield piece
                 if not usage.tokens_out:
                     usage.tokens_out = n
-        except httpx.TimeoutException:
+        except TimeoutError:
             raise BackendError("timeout", "the request timed out") from None
-        except httpx.HTTPError:
+        except aiohttp.ClientError:
             raise BackendError("connection", "the connection failed") from None
 
     async def embed(self, inputs: list[str]) -> tuple[list[list[float]], int]:
-        import httpx
-
         body = {"model": self.candidate.model, "input": inputs, "encoding_format": "float"}
+        out = await self._post("/embeddings", body)
         try:
-            r = await self.client.post(self._url("/embeddings"), json=body, headers=self._headers())
-        except httpx.TimeoutException:
-            raise BackendError("timeout", "the request timed out") from None
-        except httpx.HTTPError:
-            raise BackendError("connection", "could not connect") from None
-        _check(r.status_code, r.headers)
-        try:
-            out = r.json()
             data = sorted(out["data"], key=lambda d: d.get("index", 0))
             vectors = [_flat(d["embedding"]) for d in data]
             tokens = int((out.get("usage") or {}).get("prompt_tokens") or 0)
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (KeyError, TypeError, AttributeError):
             raise BackendError("server", "the server's answer is not an OpenAI response") from None
         return vectors, tokens
 
