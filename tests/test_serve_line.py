@@ -115,6 +115,10 @@ def test_http_requests_and_run_jobs_are_granted_in_arrival_order(
     bg = Background()
     bg.send("r1", lambda: chat(g, "r1"))
     ticket_of(world, "r1")
+    # Seen as a waiter under its agent's name, in the status the server itself serves.
+    gpu0 = g.request("GET", "/gpulock/status").json()["gpus"][0]
+    assert [w["name"] for w in gpu0["waiters"]] == ["r1"]
+    assert [h["name"] for h in gpu0["holders"]] == ["holder"]
     j1 = run_job(world, "j1")
     bg.send("r2", lambda: chat(g, "r2"))
     ticket_of(world, "r2")
