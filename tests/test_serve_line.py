@@ -327,3 +327,23 @@ def test_a_client_that_hangs_up_during_a_whole_answer_frees_the_gpu(
     world.wait_event("release", WAIT_S, name="abandon")
     assert world.tickets() == {}
     assert chat(g, "after").status == 200
+
+
+def test_the_models_serve_keeps_are_residents_the_governor_can_evict(
+    world: World, start: Callable[..., GatewayProc]
+) -> None:
+    import subprocess
+
+    g = start()
+    assert chat(g, "warm").status == 200
+    assert [m["name"] for m in g.request("GET", "/api/ps").json()["models"]] == ["tiny-gpu"]
+    r = subprocess.run(
+        [sys.executable, "-m", "gpulock", "evict", "tiny-gpu", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert g.request("GET", "/api/ps").json()["models"] == []
+    assert chat(g, "again").status == 200  # loaded again for the next request
+    assert len(world.events("model-load", model="tiny-gpu")) == 2
