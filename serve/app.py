@@ -1,4 +1,4 @@
-"""The HTTP side of ``gpulock serve``: a Starlette app, its routes and its guards.
+"""The HTTP side of ``gpulock serve``: a Starlette app and its routes (guards: ``serve.asgi``).
 
 Every request passes the key check (when ``api_keys_env`` is set), has its body read up to
 ``max_body`` (413 past it) and its JSON checked (400); every refusal is rendered in the shape of
@@ -11,7 +11,6 @@ stream and frees the place at once.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -22,12 +21,13 @@ from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from gpulock import status
 from gpulock.settings import Settings
 from gpulock.units import parse_duration
 from serve import api_ollama, api_openai
+from serve.asgi import KeyCheck, Streamed, error_response, unless_hung_up
 from serve.dispatch import Dispatcher, Opened
 from serve.engines import Ask
 from serve.errors import ApiError, bad_request
@@ -35,127 +35,6 @@ from serve.line import QueueFull
 
 log = logging.getLogger("gpulock.serve")
 AGENT_MAX = 64
-
-
-def _is_ollama(path: str) -> bool:
-    return path.startswith("/api/")
-
-
-def error_response(e: ApiError, path: str) -> JSONResponse:
-    body = e.ollama() if _is_ollama(path) else e.openai()
-    return JSONResponse(body, status_code=e.status, headers=e.headers)
-
-
-class KeyCheck:
-    """Every request needs ``Authorization: Bearer KEY`` with one of the keys (constant time)."""
-
-    def __init__(self, app: ASGIApp, keys: tuple[str, ...]) -> None:
-        self.app = app
-        self.keys = tuple(k.encode() for k in keys)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys:
-            await self.app(scope, receive, send)
-            return
-        given = b""
-        for name, value in scope.get("headers", []):
-            if name == b"authorization":
-                given = value
-                break
-        token = given[7:].strip() if given[:7].lower() == b"bearer " else b""
-        ok = False
-        for k in self.keys:  # every key compared, in constant time each
-            ok |= hmac.compare_digest(token, k)
-        if ok:
-            await self.app(scope, receive, send)
-            return
-        e = ApiError(
-            401,
-            "missing or wrong API key: send Authorization: Bearer KEY",
-            type="invalid_request_error",
-            code="invalid_api_key",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-        await error_response(e, scope.get("path", ""))(scope, receive, send)
-
-
-class Streamed(Response):
-    """A streamed body that stops (and frees what it holds) as soon as the client hangs up."""
-
-    def __init__(self, chunks: AsyncIterator[bytes], media_type: str, headers: dict[str, str]):
-        super().__init__(None, 200, headers, media_type)
-        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
-        self.chunks = chunks
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def pump() -> None:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            async for b in self.chunks:
-                await send({"type": "http.response.body", "body": b, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-        me = asyncio.current_task()
-        assert me is not None
-        state = {"finished": False, "hung_up": False}
-
-        async def watch() -> None:
-            await _until_hung_up(receive)
-            if not state["finished"]:
-                state["hung_up"] = True
-                me.cancel()  # stops the stream where it is: the finally below frees its place
-
-        watcher = asyncio.ensure_future(watch())
-        try:
-            await pump()
-        except asyncio.CancelledError:
-            if not state["hung_up"]:
-                raise
-            me.uncancel()
-        except OSError as e:  # the connection broke while sending
-            log.info("stream ended by %s", type(e).__name__)
-        finally:
-            state["finished"] = True
-            watcher.cancel()
-            close = getattr(self.chunks, "aclose", None)
-            if close is not None:
-                await close()  # the answer's place is freed here, at once
-
-
-async def _until_hung_up(receive: Receive) -> None:
-    while True:
-        msg: Message = await receive()
-        if msg["type"] == "http.disconnect":
-            return
-
-
-async def unless_hung_up(request: Request, work: Awaitable[Opened]) -> Opened:
-    """Run ``work`` (waiting in the line) in this task, cancelled at once if the client
-    disconnects meanwhile (a watcher task cancels this one)."""
-    # In this task, not a child one: measured, a child task made every request through an
-    # aiohttp upstream ~10 ms slower when requests came back to back (bench/serve.py).
-    me = asyncio.current_task()
-    assert me is not None
-    hung_up = False
-    finished = False
-
-    async def watch() -> None:
-        nonlocal hung_up
-        await _until_hung_up(request.receive)
-        if not finished:  # never a stray cancel once the work is done
-            hung_up = True
-            me.cancel()
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if hung_up:
-            me.uncancel()
-            raise ApiError(499, "the client closed the request") from None
-        raise
-    finally:
-        finished = True
-        watcher.cancel()
 
 
 class Gateway:

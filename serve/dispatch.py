@@ -38,6 +38,7 @@ class Meta:
     tier: str
     model: str
     waited_ms: float
+    ticket: int | None = None  # the GPU ticket the request ran under (gpu tier)
 
     def headers(self) -> dict[str, str]:
         return {
@@ -170,10 +171,11 @@ class Dispatcher:
         task: str,
     ) -> Opened:
         c = v.candidate
+        ticket = None
         if c.tier == "gpu":
             assert v.gpu is not None
             timeout = c.timeout_s if left is None else min(c.timeout_s, left)
-            await stack.enter_async_context(
+            slot = await stack.enter_async_context(
                 self.line.slot(
                     f"{cid(c)}|{v.gpu}",
                     gpu=v.gpu,
@@ -184,9 +186,10 @@ class Dispatcher:
                     command=("gpulock-serve", ask.model, c.name),
                 )
             )
+            ticket = slot.ticket
         if ask.kind != "embed" and "max_tokens" not in ask.params:
             ask = replace(ask, params={**ask.params, "max_tokens": c.max_tokens})  # the route's
-        meta = Meta(task, c.tier, c.name, (time.monotonic() - start) * 1000)
+        meta = Meta(task, c.tier, c.name, (time.monotonic() - start) * 1000, ticket)
         opened = Opened(meta, stack)
         engine = self._engine(v)
         if ask.kind == "embed":
@@ -281,6 +284,7 @@ class Dispatcher:
             ok=True,
             via="serve",
             waited_ms=round(m.waited_ms, 3),
+            ticket=m.ticket,
             tokens_in=tokens_in,
             tokens_out=tokens_out,
         )
