@@ -29,7 +29,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from gpulock.aiolock import acquire_async
-from gpulock.errors import GpulockError
+from gpulock.errors import GpulockError, LockTimeout
 from gpulock.lock import Lease
 from gpulock.queuedir import QueueDir
 from gpulock.settings import Settings
@@ -107,7 +107,8 @@ class Line:
         timeout_s: float | None,
         command: Sequence[str],
     ) -> tuple[_Group, bool]:
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        begun = time.monotonic()
+        deadline = None if timeout_s is None else begun + timeout_s
         while True:
             g = self._open.get(key)
             if g is None or g.closed or self._close_if_followed(g):
@@ -121,13 +122,12 @@ class Line:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 async with asyncio.timeout(left):
                     got = await asyncio.shield(fut)
+            except TimeoutError:
+                self._forget(g, fut)
+                # As a ticket's wait would: the dispatcher falls back on LockTimeout.
+                raise LockTimeout(gpu, time.monotonic() - begun) from None
             except BaseException:
-                if fut.done() and not fut.cancelled() and fut.result():
-                    self._leave(g)  # the slot was handed to us as we left: pass it on
-                else:
-                    fut.cancel()
-                    if fut in g.waiting:
-                        g.waiting.remove(fut)
+                self._forget(g, fut)
                 raise
             if got:
                 return g, True
@@ -149,6 +149,15 @@ class Line:
         else:
             g.closed = True  # another ticket of this model is open already: this one serves one
         return g, False
+
+    def _forget(self, g: _Group, fut: asyncio.Future[bool]) -> None:
+        """A request waiting under ``g`` gives up (timeout, hang-up)."""
+        if fut.done() and not fut.cancelled() and fut.result():
+            self._leave(g)  # the slot was handed to us as we left: pass it on
+        else:
+            fut.cancel()
+            if fut in g.waiting:
+                g.waiting.remove(fut)
 
     def _leave(self, g: _Group) -> None:
         g.active -= 1

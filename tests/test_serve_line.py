@@ -365,3 +365,32 @@ def test_the_models_serve_keeps_are_residents_the_governor_can_evict(
     assert g.request("GET", "/api/ps").json()["models"] == []
     assert chat(g, "again").status == 200  # loaded again for the next request
     assert len(world.events("model-load", model="tiny-gpu")) == 2
+
+
+def test_a_deadline_that_runs_out_waiting_for_a_busy_model_is_a_504_not_an_error(
+    world: World, start: Callable[..., GatewayProc]
+) -> None:
+    # The chooser believes the GPU frees in 10 ms; the model's one slot stays taken by a long
+    # answer (8000 tokens: seconds, even for the tiny model), so the second request waits for
+    # that slot under the same ticket, past its deadline.
+    g = start(n_ctx=8192, extra="router: {hold_estimate: 0.01s}\n")
+    s = raw_request(g, {"model": "chat", "messages": MSG, "max_tokens": 8000}, "long")
+    seq = ticket_of(world, "long")
+    wait_until(
+        lambda: (t := world.tickets().get(seq)) is not None and t.holding,
+        WAIT_S,
+        "the long request to hold the GPU",
+    )
+    r = chat(g, "late", headers={"X-Gpulock-Deadline": "0.5"})
+    assert r.status == 504, r.body
+    assert r.json()["error"]["code"] == "deadline_exceeded"
+    r = g.request(
+        "POST",
+        "/v1/chat/completions",
+        {"model": "fallback", "messages": MSG},
+        {"X-Gpulock-Deadline": "0.5", "X-Gpulock-Agent": "late"},
+    )
+    assert r.status == 200 and r.headers["x-gpulock-tier"] == "cpu", r.body
+    assert [t.name for t in world.tickets().values()] == ["long"]  # "late" took no ticket
+    s.close()
+    world.wait_event("release", WAIT_S, name="long")
