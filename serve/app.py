@@ -24,6 +24,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from gpulock import status
+from gpulock.errors import GpulockError
 from gpulock.settings import Settings
 from gpulock.units import parse_duration
 from serve import api_ollama, api_openai
@@ -250,6 +251,9 @@ def build_app(
                 return await fn(request)
             except ApiError as e:
                 return error_response(e, request.url.path)
+            except GpulockError as e:  # gpulock's own refusals say what is wrong, in words
+                err = ApiError(503, str(e), type="server_error", code="unavailable")
+                return error_response(err, request.url.path)
             except Exception as e:  # never a traceback to the client; the log says what
                 log.exception("internal error on %s", request.url.path)
                 msg = f"internal error ({type(e).__name__}); see the gpulock serve log"
