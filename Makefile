@@ -63,6 +63,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/wait_estimate.py
 	$(BIN)/python bench/gguf_header.py
 	$(BIN)/python bench/checkpoint.py
+	$(BIN)/python bench/serve.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -118,7 +118,7 @@ DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
 
 SECTIONS: Final[frozenset[str]] = frozenset(
     # The other packages' sections: validated by them, kept raw here with their lines.
-    {"watchdog", "governor", "routes", "router", "agents", "metrics"}
+    {"watchdog", "governor", "routes", "router", "agents", "metrics", "serve"}
 )
 
 # Aliases can make a small file expand into a huge tree ("billion laughs"); a config never needs

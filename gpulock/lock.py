@@ -34,7 +34,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
@@ -201,6 +201,63 @@ def acquire(
     ever, 0 tries once.  name: shown in ``gpulock status`` (default: the program's name).
     lease: the longest the holder may go without ``heartbeat()`` before it counts as hung.
     """
+    got = enqueue(
+        gpu, need, timeout, name, lease, config=config, state_dir=state_dir, command=command
+    )
+    if isinstance(got, Lease):
+        return got
+    held: dict[int, Lease] = _held.__dict__.setdefault("leases", {})
+    try:
+        granted = Waiter(
+            got.settings, got.qdir, got.ticket, got.fd, got.budget, got.deadline, got.start
+        ).wait()
+        # Inside the try: an exception (a signal handler's) between the grant and the
+        # Lease must still give the GPU back, not leave a granted ticket behind.
+        result = Lease(got.settings, got.qdir, granted, got.fd, time.monotonic() - got.start)
+        held[granted.gpu] = result
+    except BaseException:
+        held.pop(got.ticket.gpu, None)
+        got.leave()
+        raise
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A ticket in line, not yet granted: what ``acquire`` and ``acquire_async`` wait with."""
+
+    settings: Settings
+    qdir: QueueDir
+    ticket: Ticket
+    fd: int
+    budget: int | None
+    deadline: float | None
+    start: float
+
+    def leave(self) -> None:
+        """Leave the line (timeout, Ctrl-C, cancellation): the successor wakes."""
+        self.qdir.remove(self.ticket.seq)
+        owner_fds.discard(self.fd)
+        os.close(self.fd)
+
+
+def enqueue(
+    gpu: int | None = None,
+    need: int | str | None = None,
+    timeout: float | str | None = None,
+    name: str | None = None,
+    lease: float | str | None = None,
+    *,
+    config: Config | str | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    command: Sequence[str] | None = None,
+    nested: bool = True,
+) -> Lease | Queued:
+    """Check the arguments and take a ticket; a Lease when this process already holds the GPU.
+
+    ``nested``: a thread that holds the GPU gets its own Lease again (re-entrancy); the event
+    loop's tasks share one thread, so ``acquire_async`` passes False.
+    """
     settings = load(config, state_dir)
     cfg = settings.config
     gpu_i = cfg.default_gpu if gpu is None else gpu
@@ -221,14 +278,15 @@ def acquire(
             hint="check --gpu, default_gpu and GPULOCK_SIMULATE",
         )
     held: dict[int, Lease] = _held.__dict__.setdefault("leases", {})
-    mine = held.get(gpu_i)
+    mine = held.get(gpu_i) if nested else None
     if mine is not None and mine.held:
         mine._depth += 1
         return mine
     qdir = QueueDir(settings, gpu_i)
     inherited = _inherited_lease(settings, qdir)
     if inherited is not None:
-        held[gpu_i] = inherited
+        if nested:
+            held[gpu_i] = inherited
         return inherited
 
     budget = None
@@ -279,19 +337,7 @@ def acquire(
             reason="no ticket yet: the sequence mutex stayed busy",
         )
         raise
-    try:
-        granted = Waiter(settings, qdir, ticket, fd, budget, deadline, start).wait()
-        # Inside the try: an exception (a signal handler's) between the grant and the
-        # Lease must still give the GPU back, not leave a granted ticket behind.
-        result = Lease(settings, qdir, granted, fd, time.monotonic() - start)
-        held[gpu_i] = result
-    except BaseException:
-        held.pop(gpu_i, None)
-        qdir.remove(ticket.seq)
-        owner_fds.discard(fd)
-        os.close(fd)
-        raise
-    return result
+    return Queued(settings, qdir, ticket, fd, budget, deadline, start)
 
 
 def leases_held() -> list[Lease]:
