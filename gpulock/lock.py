@@ -40,6 +40,7 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from gpulock import devices, identity
+from gpulock import prefetch as prefetch_mod
 from gpulock.config import Config
 from gpulock.errors import LockError, NeedTooLarge
 from gpulock.queuedir import QueueDir, owner_fds, unlink_quietly
@@ -190,6 +191,7 @@ def acquire(
     config: Config | str | None = None,
     state_dir: str | os.PathLike[str] | None = None,
     command: Sequence[str] | None = None,
+    prefetch: Sequence[str | os.PathLike[str]] | None = None,
 ) -> Lease:
     """Wait in line for a GPU and return the granted Lease (also a context manager).
 
@@ -198,6 +200,8 @@ def acquire(
     ``"5m"``) to wait before giving up with LockTimeout, having left the queue; None waits for
     ever, 0 tries once.  name: shown in ``gpulock status`` (default: the program's name).
     lease: the longest the holder may go without ``heartbeat()`` before it counts as hung.
+    prefetch: files the holder will load (a model's GGUF...): read into the page cache while
+    the ticket waits among the first ``prefetch.ahead`` (see ``gpulock.prefetch``).
     """
     settings = load(config, state_dir)
     cfg = settings.config
@@ -209,6 +213,7 @@ def acquire(
     need_bytes = None if need is None else parse_size(need, key="need")
     if need_bytes is not None and need_bytes <= 0:
         raise ValueError(f"need must be above 0, got {need!r}")
+    warm_paths = prefetch_mod.check_paths(prefetch or ())
 
     # Before QueueDir() creates gpu<N>/: a refused GPU must leave no queue folder behind.
     simulated = devices.simulated_sizes(cfg)
@@ -261,9 +266,10 @@ def acquire(
             lease_s=lease_s,
         )
 
+    warm = prefetch_mod.for_waiter(settings, warm_paths)
     ticket, fd = qdir.enqueue(make, deadline)
     try:
-        granted = Waiter(settings, qdir, ticket, fd, budget, deadline, start).wait()
+        granted = Waiter(settings, qdir, ticket, fd, budget, deadline, start, warm).wait()
     except BaseException:
         qdir.remove(ticket.seq)
         owner_fds.discard(fd)

@@ -79,6 +79,7 @@ def run(
     timeout: float | str | None = None,
     name: str | None = None,
     lease: float | str | None = None,
+    prefetch: Sequence[str] = (),
 ) -> int:
     resolve(command)
 
@@ -96,6 +97,7 @@ def run(
             config=settings.config,
             state_dir=settings.state_dir,
             command=command,
+            prefetch=prefetch,
         )
     except _Signalled as stop:
         return 128 + stop.signum

@@ -14,7 +14,7 @@ import select
 import signal
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpulock import claim, identity, level, queue
 from gpulock.errors import LockTimeout
@@ -22,6 +22,9 @@ from gpulock.queuedir import QueueDir, TicketFile
 from gpulock.settings import Settings
 from gpulock.state import atomic_write
 from gpulock.ticket import Ticket, TicketFormatError, encode, event_fields
+
+if TYPE_CHECKING:
+    from gpulock.prefetch import Prefetch
 
 SAFETY_RECHECK_S = 2.0  # first guard re-check; doubles while nothing happens...
 SAFETY_RECHECK_MAX_S = 30.0  # ...up to this, so hundreds of idle waiters cost ~nothing
@@ -40,6 +43,7 @@ class Waiter:
         budget: int | None,
         deadline: float | None,
         start: float,
+        prefetch: Prefetch | None = None,
     ) -> None:
         self.settings = settings
         self.qdir = qdir
@@ -57,12 +61,18 @@ class Waiter:
         self.safety_s = SAFETY_RECHECK_S
         self.freeze_ends: float | None = None  # monotonic time the governor's freeze goes stale
         self.ahead_seqs: list[int] | None = None
+        self.prefetch = prefetch  # warms the job's files while it waits (gpulock.prefetch)
 
     def wait(self) -> Ticket:
+        granted = False
         try:
-            return self._loop()
+            ticket = self._loop()
+            granted = True
+            return ticket
         finally:
             self._unwatch_all()
+            if self.prefetch is not None:
+                self.prefetch.stop(granted=granted)
 
     def _loop(self) -> Ticket:
         rescan = True
@@ -88,6 +98,8 @@ class Waiter:
                     self.settings.emit(
                         "wait", **event_fields(self.me), ahead=n_ahead, reason=d.reason
                     )
+                if self.prefetch is not None:
+                    self.prefetch.on_rescan(self, ahead)
             now = time.monotonic()
             if self.deadline is not None and now >= self.deadline:
                 raise self._timeout(ahead)
