@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from gpulock.config import Config, show_value
 from gpulock.errors import GpulockError
+from gpulock.pagecache import be_idle, chunk_residency, mem_available_bytes
 from gpulock.state import atomic_write, read_small
 from gpulock.ticket import SEQ_DIGITS, Ticket, TicketFormatError, event_fields
 from gpulock.units import parse_size
@@ -64,12 +65,6 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "margin": 1.5,
     "max_rate": None,
 }
-
-# ioprio_set(2): IOPRIO_WHO_PROCESS with a thread id sets that one task's priority.
-_SYS_IOPRIO_SET: Final = {"x86_64": 251, "aarch64": 30, "ppc64le": 273, "s390x": 282}
-_IOPRIO_WHO_PROCESS: Final = 1
-_IOPRIO_CLASS_IDLE: Final = 3
-_IOPRIO_CLASS_SHIFT: Final = 13
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,117 +168,6 @@ def should_forward(before: int | None, now: int, ahead: int) -> bool:
     """Whether a waiter that moved from position ``before`` to ``now`` rings its successor:
     the successor moved up too, and now stands within ``ahead`` (position 1 = next in line)."""
     return before is not None and now < before and now < ahead
-
-
-# --- the machine ------------------------------------------------------------------------------
-
-
-def mem_available_bytes(meminfo: str = "/proc/meminfo") -> int | None:
-    """MemAvailable in bytes, None when unknown (not Linux, unreadable)."""
-    try:
-        with open(meminfo, "rb") as f:
-            for line in f:
-                if line.startswith(b"MemAvailable:"):
-                    parts = line.split()
-                    return int(parts[1]) * 1024 if parts[1].isdigit() else None
-    except OSError:
-        return None
-    return None
-
-
-class _Libc:
-    """mmap/mincore/munmap and ioprio_set through ctypes, loaded on the first use."""
-
-    _lib: Any = None
-
-    @classmethod
-    def get(cls) -> Any:
-        if cls._lib is None:
-            import ctypes
-
-            lib = ctypes.CDLL(None, use_errno=True)
-            lib.mmap.restype = ctypes.c_void_p
-            lib.mmap.argtypes = [
-                ctypes.c_void_p,
-                ctypes.c_size_t,
-                ctypes.c_int,
-                ctypes.c_int,
-                ctypes.c_int,
-                ctypes.c_long,
-            ]
-            lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-            lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-            lib.syscall.restype = ctypes.c_long
-            cls._lib = lib
-        return cls._lib
-
-
-_PAGE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def resident_bytes(fd: int, offset: int, length: int) -> int | None:
-    """How many bytes of ``[offset, offset+length)`` of the file are in the page cache
-    (``mincore`` over a read-only shared mapping, which reads nothing); None when unknown."""
-    if length <= 0:
-        return 0
-    import ctypes
-    import mmap
-
-    libc = _Libc.get()
-    start = offset - offset % mmap.ALLOCATIONGRANULARITY
-    span = offset + length - start
-    addr = libc.mmap(None, span, mmap.PROT_READ, mmap.MAP_SHARED, fd, start)
-    if addr is None or addr == ctypes.c_void_p(-1).value:
-        return None
-    try:
-        pages = (span + _PAGE - 1) // _PAGE
-        vec = ctypes.create_string_buffer(pages)
-        if libc.mincore(addr, span, vec) != 0:
-            return None
-        first = (offset - start) // _PAGE
-        resident = sum(b & 1 for b in vec.raw[first:pages])
-    finally:
-        libc.munmap(addr, span)
-    return min(resident * _PAGE, length)
-
-
-def chunk_residency(fd: int, size: int) -> list[int] | None:
-    """Resident bytes of each ``CHUNK_BYTES`` chunk of the file; None when unknown."""
-    out: list[int] = []
-    for offset in range(0, size, CHUNK_BYTES):
-        got = resident_bytes(fd, offset, min(CHUNK_BYTES, size - offset))
-        if got is None:
-            return None
-        out.append(got)
-    return out
-
-
-def drop_from_cache(path: str | os.PathLike[str]) -> None:
-    """Evict a file from the page cache (fsync, then ``POSIX_FADV_DONTNEED``): for benchmarks
-    and tests that need a cold file; dirty pages would stay, hence the fsync."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def _be_idle() -> None:
-    """Idle I/O class and nice 19 for the calling thread only (best effort)."""
-    tid = threading.get_native_id()
-    nr = _SYS_IOPRIO_SET.get(os.uname().machine)
-    if nr is not None:
-        try:
-            _Libc.get().syscall(
-                nr, _IOPRIO_WHO_PROCESS, tid, _IOPRIO_CLASS_IDLE << _IOPRIO_CLASS_SHIFT
-            )
-        except (OSError, AttributeError):
-            pass
-    try:
-        os.setpriority(os.PRIO_PROCESS, tid, 19)
-    except OSError:
-        pass
 
 
 # --- the progress file ------------------------------------------------------------------------
@@ -448,7 +332,7 @@ class Prefetch:
     # --- the thread ---
 
     def _run(self) -> None:
-        _be_idle()
+        be_idle()
         buf = bytearray(CHUNK_BYTES)
         for f in self.files:
             if self._stop.is_set():
@@ -483,7 +367,7 @@ class Prefetch:
         try:
             size = os.fstat(fd).st_size
             f.bytes_total = size
-            cached = chunk_residency(fd, size)
+            cached = chunk_residency(fd, size, CHUNK_BYTES)
             if cached is not None and sum(cached) >= size:
                 f.bytes_done = size
                 return "skipped", "cached"

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from cli_helpers import HOLD_SH, Cli, Proc, assert_clean_error, pid_alive, wait_until
 
-from gpulock import prefetch
+from gpulock import pagecache, prefetch
 from gpulock.config import parse_config
 from gpulock.errors import ConfigError
 
@@ -42,7 +42,7 @@ def resident(path: Path) -> int:
         return int(out.split()[0])
     fd = os.open(path, os.O_RDONLY)
     try:
-        got = prefetch.resident_bytes(fd, 0, os.fstat(fd).st_size)
+        got = pagecache.resident_bytes(fd, 0, os.fstat(fd).st_size)
     finally:
         os.close(fd)
     assert got is not None
@@ -56,7 +56,7 @@ def cold_file(folder: Path, name: str, size: int) -> Path:
     with open(path, "wb") as f:
         for i in range(size // MiB):
             f.write(block[i % 7 :] + block[: i % 7])  # not all pages alike
-    prefetch.drop_from_cache(path)
+    pagecache.drop_from_cache(path)
     if resident(path) > 0:
         pytest.skip(f"POSIX_FADV_DONTNEED does not evict on this filesystem ({folder})")
     return path
@@ -366,3 +366,27 @@ def test_acquire_refuses_a_missing_file(tmp_path: Path) -> None:
     with pytest.raises(gpulock.GpulockError, match="cannot prefetch"):
         gpulock.acquire(prefetch=["/no/such/model.gguf"], timeout=0, state_dir=tmp_path / "s")
     assert not (tmp_path / "s" / "gpu0").exists()
+
+
+def test_the_warming_thread_alone_runs_at_idle_io_priority_and_nice_19() -> None:
+    import ctypes
+
+    nr_get = {"x86_64": 252, "aarch64": 31}.get(os.uname().machine)
+    if nr_get is None:
+        pytest.skip("ioprio_get's number is not known here for this check")
+    libc = ctypes.CDLL(None, use_errno=True)
+    seen: dict[str, int] = {}
+
+    def warming_thread() -> None:
+        pagecache.be_idle()
+        tid = threading.get_native_id()
+        seen["ioprio"] = libc.syscall(nr_get, 1, tid)
+        seen["nice"] = os.getpriority(os.PRIO_PROCESS, tid)
+
+    main_before = libc.syscall(nr_get, 1, threading.get_native_id())
+    t = threading.Thread(target=warming_thread)
+    t.start()
+    t.join(30)
+    assert seen["ioprio"] >> 13 == 3  # IOPRIO_CLASS_IDLE
+    assert seen["nice"] == 19
+    assert libc.syscall(nr_get, 1, threading.get_native_id()) == main_before
