@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/lock_handoff.py
 	$(BIN)/python bench/eviction.py
 	$(BIN)/python bench/router.py
+	$(BIN)/python bench/prefetch.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
