@@ -18,9 +18,10 @@ once, sequentially, so that after the grant its load reads memory, not the disk.
 * **Stops at once** when the ticket is granted or leaves the line (the thread checks an Event
   between chunks); a killed waiter takes the thread with it, and no process is ever started.
 
-Progress is published in ``<queue>/<seq>.prefetch`` (small JSON, written atomically with the
-state folder's file mode, at most every ``PUBLISH_EVERY_BYTES`` or second) for ``gpulock status``,
-and removed when the ticket leaves the line.  Each file ends in one ``prefetch`` event.
+Progress is published in ``<queue>/<seq>.prefetch`` (``gpulock.prefetch_progress``; written
+atomically with the state folder's file mode, at most every ``PUBLISH_EVERY_BYTES`` or second)
+for ``gpulock status``, and removed when the ticket leaves the line.  Each file ends in one
+``prefetch`` event.
 
 **Position without polling.**  A waiter looks at the queue only when the kernel wakes it, and a
 grant rings only the next ticket.  So a waiter whose position improves to below ``ahead`` rings
@@ -41,8 +42,9 @@ from typing import TYPE_CHECKING, Any, Final
 from gpulock.config import Config, show_value
 from gpulock.errors import GpulockError
 from gpulock.pagecache import be_idle, chunk_residency, mem_available_bytes
-from gpulock.state import atomic_write, read_small
-from gpulock.ticket import SEQ_DIGITS, Ticket, TicketFormatError, event_fields
+from gpulock.prefetch_progress import FORMAT, progress_name
+from gpulock.state import atomic_write
+from gpulock.ticket import Ticket, TicketFormatError, event_fields
 from gpulock.units import parse_size
 
 if TYPE_CHECKING:
@@ -50,13 +52,9 @@ if TYPE_CHECKING:
     from gpulock.settings import Settings
     from gpulock.waiter import Waiter
 
-FORMAT: Final = "gpulock.prefetch/1"
-SUFFIX: Final = ".prefetch"
 CHUNK_BYTES: Final = 8 << 20  # read and memory-check unit: stop latency is one chunk's read
 PUBLISH_EVERY_BYTES: Final = 64 << 20
 PUBLISH_EVERY_S: Final = 1.0
-PROGRESS_LIMIT: Final = 64 << 10  # a progress file larger than this is garbage
-MAX_SHOWN_PATHS: Final = 64
 
 # `prefetch:` keys as they are written in the file, with their defaults.
 DEFAULTS: Final[Mapping[str, Any]] = {
@@ -168,67 +166,6 @@ def should_forward(before: int | None, now: int, ahead: int) -> bool:
     """Whether a waiter that moved from position ``before`` to ``now`` rings its successor:
     the successor moved up too, and now stands within ``ahead`` (position 1 = next in line)."""
     return before is not None and now < before and now < ahead
-
-
-# --- the progress file ------------------------------------------------------------------------
-
-
-def progress_name(seq: int) -> str:
-    return f"{seq:0{SEQ_DIGITS}d}{SUFFIX}"
-
-
-def read_progress(qdir: QueueDir, tf: TicketFile) -> dict[str, Any] | None:
-    """A waiter's published progress for ``gpulock status``, None when none or garbage.
-
-    Read like every state file: never through a symlink, never blocking on a FIFO, bounded in
-    size, and only believed when it names this very ticket and its owner.
-    """
-    try:
-        data = read_small(qdir.path / progress_name(tf.ticket.seq), PROGRESS_LIMIT)
-        raw = json.loads(data) if data else None
-    except (OSError, ValueError, RecursionError, GpulockError):
-        return None
-    t = tf.ticket
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        return None
-    if raw.get("ticket") != t.seq or raw.get("pid") != t.pid:
-        return None
-    files = raw.get("files")
-    if not isinstance(files, list):
-        return None
-    paths: list[str] = []
-    done = total = read = 0
-    try:
-        for f in files[:MAX_SHOWN_PATHS]:
-            if not isinstance(f, dict) or not isinstance(f.get("path"), str):
-                return None
-            paths.append(f["path"])
-            done += _count(f.get("bytes_done"))
-            total += _count(f.get("bytes_total"))
-            read += _count(f.get("bytes_read"))
-    except (TypeError, ValueError):
-        return None
-    state = raw.get("state")
-    reason = raw.get("reason")
-    return {
-        "state": state if state in ("waiting", "warming", "done", "skipped") else "unknown",
-        "reason": reason if isinstance(reason, str) else None,
-        "paths": paths,
-        "bytes_done": min(done, total),
-        "bytes_total": total,
-        "bytes_read": read,
-        "updated_wall": raw.get("updated_wall") if _is_num(raw.get("updated_wall")) else None,
-    }
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def _count(v: Any) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise ValueError("not a byte count")
-    return v
 
 
 # --- the waiter's hook ------------------------------------------------------------------------

@@ -10,9 +10,10 @@
   and the ticket awaits cleanup), ``stale`` (hung or dead), ``position`` (0 = head), ``user``,
   ``uid``, ``host``, ``command``, ``need_bytes`` (None = exclusive), ``lease_s``,
   ``created_wall``, ``granted_wall``, ``waited_s``, ``held_s``, ``heartbeat_age_s``,
-  ``child_pid``, ``prefetch`` (a waiter warming its files, see ``gpulock.prefetch``: ``state``
-  ``warming``/``done``/``skipped``, ``reason``, ``paths``, ``bytes_done``, ``bytes_total``,
-  ``bytes_read``, ``updated_wall``; None when it warms nothing, and always for holders).
+  ``child_pid``, ``prefetch`` (a waiter warming its files, see ``gpulock.prefetch_progress``:
+  ``state`` ``warming``/``done``/``skipped``, ``reason``, ``paths``, ``bytes_done``,
+  ``bytes_total``, ``bytes_read``, ``updated_wall``; None when it warms nothing, and always for
+  holders).
 * ``devices``: the probed GPUs; ``devices_problem``: why none could be probed, or None.
 * ``usage``: today's model calls as the router counted them (``<state>/router/ledger.json``):
   ``day``, ``cloud_spend_usd``, ``daily_budget_usd`` (``router.daily_budget``, None when unset)
@@ -28,7 +29,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gpulock import devices, level, prefetch, queue, registry
+from gpulock import devices, level, prefetch_progress, queue, registry
 from gpulock.errors import GpulockError
 from gpulock.queuedir import QueueDir, TicketFile, queue_gpus
 from gpulock.settings import Settings
@@ -74,7 +75,7 @@ def entry(qdir: QueueDir, tf: TicketFile, position: int, now_w: float) -> dict[s
             round(now_w - queue.heartbeat_wall(t, tf.mtime_wall), 3) if t.holding else None
         ),
         "child_pid": t.child_pid,
-        "prefetch": None if t.holding else prefetch.read_progress(qdir, tf),
+        "prefetch": None if t.holding else prefetch_progress.read_progress(qdir, tf),
     }
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from cli_helpers import HOLD_SH, Cli, Proc, assert_clean_error, pid_alive, wait_until
 
-from gpulock import pagecache, prefetch
+from gpulock import pagecache, prefetch, prefetch_progress
 from gpulock.config import parse_config
 from gpulock.errors import ConfigError
 
@@ -320,19 +320,19 @@ def test_status_skips_garbage_progress_files(cli: Cli, tmp_path: Path, garbage: 
     waiter = cli.start_run("waiter", cmd=["true"])
     cli.wait_event("wait", name="waiter")
     seq = cli.entry("waiter")["ticket"]  # type: ignore[index]
-    path = cli.gpu_dir() / prefetch.progress_name(seq)
+    path = cli.gpu_dir() / prefetch_progress.progress_name(seq)
     if garbage == "fifo":
         os.mkfifo(path)  # a plain open would block status for ever
     elif garbage == "symlink":
         (tmp_path / "elsewhere").write_text("{}")
         path.symlink_to(tmp_path / "elsewhere")
     elif garbage == "huge":
-        path.write_bytes(b" " * (prefetch.PROGRESS_LIMIT + 1))
+        path.write_bytes(b" " * (prefetch_progress.PROGRESS_LIMIT + 1))
     elif garbage == "not-json":
         path.write_bytes(b"\x00\xff{")
     elif garbage == "another-pid":
         path.write_text(
-            f'{{"format":"{prefetch.FORMAT}","ticket":{seq},"pid":1,"state":"done","files":[]}}'
+            f'{{"format":"{prefetch_progress.FORMAT}","ticket":{seq},"pid":1,"state":"done","files":[]}}'
         )
     else:
         path.mkdir()
