@@ -205,10 +205,6 @@ class Prefetch:
         self._published_at = 0.0
         self._published_bytes = 0
 
-    @property
-    def started(self) -> bool:
-        return self._thread is not None
-
     def on_rescan(self, waiter: Waiter, ahead: Sequence[TicketFile]) -> None:
         """After a look at the queue that did not grant: note the position, pass the news on,
         start warming once within ``ahead``.  Never raises for the queue's sake."""

@@ -254,6 +254,21 @@ def test_warming_stops_at_the_grant(cli: Cli, tmp_path: Path) -> None:
     assert waiter.wait() == 0
 
 
+def test_warming_stops_when_the_wait_times_out(cli: Cli, tmp_path: Path) -> None:
+    configure(cli, "prefetch:\n  max_rate: 2MiB\n")
+    model = cold_file(tmp_path, "late.gguf", 64 * MiB)
+    holder = cli.hold("holder")
+    r = cli.run("run", "--name", "late", "--timeout", "3", "--prefetch", str(model), "--", "true")
+    assert r.code == 75, r.describe()
+    e = cli.wait_event("prefetch", name="late")
+    assert (e["outcome"], e["reason"]) == ("stopped", "left the line")
+    assert 0 < e["read_bytes"] < 64 * MiB
+    assert holders_of(model) == []
+    assert cli.queue_files() == ["000000000001.fifo", "000000000001.ticket"]  # the holder's
+    holder.release()
+    assert holder.wait() == 0
+
+
 def test_a_waiter_killed_mid_warming_leaves_nothing_behind(cli: Cli, tmp_path: Path) -> None:
     configure(cli, "prefetch:\n  max_rate: 2MiB\n")
     model = cold_file(tmp_path, "killed.gguf", 64 * MiB)
