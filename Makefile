@@ -64,6 +64,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/gguf_header.py
 	$(BIN)/python bench/checkpoint.py
 	$(BIN)/python bench/serve.py
+	$(BIN)/python bench/prefetch.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

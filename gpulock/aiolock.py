@@ -26,7 +26,6 @@ from typing import Any
 
 from gpulock.config import Config
 from gpulock.lock import Lease, Queued, enqueue
-from gpulock.waiter import Waiter
 
 
 class _LoopPoller:
@@ -58,9 +57,7 @@ class _LoopPoller:
 
 async def _wait(got: Queued) -> Lease:
     poller = _LoopPoller(asyncio.get_running_loop())
-    waiter = Waiter(
-        got.settings, got.qdir, got.ticket, got.fd, got.budget, got.deadline, got.start, poller
-    )
+    waiter = got.waiter(poller)
     try:
         while (wake := waiter.step()) is not None:
             if not poller.ready:
@@ -75,9 +72,12 @@ async def _wait(got: Queued) -> Lease:
         # Asking other processes' idle models to leave may take seconds: not on the loop.
         await asyncio.to_thread(waiter._make_room)
         granted = waiter._grant()
-    finally:
+    except BaseException:
         waiter.close()
         poller.close()
+        raise
+    waiter.close(granted=True)
+    poller.close()
     return Lease(got.settings, got.qdir, granted, got.fd, time.monotonic() - got.start)
 
 
@@ -126,6 +126,7 @@ def acquire_async(
     config: Config | str | None = None,
     state_dir: str | None = None,
     command: Sequence[str] | None = None,
+    prefetch: Sequence[str] | None = None,
 ) -> AsyncAcquire:
     """``acquire`` for asyncio: ``async with acquire_async(...) as lease`` or ``await``.
 
@@ -134,5 +135,10 @@ def acquire_async(
     ``gpulock run`` satisfies it at once, as it does ``acquire``.  Cancellation leaves the
     queue cleanly; LockTimeout at ``timeout``, having left the queue.
     """
-    kwargs: dict[str, Any] = {"config": config, "state_dir": state_dir, "command": command}
+    kwargs: dict[str, Any] = {
+        "config": config,
+        "state_dir": state_dir,
+        "command": command,
+        "prefetch": prefetch,
+    }
     return AsyncAcquire((gpu, need, timeout, name, lease), kwargs)

@@ -40,8 +40,10 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from gpulock import devices, identity
+from gpulock import prefetch as prefetch_mod
 from gpulock.config import Config
 from gpulock.errors import LockError, LockTimeout, NeedTooLarge
+from gpulock.exitwait import Poller
 from gpulock.queuedir import QueueDir, owner_fds, unlink_quietly
 from gpulock.settings import Settings, load
 from gpulock.state import atomic_write
@@ -192,6 +194,7 @@ def acquire(
     config: Config | str | None = None,
     state_dir: str | os.PathLike[str] | None = None,
     command: Sequence[str] | None = None,
+    prefetch: Sequence[str | os.PathLike[str]] | None = None,
 ) -> Lease:
     """Wait in line for a GPU and return the granted Lease (also a context manager).
 
@@ -200,17 +203,25 @@ def acquire(
     ``"5m"``) to wait before giving up with LockTimeout, having left the queue; None waits for
     ever, 0 tries once.  name: shown in ``gpulock status`` (default: the program's name).
     lease: the longest the holder may go without ``heartbeat()`` before it counts as hung.
+    prefetch: files the holder will load (a model's GGUF...): read into the page cache while
+    the ticket waits among the first ``prefetch.ahead`` (see ``gpulock.prefetch``).
     """
     got = enqueue(
-        gpu, need, timeout, name, lease, config=config, state_dir=state_dir, command=command
+        gpu,
+        need,
+        timeout,
+        name,
+        lease,
+        config=config,
+        state_dir=state_dir,
+        command=command,
+        prefetch=prefetch,
     )
     if isinstance(got, Lease):
         return got
     held: dict[int, Lease] = _held.__dict__.setdefault("leases", {})
     try:
-        granted = Waiter(
-            got.settings, got.qdir, got.ticket, got.fd, got.budget, got.deadline, got.start
-        ).wait()
+        granted = got.waiter().wait()
         # Inside the try: an exception (a signal handler's) between the grant and the
         # Lease must still give the GPU back, not leave a granted ticket behind.
         result = Lease(got.settings, got.qdir, granted, got.fd, time.monotonic() - got.start)
@@ -233,6 +244,21 @@ class Queued:
     budget: int | None
     deadline: float | None
     start: float
+    warm: prefetch_mod.Prefetch | None = None  # warms the job's files while it waits
+
+    def waiter(self, poller: Poller | None = None) -> Waiter:
+        """The Waiter for this ticket (``poller``: an event loop's, for ``acquire_async``)."""
+        return Waiter(
+            self.settings,
+            self.qdir,
+            self.ticket,
+            self.fd,
+            self.budget,
+            self.deadline,
+            self.start,
+            poller=poller,
+            prefetch=self.warm,
+        )
 
     def leave(self) -> None:
         """Leave the line (timeout, Ctrl-C, cancellation): the successor wakes."""
@@ -251,6 +277,7 @@ def enqueue(
     config: Config | str | None = None,
     state_dir: str | os.PathLike[str] | None = None,
     command: Sequence[str] | None = None,
+    prefetch: Sequence[str | os.PathLike[str]] | None = None,
     nested: bool = True,
 ) -> Lease | Queued:
     """Check the arguments and take a ticket; a Lease when this process already holds the GPU.
@@ -268,6 +295,7 @@ def enqueue(
     need_bytes = None if need is None else parse_size(need, key="need")
     if need_bytes is not None and need_bytes <= 0:
         raise ValueError(f"need must be above 0, got {need!r}")
+    warm_paths = prefetch_mod.check_paths(prefetch or ())
 
     # Before QueueDir() creates gpu<N>/: a refused GPU must leave no queue folder behind.
     simulated = devices.simulated_sizes(cfg)
@@ -321,6 +349,7 @@ def enqueue(
             lease_s=lease_s,
         )
 
+    warm = prefetch_mod.for_waiter(settings, warm_paths)
     try:
         ticket, fd = qdir.enqueue(make, deadline)
     except LockTimeout:
@@ -337,7 +366,7 @@ def enqueue(
             reason="no ticket yet: the sequence mutex stayed busy",
         )
         raise
-    return Queued(settings, qdir, ticket, fd, budget, deadline, start)
+    return Queued(settings, qdir, ticket, fd, budget, deadline, start, warm)
 
 
 def leases_held() -> list[Lease]:

@@ -15,7 +15,7 @@ import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpulock import claim, devices, exitwait, identity, level, proof, queue
 from gpulock.errors import LockTimeout
@@ -24,6 +24,9 @@ from gpulock.queuedir import QueueDir, TicketFile
 from gpulock.settings import Settings
 from gpulock.state import atomic_write
 from gpulock.ticket import Ticket, TicketFormatError, encode, event_fields
+
+if TYPE_CHECKING:
+    from gpulock.prefetch import Prefetch
 
 SAFETY_RECHECK_S = 2.0  # first guard re-check; doubles while nothing happens...
 SAFETY_RECHECK_MAX_S = 30.0  # ...up to this, so hundreds of idle waiters cost ~nothing
@@ -42,7 +45,9 @@ class Waiter:
         budget: int | None,
         deadline: float | None,
         start: float,
+        *,
         poller: Poller | None = None,
+        prefetch: Prefetch | None = None,
     ) -> None:
         self.settings = settings
         self.qdir = qdir
@@ -76,24 +81,30 @@ class Waiter:
         self.exit_blockers: list[int] = []  # their sequence numbers, from the last scan
         self.rescan = True  # look at the queue on the next step
         self.ahead: list[TicketFile] = []
+        self.prefetch = prefetch  # warms the job's files while it waits (gpulock.prefetch)
 
     def wait(self) -> Ticket:
         poll = self._poll
         if poll is None:
             raise RuntimeError("this Waiter sleeps on an event loop: step() and woken() only")
+        granted = False
         try:
             while (wake := self.step()) is not None:
                 ready = poll.poll(max(0, math.ceil((wake - time.monotonic()) * 1000)))
                 self.woken([fd for fd, _ in ready])
             self._make_room()
-            return self._grant()
+            ticket = self._grant()
+            granted = True
+            return ticket
         finally:
-            self.close()
+            self.close(granted=granted)
 
-    def close(self) -> None:
-        """Stop watching: the tickets ahead and any dead holder's processes."""
+    def close(self, *, granted: bool = False) -> None:
+        """Stop watching (the tickets ahead, any dead holder's processes) and warming."""
         self._unwatch_all()
         self.exits.close()
+        if self.prefetch is not None:
+            self.prefetch.stop(granted=granted)
 
     # One step of the wait, shared by the blocking ``wait`` above and the event loop's
     # ``gpulock.aiolock``: the two differ only in how they sleep until ``step``'s wake time.
@@ -129,6 +140,8 @@ class Waiter:
                 self.announced = True
                 n_ahead = sum(1 for q in self.qdir.seqs() if q < self.me.seq)
                 self.settings.emit("wait", **event_fields(self.me), ahead=n_ahead, reason=d.reason)
+            if self.prefetch is not None:
+                self.prefetch.on_rescan(self, self.ahead)
         now = time.monotonic()
         if self.deadline is not None and now >= self.deadline:
             raise self._timeout(self.ahead)
