@@ -63,6 +63,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/wait_estimate.py
 	$(BIN)/python bench/gguf_header.py
 	$(BIN)/python bench/checkpoint.py
+	$(BIN)/python bench/serve.py
+	$(BIN)/python bench/prefetch.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

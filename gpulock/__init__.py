@@ -36,6 +36,7 @@ __all__ = [
     "Resident",
     "StateDirError",
     "acquire",
+    "acquire_async",
     "adapters",
     "admit",
     "evict",
@@ -55,6 +56,7 @@ _LAZY = {
     "AdmissionRefused": ("gpulock.eviction", "AdmissionRefused"),
     "adapters": ("gpulock.adapters", None),
     "governor_level": ("gpulock.level", "governor_level"),
+    "acquire_async": ("gpulock.aiolock", "acquire_async"),  # asyncio only for those who wait on it
 }
 
 

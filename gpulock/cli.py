@@ -136,6 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="CMD counts as hung if it holds longer than this without 'gpulock heartbeat'",
     )
+    p.add_argument(
+        "--prefetch",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a file CMD will load (a model): read into the page cache while waiting in line "
+        "(repeat for several; see prefetch: in the config)",
+    )
     _common(p)
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD [ARG...]")
 
@@ -380,6 +388,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not command:
         raise UsageError("missing command to run", hint="gpulock run [options] -- CMD [ARG...]")
     settings = _settings(args)
+    if args.prefetch:
+        from gpulock.prefetch import check_paths
+
+        try:
+            args.prefetch = list(check_paths(args.prefetch))
+        except GpulockError as e:
+            raise UsageError(f"--prefetch: {e}", hint=e.hint) from None
     return runner.run(
         settings,
         command,
@@ -388,6 +403,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         name=args.name,
         lease=args.lease,
+        prefetch=args.prefetch,
     )
 
 

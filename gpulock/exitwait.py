@@ -29,12 +29,22 @@ import select
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gpulock import identity
 from gpulock.ticket import Ticket
 
 NVML_FIRST_S = 0.05  # the driver frees a dead context's memory within milliseconds...
 NVML_MAX_S = 1.0  # ...but a loaded machine may take longer: back off to once a second
+
+
+class Poller(Protocol):
+    """What a waiter sleeps on: ``select.poll``, or an event loop's stand-in (gpulock.aiolock)."""
+
+    def register(self, fd: int, eventmask: int = ..., /) -> None: ...
+
+    def unregister(self, fd: int, /) -> None: ...
+
 
 GpuPids = Callable[[int], "frozenset[int] | None"]  # gpu -> pids NVML lists; None: unknown
 
@@ -134,7 +144,7 @@ class ExitWatch:
 
     def __init__(
         self,
-        poller: select.poll,
+        poller: Poller,
         limit_s: float,
         gpu_pids: GpuPids,
         emit: Callable[..., None],

@@ -34,14 +34,16 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from gpulock import devices, identity
+from gpulock import prefetch as prefetch_mod
 from gpulock.config import Config
 from gpulock.errors import LockError, LockTimeout, NeedTooLarge
+from gpulock.exitwait import Poller
 from gpulock.queuedir import QueueDir, owner_fds, unlink_quietly
 from gpulock.settings import Settings, load
 from gpulock.state import atomic_write
@@ -192,6 +194,7 @@ def acquire(
     config: Config | str | None = None,
     state_dir: str | os.PathLike[str] | None = None,
     command: Sequence[str] | None = None,
+    prefetch: Sequence[str | os.PathLike[str]] | None = None,
 ) -> Lease:
     """Wait in line for a GPU and return the granted Lease (also a context manager).
 
@@ -200,6 +203,87 @@ def acquire(
     ``"5m"``) to wait before giving up with LockTimeout, having left the queue; None waits for
     ever, 0 tries once.  name: shown in ``gpulock status`` (default: the program's name).
     lease: the longest the holder may go without ``heartbeat()`` before it counts as hung.
+    prefetch: files the holder will load (a model's GGUF...): read into the page cache while
+    the ticket waits among the first ``prefetch.ahead`` (see ``gpulock.prefetch``).
+    """
+    got = enqueue(
+        gpu,
+        need,
+        timeout,
+        name,
+        lease,
+        config=config,
+        state_dir=state_dir,
+        command=command,
+        prefetch=prefetch,
+    )
+    if isinstance(got, Lease):
+        return got
+    held: dict[int, Lease] = _held.__dict__.setdefault("leases", {})
+    try:
+        granted = got.waiter().wait()
+        # Inside the try: an exception (a signal handler's) between the grant and the
+        # Lease must still give the GPU back, not leave a granted ticket behind.
+        result = Lease(got.settings, got.qdir, granted, got.fd, time.monotonic() - got.start)
+        held[granted.gpu] = result
+    except BaseException:
+        held.pop(got.ticket.gpu, None)
+        got.leave()
+        raise
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A ticket in line, not yet granted: what ``acquire`` and ``acquire_async`` wait with."""
+
+    settings: Settings
+    qdir: QueueDir
+    ticket: Ticket
+    fd: int
+    budget: int | None
+    deadline: float | None
+    start: float
+    warm: prefetch_mod.Prefetch | None = None  # warms the job's files while it waits
+
+    def waiter(self, poller: Poller | None = None) -> Waiter:
+        """The Waiter for this ticket (``poller``: an event loop's, for ``acquire_async``)."""
+        return Waiter(
+            self.settings,
+            self.qdir,
+            self.ticket,
+            self.fd,
+            self.budget,
+            self.deadline,
+            self.start,
+            poller=poller,
+            prefetch=self.warm,
+        )
+
+    def leave(self) -> None:
+        """Leave the line (timeout, Ctrl-C, cancellation): the successor wakes."""
+        self.qdir.remove(self.ticket.seq)
+        owner_fds.discard(self.fd)
+        os.close(self.fd)
+
+
+def enqueue(
+    gpu: int | None = None,
+    need: int | str | None = None,
+    timeout: float | str | None = None,
+    name: str | None = None,
+    lease: float | str | None = None,
+    *,
+    config: Config | str | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    command: Sequence[str] | None = None,
+    prefetch: Sequence[str | os.PathLike[str]] | None = None,
+    nested: bool = True,
+) -> Lease | Queued:
+    """Check the arguments and take a ticket; a Lease when this process already holds the GPU.
+
+    ``nested``: a thread that holds the GPU gets its own Lease again (re-entrancy); the event
+    loop's tasks share one thread, so ``acquire_async`` passes False.
     """
     settings = load(config, state_dir)
     cfg = settings.config
@@ -211,6 +295,7 @@ def acquire(
     need_bytes = None if need is None else parse_size(need, key="need")
     if need_bytes is not None and need_bytes <= 0:
         raise ValueError(f"need must be above 0, got {need!r}")
+    warm_paths = prefetch_mod.check_paths(prefetch or ())
 
     # Before QueueDir() creates gpu<N>/: a refused GPU must leave no queue folder behind.
     simulated = devices.simulated_sizes(cfg)
@@ -221,14 +306,15 @@ def acquire(
             hint="check --gpu, default_gpu and GPULOCK_SIMULATE",
         )
     held: dict[int, Lease] = _held.__dict__.setdefault("leases", {})
-    mine = held.get(gpu_i)
+    mine = held.get(gpu_i) if nested else None
     if mine is not None and mine.held:
         mine._depth += 1
         return mine
     qdir = QueueDir(settings, gpu_i)
     inherited = _inherited_lease(settings, qdir)
     if inherited is not None:
-        held[gpu_i] = inherited
+        if nested:
+            held[gpu_i] = inherited
         return inherited
 
     budget = None
@@ -263,6 +349,7 @@ def acquire(
             lease_s=lease_s,
         )
 
+    warm = prefetch_mod.for_waiter(settings, warm_paths)
     try:
         ticket, fd = qdir.enqueue(make, deadline)
     except LockTimeout:
@@ -279,19 +366,7 @@ def acquire(
             reason="no ticket yet: the sequence mutex stayed busy",
         )
         raise
-    try:
-        granted = Waiter(settings, qdir, ticket, fd, budget, deadline, start).wait()
-        # Inside the try: an exception (a signal handler's) between the grant and the
-        # Lease must still give the GPU back, not leave a granted ticket behind.
-        result = Lease(settings, qdir, granted, fd, time.monotonic() - start)
-        held[gpu_i] = result
-    except BaseException:
-        held.pop(gpu_i, None)
-        qdir.remove(ticket.seq)
-        owner_fds.discard(fd)
-        os.close(fd)
-        raise
-    return result
+    return Queued(settings, qdir, ticket, fd, budget, deadline, start, warm)
 
 
 def leases_held() -> list[Lease]:

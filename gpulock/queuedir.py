@@ -138,10 +138,11 @@ class QueueDir:
             removed = True
         except FileNotFoundError:
             removed = False
-        try:
-            os.unlink(self.fifo_path(seq))
-        except FileNotFoundError:
-            pass
+        for extra in (self.fifo_path(seq), self.ticket_path(seq).with_suffix(".prefetch")):
+            try:  # the claim, and a waiter's warming progress (gpulock.prefetch)
+                os.unlink(extra)
+            except FileNotFoundError:
+                pass
         return removed
 
     def orphan_fifos(self, names: list[str] | None = None) -> list[int]:

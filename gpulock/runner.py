@@ -85,6 +85,7 @@ def run(
     timeout: float | str | None = None,
     name: str | None = None,
     lease: float | str | None = None,
+    prefetch: Sequence[str] = (),
 ) -> int:
     resolve(command)
 
@@ -108,6 +109,7 @@ def run(
                 config=settings.config,
                 state_dir=settings.state_dir,
                 command=command,
+                prefetch=prefetch,
             )
         except _Signalled as stop:
             # A signal checked at the very end of acquire() lands here with the lease

@@ -16,7 +16,10 @@
   and the ticket awaits cleanup), ``stale`` (hung or dead), ``position`` (0 = head), ``user``,
   ``uid``, ``host``, ``command``, ``need_bytes`` (None = exclusive), ``lease_s``,
   ``created_wall``, ``granted_wall``, ``waited_s``, ``held_s``, ``heartbeat_age_s``,
-  ``child_pid``.
+  ``child_pid``, ``prefetch`` (a waiter warming its files, see ``gpulock.prefetch_progress``:
+  ``state`` ``warming``/``done``/``skipped``, ``reason``, ``paths``, ``bytes_done``,
+  ``bytes_total``, ``bytes_read``, ``updated_wall``; None when it warms nothing, and always for
+  holders).
 * ``devices``: the probed GPUs; ``devices_problem``: why none could be probed, or None.
 * ``residents``: every resident model, library and tenant alike: ``id`` (a tenant model's is
   ``TENANT/MODEL``), ``tenant`` (the tenant's name, None for a library resident),
@@ -38,7 +41,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gpulock import devices, level, queue, registry
+from gpulock import devices, level, prefetch_progress, queue, registry
 from gpulock.errors import GpulockError
 from gpulock.queuedir import QueueDir, TicketFile, queue_gpus
 from gpulock.settings import Settings
@@ -84,6 +87,7 @@ def entry(qdir: QueueDir, tf: TicketFile, position: int, now_w: float) -> dict[s
             round(now_w - queue.heartbeat_wall(t, tf.mtime_wall), 3) if t.holding else None
         ),
         "child_pid": t.child_pid,
+        "prefetch": None if t.holding else prefetch_progress.read_progress(qdir, tf),
     }
 
 
@@ -349,7 +353,7 @@ def render(snap: dict[str, Any]) -> str:
                     (
                         str(e["position"] + 1),
                         str(e["ticket"]),
-                        e["state"] + (" !" if e["stale"] else ""),
+                        e["state"] + (" !" if e["stale"] else "") + _warming(e.get("prefetch")),
                         e["name"],
                         str(e["pid"]),
                         e["user"],
@@ -380,6 +384,21 @@ def render(snap: dict[str, Any]) -> str:
             + (" (and removes orphan FIFOs)" if orphans else "")
         )
     return "\n".join(lines)
+
+
+def _warming(p: dict[str, Any] | None) -> str:
+    """A waiter's warming, for the STATE cell: ``(warming 37%)``, ``(warm)``..."""
+    if not p:
+        return ""
+    total, done = p["bytes_total"], p["bytes_done"]
+    pct = f"{100 * done // total}%" if total else "0%"
+    if p["state"] == "warming":
+        return f" (warming {pct} of {format_size(total)})"
+    if p["state"] == "done" or p["reason"] == "cached":
+        return " (warm)"
+    if p["state"] == "skipped":
+        return f" (not warmed: {p['reason'] or 'skipped'})"
+    return ""
 
 
 def _render_usage(u: dict[str, Any] | None) -> list[str]:

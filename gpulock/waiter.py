@@ -15,14 +15,18 @@ import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpulock import claim, devices, exitwait, identity, level, proof, queue
 from gpulock.errors import LockTimeout
+from gpulock.exitwait import Poller
 from gpulock.queuedir import QueueDir, TicketFile
 from gpulock.settings import Settings
 from gpulock.state import atomic_write
 from gpulock.ticket import Ticket, TicketFormatError, encode, event_fields
+
+if TYPE_CHECKING:
+    from gpulock.prefetch import Prefetch
 
 SAFETY_RECHECK_S = 2.0  # first guard re-check; doubles while nothing happens...
 SAFETY_RECHECK_MAX_S = 30.0  # ...up to this, so hundreds of idle waiters cost ~nothing
@@ -41,6 +45,9 @@ class Waiter:
         budget: int | None,
         deadline: float | None,
         start: float,
+        *,
+        poller: Poller | None = None,
+        prefetch: Prefetch | None = None,
     ) -> None:
         self.settings = settings
         self.qdir = qdir
@@ -50,7 +57,11 @@ class Waiter:
         self.deadline = deadline
         self.start = start
         self.watched: dict[int, int] = {}
-        self.poller = select.poll()
+        # The blocking form sleeps in poll(); ``gpulock.aiolock`` passes its event loop's.
+        self._poll: select.poll | None = None
+        if poller is None:
+            poller = self._poll = select.poll()
+        self.poller: Poller = poller
         self.poller.register(fd, select.POLLIN)
         self.reported: set[tuple[int, float]] = set()
         self.kills: dict[int, tuple[float, bool]] = {}  # seq -> (SIGTERM sent at, SIGKILL sent)
@@ -68,69 +79,91 @@ class Waiter:
             lambda kind, **f: settings.emit(kind, **event_fields(me), **f),
         )
         self.exit_blockers: list[int] = []  # their sequence numbers, from the last scan
+        self.rescan = True  # look at the queue on the next step
+        self.ahead: list[TicketFile] = []
+        self.prefetch = prefetch  # warms the job's files while it waits (gpulock.prefetch)
 
     def wait(self) -> Ticket:
+        poll = self._poll
+        if poll is None:
+            raise RuntimeError("this Waiter sleeps on an event loop: step() and woken() only")
+        granted = False
         try:
-            return self._loop()
+            while (wake := self.step()) is not None:
+                ready = poll.poll(max(0, math.ceil((wake - time.monotonic()) * 1000)))
+                self.woken([fd for fd, _ in ready])
+            self._make_room()
+            ticket = self._grant()
+            granted = True
+            return ticket
         finally:
-            self._unwatch_all()
-            self.exits.close()
+            self.close(granted=granted)
 
-    def _loop(self) -> Ticket:
-        rescan = True
-        ahead: list[TicketFile] = []
-        while True:
-            if rescan:
-                ahead, fds = self._scan_ahead()
-                d = queue.decide(self.me, [tf.ticket for tf in ahead], self.budget)
-                if d.grant and self.exit_blockers:
-                    d = queue.Decision(
-                        False,
-                        (),
-                        f"holder {self.exit_blockers[0]} died: waiting for its processes to exit",
-                    )
-                frozen = level.freeze(self.settings) if d.grant else None
-                if d.grant and frozen is None:
-                    for fd in fds.values():
-                        os.close(fd)
-                    self._make_room()
-                    return self._grant()
-                if not d.grant and not self.cleared_early and self._command_tenant_holds(ahead):
-                    # A command tenant's server holds its ticket for as long as it runs: an
-                    # exclusive waiter would wait for ever behind it.  Stop it (if idle) now.
-                    self.cleared_early = True
-                    self._clear_tenants()
-                self._rewatch(d.watch, fds)
-                self.freeze_ends = None
-                if frozen is not None:
-                    d = queue.Decision(False, (), "the governor froze new GPU admissions")
-                    self._watch_governor(frozen)
-                if not self.announced:
-                    self.announced = True
-                    n_ahead = sum(1 for q in self.qdir.seqs() if q < self.me.seq)
-                    self.settings.emit(
-                        "wait", **event_fields(self.me), ahead=n_ahead, reason=d.reason
-                    )
-            now = time.monotonic()
-            if self.deadline is not None and now >= self.deadline:
-                raise self._timeout(ahead)
-            wake = now + self.safety_s
-            if self.deadline is not None:
-                wake = min(wake, self.deadline)
-            wake = min(wake, self._hung_holders(ahead, now))
-            if self.freeze_ends is not None:
-                wake = min(wake, self.freeze_ends)
-            wake = min(wake, self.exits.wake_at())
-            ready = self.poller.poll(max(0, math.ceil((wake - time.monotonic()) * 1000)))
-            rescan = bool(ready) or self._due(ahead)
-            self.safety_s = (
-                SAFETY_RECHECK_S if rescan else min(self.safety_s * 2, SAFETY_RECHECK_MAX_S)
-            )
-            for fd, _ in ready:
-                if fd == self.fd:
-                    claim.drain(self.fd)
-                else:
-                    self.exits.on_ready(fd)  # a dead holder's process exited (if it is one)
+    def close(self, *, granted: bool = False) -> None:
+        """Stop watching (the tickets ahead, any dead holder's processes) and warming."""
+        self._unwatch_all()
+        self.exits.close()
+        if self.prefetch is not None:
+            self.prefetch.stop(granted=granted)
+
+    # One step of the wait, shared by the blocking ``wait`` above and the event loop's
+    # ``gpulock.aiolock``: the two differ only in how they sleep until ``step``'s wake time.
+    def step(self) -> float | None:
+        """Look at the queue if something changed: None when this ticket may hold the GPU now
+        (the caller makes room and grants), else the monotonic time to wake at the latest.
+        Raises LockTimeout at the deadline."""
+        if self.rescan:
+            self.ahead, fds = self._scan_ahead()
+            d = queue.decide(self.me, [tf.ticket for tf in self.ahead], self.budget)
+            if d.grant and self.exit_blockers:
+                d = queue.Decision(
+                    False,
+                    (),
+                    f"holder {self.exit_blockers[0]} died: waiting for its processes to exit",
+                )
+            frozen = level.freeze(self.settings) if d.grant else None
+            if d.grant and frozen is None:
+                for fd in fds.values():
+                    os.close(fd)
+                return None
+            if not d.grant and not self.cleared_early and self._command_tenant_holds(self.ahead):
+                # A command tenant's server holds its ticket for as long as it runs: an
+                # exclusive waiter would wait for ever behind it.  Stop it (if idle) now.
+                self.cleared_early = True
+                self._clear_tenants()
+            self._rewatch(d.watch, fds)
+            self.freeze_ends = None
+            if frozen is not None:
+                d = queue.Decision(False, (), "the governor froze new GPU admissions")
+                self._watch_governor(frozen)
+            if not self.announced:
+                self.announced = True
+                n_ahead = sum(1 for q in self.qdir.seqs() if q < self.me.seq)
+                self.settings.emit("wait", **event_fields(self.me), ahead=n_ahead, reason=d.reason)
+            if self.prefetch is not None:
+                self.prefetch.on_rescan(self, self.ahead)
+        now = time.monotonic()
+        if self.deadline is not None and now >= self.deadline:
+            raise self._timeout(self.ahead)
+        wake = now + self.safety_s
+        if self.deadline is not None:
+            wake = min(wake, self.deadline)
+        wake = min(wake, self._hung_holders(self.ahead, now))
+        if self.freeze_ends is not None:
+            wake = min(wake, self.freeze_ends)
+        return min(wake, self.exits.wake_at())
+
+    def woken(self, ready: Sequence[int]) -> None:
+        """After the sleep: ``ready`` are the descriptors that woke us (none: a timed wake)."""
+        self.rescan = bool(ready) or self._due(self.ahead)
+        self.safety_s = (
+            SAFETY_RECHECK_S if self.rescan else min(self.safety_s * 2, SAFETY_RECHECK_MAX_S)
+        )
+        for fd in ready:
+            if fd == self.fd:
+                claim.drain(self.fd)  # doorbells
+            else:
+                self.exits.on_ready(fd)  # a dead holder's process exited (if it is one)
 
     def _watch_governor(self, word: level.Published) -> None:
         """While frozen: wake when the governor dies (its claim), rings, or its word goes stale."""

@@ -61,6 +61,7 @@ CANDIDATE_KEYS = (
     "max_tokens",
     "tenant",
     "keep_alive",
+    "parallel",
 )
 TASK_KEYS = ("candidates", "inherit", *CANDIDATE_KEYS)
 ROUTER_KEYS = ("defaults", "cooldown", "daily_budget", "hold_estimate")
@@ -103,6 +104,7 @@ class Candidate:
     # (router.backends.tenant); ``model`` is the tenant's model name, ``base_url`` its URL.
     tenant: str | None = None
     keep_alive_s: float | None = None  # Ollama's keep_alive for a persistent call; None: its own
+    parallel: int = 1  # requests `gpulock serve` runs at once under one ticket of this model
 
     @property
     def local(self) -> bool:
@@ -319,6 +321,7 @@ def _candidate(
             else _duration(cfg, at("keep_alive"), f.get("keep_alive"))
         ),
         gpu=_opt_int(cfg, at("gpu"), f.get("gpu"), low=0) if tenant is None else tenant.gpu,
+        parallel=_int(cfg, at("parallel"), f.get("parallel", 1), low=1),
     )
 
 

@@ -1,8 +1,9 @@
 """llama.cpp in this process (llama-cpp-python): the cpu and gpu tiers.
 
-A gpu-tier call waits in gpulock's line for its GPU with ``need`` = the model's VRAM estimate,
-loads the model if it is not loaded, registers it as a resident (so the watchdog and other agents
-can see it and ask for it back), runs, and gives the GPU back.  Between calls the model stays
+A gpu-tier call waits in gpulock's line for its GPU with ``need`` = the model's VRAM estimate
+(warming the GGUF into the page cache meanwhile, see ``gpulock.prefetch``), loads the model if
+it is not loaded, registers it as a resident (so the watchdog and other agents can see it and
+ask for it back), runs, and gives the GPU back.  Between calls the model stays
 loaded (``persistent``: evictable while idle; the next call reloads it) or is unloaded at once
 (``cold-start``: the memory is checked free again before the call returns).  cpu-tier models take
 no lock and register nothing.
@@ -196,6 +197,7 @@ class LlamaBackend:
                     name=label,
                     config=self.settings.config,
                     state_dir=self.settings.state_dir,
+                    prefetch=self._prefetch(),
                 )
             except LockTimeout as e:
                 raise BackendError("busy", str(e)) from None
@@ -209,6 +211,14 @@ class LlamaBackend:
                     # A failed call too: cold-start leaves nothing loaded, whatever happened.
                     if self.candidate.policy == "cold-start":
                         self.unload()
+
+    def _prefetch(self) -> list[str]:
+        """The GGUF to warm while the call waits in line: only when it will be loaded (a model
+        already loaded reads nothing) and readable (else the load reports why)."""
+        path = self.candidate.model
+        if self.loaded or not os.path.isfile(path) or not os.access(path, os.R_OK):
+            return []
+        return [path]
 
     # --- loading and unloading ---------------------------------------------------------------
 

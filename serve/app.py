@@ -1,0 +1,298 @@
+"""The HTTP side of ``gpulock serve``: a Starlette app and its routes (guards: ``serve.asgi``).
+
+Every request passes the key check (when ``api_keys_env`` is set), has its body read up to
+``max_body`` (413 past it) and its JSON checked (400); every refusal is rendered in the shape of
+the API it came in by (``/api/...``: Ollama's, everything else: OpenAI's), never as a traceback.
+While a request waits for its place (the line), the client's disconnect is watched: a client
+that hangs up leaves the line at once.  While an answer streams, the same watch stops the
+stream and frees the place at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from gpulock import status
+from gpulock.errors import GpulockError
+from gpulock.settings import Settings
+from gpulock.units import parse_duration
+from serve import api_ollama, api_openai
+from serve.asgi import KeyCheck, Streamed, error_response, unless_hung_up
+from serve.dispatch import Dispatcher, Opened
+from serve.engines import Ask
+from serve.errors import ApiError, bad_request
+from serve.line import QueueFull
+
+log = logging.getLogger("gpulock.serve")
+AGENT_MAX = 64
+
+
+class Gateway:
+    """The endpoints, around one Dispatcher."""
+
+    def __init__(self, settings: Settings, dispatcher: Dispatcher, max_body: int) -> None:
+        self.settings = settings
+        self.d = dispatcher
+        self.max_body = max_body
+
+    # --- request parts -----------------------------------------------------------------------
+
+    async def body(self, request: Request) -> dict[str, Any]:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            raise ApiError(413, f"request body over serve.max_body ({self.max_body} bytes)")
+        data = bytearray()
+        try:
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > self.max_body:
+                    raise ApiError(413, f"request body over serve.max_body ({self.max_body} bytes)")
+        except ClientDisconnect:
+            raise ApiError(499, "the client closed the request") from None
+        try:
+            obj = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            raise bad_request("the request body is not valid JSON") from None
+        if not isinstance(obj, dict):
+            raise bad_request("the request body must be a JSON object")
+        return obj
+
+    @staticmethod
+    def agent(request: Request) -> str:
+        name = request.headers.get("x-gpulock-agent", "").strip()
+        if not name:
+            return "gpulock-serve"
+        if len(name) > AGENT_MAX or not name.isprintable():
+            raise bad_request(f"X-Gpulock-Agent: printable text of at most {AGENT_MAX} characters")
+        return name
+
+    @staticmethod
+    def deadline(request: Request) -> float | None:
+        text = request.headers.get("x-gpulock-deadline")
+        if text is None:
+            return None
+        try:
+            s = parse_duration(text.strip(), key="X-Gpulock-Deadline")
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+        if s < 0:
+            raise bad_request("X-Gpulock-Deadline must be >= 0")
+        return s
+
+    # --- the generation endpoints ------------------------------------------------------------
+
+    async def openai_chat(self, request: Request) -> Response:
+        return await self._openai(request, api_openai.chat_ask)
+
+    async def openai_completions(self, request: Request) -> Response:
+        return await self._openai(request, api_openai.completion_ask)
+
+    async def openai_embeddings(self, request: Request) -> Response:
+        return await self._openai(request, api_openai.embed_ask)
+
+    async def _openai(self, request: Request, parse: Callable[[dict[str, Any]], Ask]) -> Response:
+        body = await self.body(request)
+        ask = parse(body)
+        agent = self.agent(request)
+        opened = await self._open(request, ask, agent)
+        headers = opened.meta.headers()
+        if ask.kind == "embed":
+            self.d.account(opened, agent, opened.tokens_in, 0)
+            obj = api_openai.embeddings(ask, ask.model, opened.vectors, opened.tokens_in)
+            return JSONResponse(obj, headers=headers)
+        if not ask.stream:
+            assert opened.answer is not None
+            u = opened.answer.usage
+            self.d.account(opened, agent, u.tokens_in, u.tokens_out)
+            return JSONResponse(api_openai.answer(ask, ask.model, opened.answer), headers=headers)
+        with_usage = api_openai.include_usage(body)
+        events = api_openai.sse(ask, ask.model, opened.rest(), opened.usage, with_usage)
+        return Streamed(
+            self._guard(events, opened, agent, api_openai.stream_error),
+            "text/event-stream",
+            {**headers, "Cache-Control": "no-cache"},
+        )
+
+    async def ollama_chat(self, request: Request) -> Response:
+        return await self._ollama(request, api_ollama.chat_ask)
+
+    async def ollama_generate(self, request: Request) -> Response:
+        body = await self.body(request)
+        ask = api_ollama.generate_ask(body)
+        if not ask.prompt:
+            self.d.resolve(ask.model)  # 404 for an unknown model, as Ollama answers
+            return JSONResponse(api_ollama.loaded(ask.model))
+        return await self._ollama(request, api_ollama.generate_ask, body)
+
+    async def ollama_embed(self, request: Request) -> Response:
+        return await self._ollama(request, api_ollama.embed_ask)
+
+    async def _ollama(
+        self,
+        request: Request,
+        parse: Callable[[dict[str, Any]], Ask],
+        body: dict[str, Any] | None = None,
+    ) -> Response:
+        started = time.monotonic()
+        if body is None:
+            body = await self.body(request)
+        ask = parse(body)
+        agent = self.agent(request)
+        opened = await self._open(request, ask, agent)
+        headers = opened.meta.headers()
+        if ask.kind == "embed":
+            self.d.account(opened, agent, opened.tokens_in, 0)
+            obj = api_ollama.embeddings(ask.model, opened.vectors, opened.tokens_in, started)
+            return JSONResponse(obj, headers=headers)
+        if not ask.stream:
+            assert opened.answer is not None
+            u = opened.answer.usage
+            self.d.account(opened, agent, u.tokens_in, u.tokens_out)
+            obj = api_ollama.answer(ask, ask.model, opened.answer, started)
+            return JSONResponse(obj, headers=headers)
+        lines = api_ollama.ndjson(ask, ask.model, opened.rest(), opened.usage, started)
+        return Streamed(
+            self._guard(lines, opened, agent, lambda e: json.dumps(e.ollama()).encode() + b"\n"),
+            "application/x-ndjson",
+            headers,
+        )
+
+    async def _open(self, request: Request, ask: Ask, agent: str) -> Opened:
+        deadline = self.deadline(request)
+        try:
+            return await unless_hung_up(request, self.d.open(ask, agent=agent, deadline_s=deadline))
+        except QueueFull as e:
+            raise ApiError(
+                429,
+                f"too many requests waiting: {e}",
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+            ) from None
+
+    async def _guard(
+        self,
+        chunks: AsyncIterator[bytes],
+        opened: Opened,
+        agent: str,
+        render: Callable[[ApiError], bytes],
+    ) -> AsyncIterator[bytes]:
+        """A stream that fails midway ends with an error event in the API's shape."""
+        try:
+            async for b in chunks:
+                yield b
+            self.d.account(opened, agent, opened.usage.tokens_in, opened.usage.tokens_out)
+        except ApiError as e:
+            yield render(e)
+        except Exception as e:
+            log.warning("stream of %s broke off: %s", opened.meta.model, type(e).__name__)
+            yield render(ApiError(502, f"the answer broke off mid-stream ({type(e).__name__})"))
+        finally:
+            await opened.close()
+
+    # --- listings and status -----------------------------------------------------------------
+
+    async def openai_models(self, request: Request) -> Response:
+        return JSONResponse(api_openai.models(self.d.known()))
+
+    async def ollama_tags(self, request: Request) -> Response:
+        sizes = {c.name: c.vram_bytes or 0 for c in self.d.candidates()}
+        return JSONResponse(api_ollama.tags([(n, sizes.get(n, 0)) for n in self.d.known()]))
+
+    async def ollama_ps(self, request: Request) -> Response:
+        rows: dict[str, tuple[str, int, int]] = {}
+        for b in self.d.loaded():  # a model and its embedding context: one entry
+            size = b.need or 0
+            name = b.candidate.name
+            old = rows.get(name, (name, 0, 0))
+            rows[name] = (name, old[1] + size, old[2] + (size if b.gpu is not None else 0))
+        return JSONResponse(api_ollama.ps(list(rows.values())))
+
+    async def ollama_version(self, request: Request) -> Response:
+        return JSONResponse({"version": api_ollama.API_VERSION})
+
+    async def root(self, request: Request) -> Response:
+        return PlainTextResponse("Ollama is running")
+
+    async def health(self, request: Request) -> Response:
+        line = self.d.line
+        running = sum(line.held().values())
+        return JSONResponse({"status": "ok", "waiting": line.waiting, "running": running})
+
+    async def gpulock_status(self, request: Request) -> Response:
+        snap = await asyncio.to_thread(status.snapshot, self.settings)
+        return JSONResponse(snap)
+
+
+def build_app(
+    settings: Settings,
+    dispatcher: Dispatcher,
+    *,
+    keys: tuple[str, ...],
+    max_body: int,
+    on_shutdown: Callable[[], Awaitable[None]] | None = None,
+) -> ASGIApp:
+    g = Gateway(settings, dispatcher, max_body)
+
+    def guarded(fn: Callable[[Request], Awaitable[Response]]) -> Any:
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await fn(request)
+            except ApiError as e:
+                return error_response(e, request.url.path)
+            except GpulockError as e:  # gpulock's own refusals say what is wrong, in words
+                err = ApiError(503, str(e), type="server_error", code="unavailable")
+                return error_response(err, request.url.path)
+            except Exception as e:  # never a traceback to the client; the log says what
+                log.exception("internal error on %s", request.url.path)
+                msg = f"internal error ({type(e).__name__}); see the gpulock serve log"
+                return error_response(ApiError(500, msg, type="server_error"), request.url.path)
+
+        return endpoint
+
+    routes = [
+        Route("/v1/chat/completions", guarded(g.openai_chat), methods=["POST"]),
+        Route("/v1/completions", guarded(g.openai_completions), methods=["POST"]),
+        Route("/v1/embeddings", guarded(g.openai_embeddings), methods=["POST"]),
+        Route("/v1/models", guarded(g.openai_models), methods=["GET"]),
+        Route("/api/chat", guarded(g.ollama_chat), methods=["POST"]),
+        Route("/api/generate", guarded(g.ollama_generate), methods=["POST"]),
+        Route("/api/embed", guarded(g.ollama_embed), methods=["POST"]),
+        Route("/api/tags", guarded(g.ollama_tags), methods=["GET"]),
+        Route("/api/ps", guarded(g.ollama_ps), methods=["GET"]),
+        Route("/api/version", guarded(g.ollama_version), methods=["GET"]),
+        Route("/", guarded(g.root), methods=["GET", "HEAD"]),
+        Route("/health", guarded(g.health), methods=["GET"]),
+        Route("/gpulock/status", guarded(g.gpulock_status), methods=["GET"]),
+    ]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        code = getattr(exc, "status_code", 404)
+        msg = "no such endpoint" if code == 404 else "method not allowed"
+        return error_response(ApiError(code, f"{msg}: {request.url.path}"), request.url.path)
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        if on_shutdown is not None:
+            await on_shutdown()
+
+    app = Starlette(
+        routes=routes,
+        exception_handlers={404: not_found, 405: not_found},
+        lifespan=lifespan,
+    )
+    return KeyCheck(app, keys)

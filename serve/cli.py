@@ -1,0 +1,121 @@
+"""``gpulock serve``: one OpenAI- and Ollama-compatible endpoint in front of every model.
+
+Found by ``gpulock`` through the ``gpulock.commands`` entry point (``serve``); Starlette, uvicorn
+and aiohttp (the ``serve`` extra) are imported only here, when the server starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from gpulock.cli import Parser, run_command
+from gpulock.errors import GpulockError
+from serve import config as serve_config
+
+DESCRIPTION = """\
+Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models) and
+the Ollama API (/api/chat, /api/generate, /api/embed, /api/tags, /api/ps, /api/version) for
+every task and model of the route table (config: routes:).  A request for a GPU model waits in
+the same per-GPU line as `gpulock run` jobs, under the name of its X-Gpulock-Agent header.
+Also GET /gpulock/status (as `gpulock status --json`) and GET /health."""
+
+EPILOG = """\
+Listening on anything but loopback needs API keys: serve.api_keys_env names the environment
+variable that holds them (comma- or whitespace-separated); every request then sends
+Authorization: Bearer KEY.  exit codes: 0 stopped; 1 error (bad config: file, line and key are
+named); 2 usage (bad --listen, or a non-loopback address without keys)."""
+
+
+def build_parser(prog: str = "gpulock serve") -> argparse.ArgumentParser:
+    p = Parser(
+        prog=prog,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help=f"address to listen on (default: serve.listen, else {serve_config.DEFAULT_LISTEN})",
+    )
+    p.add_argument("--config", metavar="FILE", help="config file (default: the usual lookup)")
+    p.add_argument("--state-dir", metavar="DIR", help="state folder (default: as gpulock's)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(_main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    from gpulock.settings import load
+
+    settings = load(args.config, args.state_dir)
+    sc = serve_config.load(settings.config)
+    host, port = sc.host, sc.port
+    if args.listen:
+        host, port = serve_config.parse_listen(args.listen)
+    keys = serve_config.read_keys(sc)
+    if not serve_config.is_loopback(host):
+        if sc.api_keys_env is None:
+            raise serve_config.ListenError(
+                f"refusing to listen on {host}:{port} without API keys",
+                hint="set serve.api_keys_env to the NAME of a variable holding the keys, "
+                "or listen on 127.0.0.1",
+            )
+        if not keys:
+            raise serve_config.ListenError(
+                f"refusing to listen on {host}:{port}: ${sc.api_keys_env} holds no key",
+                hint=f"export {sc.api_keys_env}=... (one or more keys, comma-separated)",
+            )
+    elif sc.api_keys_env is not None and not keys:
+        raise serve_config.ListenError(
+            f"serve.api_keys_env names {sc.api_keys_env}, which holds no key",
+            hint=f"export {sc.api_keys_env}=... or remove serve.api_keys_env",
+        )
+    try:
+        import aiohttp  # noqa: F401  (the client for OpenAI-compatible upstreams)
+        import uvicorn
+    except ImportError as e:
+        raise GpulockError(
+            f"gpulock serve needs its extra ({e})", hint="pip install 'gpulock[serve]'"
+        ) from None
+    from router.routes import load_table
+    from serve.app import build_app
+    from serve.dispatch import Dispatcher
+    from serve.line import Line
+
+    table = load_table(settings.config)
+    dispatcher = Dispatcher(settings, table, Line(settings, sc.max_queue))
+
+    async def shutdown() -> None:
+        await dispatcher.shutdown()
+
+    app = build_app(
+        settings, dispatcher, keys=keys, max_body=sc.max_body_bytes, on_shutdown=shutdown
+    )
+    logging.basicConfig(level=logging.INFO, format="gpulock serve: %(message)s")
+    print(
+        f"gpulock serve: listening on http://{_url_host(host)}:{port} "
+        f"({len(table.tasks)} tasks; keys {'required' if keys else 'off'})",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,  # an access log line per request; Authorization is never logged
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+    return 0
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,126 @@
+"""The ``serve:`` section of the gpulock config, validated.
+
+::
+
+    serve:
+      listen: 127.0.0.1:11435   # HOST:PORT; anything but loopback needs api_keys_env
+      api_keys_env: GPULOCK_SERVE_KEYS   # the NAME of a variable holding the key(s),
+                                         # comma- or whitespace-separated
+      max_queue: 256            # requests waiting for a model at once; past it, 429
+      max_body: 8MiB            # largest request body; past it, 413
+
+Errors name the config file, the line and the key, like every gpulock config error.  The keys
+themselves are read from the environment when the server starts and never appear in an error,
+a log line or an event.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpulock.config import Config
+from gpulock.errors import GpulockError
+from gpulock.units import parse_size
+
+DEFAULT_LISTEN = "127.0.0.1:11435"
+KEYS = ("listen", "api_keys_env", "max_queue", "max_body")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 11435
+    api_keys_env: str | None = None
+    max_queue: int = 256
+    max_body_bytes: int = 8 << 20
+
+
+class ListenError(GpulockError):
+    """A listen address that cannot be used as asked (bad form, or open without keys)."""
+
+    exit_code = 2
+
+
+def parse_listen(text: str, *, key: str | None = "--listen") -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8080`` for IPv6; ``:PORT`` means loopback) -> (host, port)."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ListenError(
+            (f"{key}: " if key else "") + f"expected HOST:PORT like 127.0.0.1:11435, got {text!r}",
+            hint="the port is a number from 1 to 65535",
+        )
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def load(cfg: Config) -> ServeConfig:
+    raw = cfg.section("serve") or {}
+    if not isinstance(raw, Mapping):
+        raise cfg.error("serve", f"expected a mapping of settings, got {type(raw).__name__}")
+    for k in raw:
+        if k not in KEYS:
+            raise cfg.error(
+                f"serve.{k}", f"unknown key {k!r}", hint="known keys: " + ", ".join(KEYS)
+            )
+    host, port = parse_listen(DEFAULT_LISTEN)
+    if raw.get("listen") is not None:
+        try:
+            host, port = parse_listen(str(raw["listen"]), key=None)
+        except ListenError as e:
+            raise cfg.error("serve.listen", e.message, hint=e.hint) from None
+    env = raw.get("api_keys_env")
+    if env is not None and (not isinstance(env, str) or not _env_name(env)):
+        # Never echo it: it may be a key pasted where the variable's name belongs.
+        raise cfg.error(
+            "serve.api_keys_env",
+            "expected the NAME of an environment variable, like GPULOCK_SERVE_KEYS",
+            hint="the keys go in that variable, never in the config file",
+        )
+    return ServeConfig(
+        host=host,
+        port=port,
+        api_keys_env=env,
+        max_queue=_count(cfg, "serve.max_queue", raw.get("max_queue", 256)),
+        max_body_bytes=_size(cfg, "serve.max_body", raw.get("max_body", "8MiB")),
+    )
+
+
+def read_keys(sc: ServeConfig) -> tuple[str, ...]:
+    """The API keys from ``api_keys_env`` (comma- or whitespace-separated); () when unset."""
+    if sc.api_keys_env is None:
+        return ()
+    text = os.environ.get(sc.api_keys_env, "")
+    return tuple(k for k in text.replace(",", " ").split() if k)
+
+
+def _env_name(text: str) -> bool:
+    return text.isascii() and text.replace("_", "").isalnum() and not text[0].isdigit()
+
+
+def _count(cfg: Config, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise cfg.error(key, f"expected a whole number >= 1, got {value!r}")
+    return value
+
+
+def _size(cfg: Config, key: str, value: Any) -> int:
+    try:
+        n = parse_size(value)
+    except (ValueError, TypeError) as e:
+        raise cfg.error(key, str(e)) from None
+    if n <= 0:
+        raise cfg.error(key, f"expected a size above 0, got {value!r}")
+    return n

@@ -1,0 +1,305 @@
+"""From a request's ``model`` to an answer: resolve the name, choose a candidate as
+``router.get_model`` does, wait in the line for a GPU candidate, call the engine, and fall back
+along the route when a candidate fails before its first word.
+
+A ``model`` is a task of ``routes:`` (the router picks the candidate for this moment), a
+candidate's ``name`` (that candidate only), or ``TENANT/MODEL`` (a tenant's model; refused with
+404 "tenants not configured" until tenant adapters exist).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpulock.errors import LockTimeout
+from gpulock.settings import Settings
+from router import ledger, probe
+from router.backends import BackendError
+from router.choose import Choice, Verdict, choose, cid
+from router.routes import Candidate, Table
+from serve.engines import Answer, Ask, LocalEngine, RemoteEngine, Usage, _EmbedLlama, _HeldLlama
+from serve.errors import ApiError, unknown_model
+from serve.line import Line, QueueFull
+
+# HTTP statuses that blame the request, not the candidate: no fallback, the client hears it.
+REQUEST_FAULTS = frozenset({400, 413, 422})
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """What the response headers say: which tier and model answered, and the wait."""
+
+    task: str
+    tier: str
+    model: str
+    waited_ms: float
+    ticket: int | None = None  # the GPU ticket the request ran under (gpu tier)
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "X-Gpulock-Tier": self.tier,
+            "X-Gpulock-Model": self.model,
+            "X-Gpulock-Waited-Ms": f"{self.waited_ms:.1f}",
+        }
+
+
+class Opened:
+    """A request with its candidate chosen and its place held: the answer, or its stream."""
+
+    def __init__(self, meta: Meta, stack: AsyncExitStack) -> None:
+        self.meta = meta
+        self.stack = stack
+        self.answer: Answer | None = None
+        self.vectors: list[list[float]] = []
+        self.tokens_in = 0
+        self.first: str | None = None
+        self.pieces: AsyncIterator[str] | None = None
+        self.usage = Usage()
+
+    async def rest(self) -> AsyncIterator[str]:
+        """Every piece of a streamed answer (the first one included); frees the place at the
+        end, or as soon as the consumer stops (a client that hung up)."""
+        try:
+            if self.first:
+                yield self.first
+            if self.pieces is not None:
+                async for piece in self.pieces:
+                    yield piece
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        await self.stack.aclose()
+
+
+class Dispatcher:
+    def __init__(self, settings: Settings, table: Table, line: Line) -> None:
+        self.settings = settings
+        self.table = table
+        self.line = line
+        self._http: Any = None  # aiohttp.ClientSession for remote candidates, made on first use
+        self._local: dict[tuple[Any, ...], _HeldLlama] = {}
+
+    def http(self) -> Any:
+        """The one client session for OpenAI-compatible servers (made inside the event loop)."""
+        if self._http is None:
+            import aiohttp
+
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+                timeout=aiohttp.ClientTimeout(total=None, connect=10.0),
+            )
+        return self._http
+
+    # --- names -------------------------------------------------------------------------------
+
+    def candidates(self) -> list[Candidate]:
+        """Every candidate once (by name), in table order."""
+        seen: dict[str, Candidate] = {}
+        for cands in self.table.tasks.values():
+            for c in cands:
+                seen.setdefault(c.name, c)
+        return list(seen.values())
+
+    def known(self) -> list[str]:
+        """Task names first, then the candidates' names."""
+        tasks = list(self.table.tasks)
+        return tasks + [c.name for c in self.candidates() if c.name not in self.table.tasks]
+
+    def resolve(self, model: str) -> tuple[str, tuple[Candidate, ...]]:
+        if model in self.table.tasks:
+            return model, self.table.tasks[model]
+        for c in self.candidates():
+            if c.name == model:
+                return c.task, (c,)
+        if "/" in model:
+            tenant = model.split("/", 1)[0]
+            raise ApiError(
+                404,
+                f"model {model!r}: tenants not configured (no tenant {tenant!r}); "
+                f"known models: {', '.join(self.known())}",
+                code="model_not_found",
+                param="model",
+            )
+        raise unknown_model(model, self.known())
+
+    # --- a request ---------------------------------------------------------------------------
+
+    async def open(self, ask: Ask, *, agent: str, deadline_s: float | None) -> Opened:
+        task, cands = self.resolve(ask.model)
+        deadline_at = None if deadline_s is None else time.monotonic() + deadline_s
+        failed: dict[str, str] = {}
+        start = time.monotonic()
+        while True:
+            left = None if deadline_at is None else max(0.0, deadline_at - time.monotonic())
+            choice = self._choose(task, cands, left, failed)
+            v = choice.chosen
+            if v is None:
+                raise self._none_left(task, choice, deadline_s)
+            c = v.candidate
+            stack = AsyncExitStack()
+            try:
+                return await self._try(ask, v, agent, left, start, stack, task)
+            except LockTimeout:
+                await stack.aclose()
+                failed[cid(c)] = "GPU queue past the deadline"
+                self._fallback(task, agent, c, "busy")
+            except BackendError as e:
+                await stack.aclose()
+                if e.kind == "request" or (e.kind == "client" and e.status in REQUEST_FAULTS):
+                    raise ApiError(400, f"{c.name}: {e}", code="invalid_request") from None
+                failed[cid(c)] = e.short
+                self._cool(c, e)
+                self._fallback(task, agent, c, e.short)
+            except BaseException:
+                await stack.aclose()
+                raise
+
+    async def _try(
+        self,
+        ask: Ask,
+        v: Verdict,
+        agent: str,
+        left: float | None,
+        start: float,
+        stack: AsyncExitStack,
+        task: str,
+    ) -> Opened:
+        c = v.candidate
+        ticket = None
+        if c.tier == "gpu":
+            assert v.gpu is not None
+            timeout = c.timeout_s if left is None else min(c.timeout_s, left)
+            slot = await stack.enter_async_context(
+                self.line.slot(
+                    f"{cid(c)}|{v.gpu}",
+                    gpu=v.gpu,
+                    need=v.need_bytes,
+                    parallel=c.parallel,
+                    name=agent,
+                    timeout_s=timeout,
+                    command=("gpulock-serve", ask.model, c.name),
+                )
+            )
+            ticket = slot.ticket
+        if ask.kind != "embed" and "max_tokens" not in ask.params:
+            ask = replace(ask, params={**ask.params, "max_tokens": c.max_tokens})  # the route's
+        meta = Meta(task, c.tier, c.name, (time.monotonic() - start) * 1000, ticket)
+        opened = Opened(meta, stack)
+        engine = self._engine(v)
+        if ask.kind == "embed":
+            opened.vectors, opened.tokens_in = await engine.embed(ask.inputs)
+            await stack.aclose()
+        elif ask.stream:
+            pieces = engine.stream(ask, opened.usage)
+            stack.push_async_callback(_aclose, pieces)
+            try:
+                opened.first = await pieces.__anext__()
+            except StopAsyncIteration:
+                opened.first = ""
+            opened.pieces = pieces
+        else:
+            opened.answer = await engine.answer(ask)
+            await stack.aclose()
+        return opened
+
+    def _choose(
+        self, task: str, cands: tuple[Candidate, ...], left: float | None, failed: dict[str, str]
+    ) -> Choice:
+        warm = probe.warm_models() | {cid(b.candidate) for b in self._local.values() if b.loaded}
+        host = probe.host(self.settings, cands, self.table.settings, warm=warm)
+        return choose(task, cands, host, deadline_s=left, exclude=failed)
+
+    def _none_left(self, task: str, choice: Choice, deadline_s: float | None) -> ApiError:
+        reasons = "; ".join(f"{v.candidate.name}: {v.reason}" for v in choice.verdicts)
+        timed = deadline_s is not None and any(
+            "deadline" in v.reason for v in choice.verdicts if not v.ok
+        )
+        if timed:
+            return ApiError(
+                504,
+                f"no model for {task!r} can answer within the deadline: {reasons}",
+                type="timeout_error",
+                code="deadline_exceeded",
+            )
+        return ApiError(
+            503,
+            f"no model available for {task!r}: {reasons}",
+            type="server_error",
+            code="model_unavailable",
+            headers={"Retry-After": "5"},
+        )
+
+    def _engine(self, v: Verdict) -> LocalEngine | RemoteEngine:
+        c = v.candidate
+        if not c.local:
+            return RemoteEngine(c, self.http())
+        return LocalEngine(self._backend(v, _HeldLlama), self._backend(v, _EmbedLlama))
+
+    def _backend(self, v: Verdict, kind: type[_HeldLlama]) -> _HeldLlama:
+        c = v.candidate
+        key = (kind, c.model, c.tier, c.n_gpu_layers, v.gpu)
+        b = self._local.get(key)
+        if b is not None and b.candidate.n_ctx < c.n_ctx and b.loaded:
+            b.unload()  # a larger context is asked for than the loaded one has
+            b = None
+        if b is None:
+            b = self._local[key] = kind(c, self.settings, gpu=v.gpu, need=v.need_bytes)
+        return b
+
+    def loaded(self) -> list[_HeldLlama]:
+        return [b for b in self._local.values() if b.loaded]
+
+    def _cool(self, c: Candidate, e: BackendError) -> None:
+        if e.kind == "busy":
+            return
+        rs = self.table.settings
+        ledger.record_failure(
+            self.settings,
+            cid(c),
+            reason=e.short,
+            base_s=rs.cooldown_s,
+            max_s=rs.max_cooldown_s,
+            retry_after_s=e.retry_after_s,
+        )
+
+    def _fallback(self, task: str, agent: str, c: Candidate, why: str) -> None:
+        self.settings.emit(
+            "fallback", task=task, agent=agent, from_model=c.name, from_tier=c.tier, error=why
+        )
+
+    def account(self, opened: Opened, agent: str, tokens_in: int, tokens_out: int) -> None:
+        m = opened.meta
+        self.settings.emit(
+            "call",
+            task=m.task,
+            agent=agent,
+            tier=m.tier,
+            model=m.model,
+            ok=True,
+            via="serve",
+            waited_ms=round(m.waited_ms, 3),
+            ticket=m.ticket,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+        )
+
+    async def shutdown(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+        for b in list(self._local.values()):
+            await asyncio.to_thread(b.unload)
+
+
+async def _aclose(it: AsyncIterator[str]) -> None:
+    close = getattr(it, "aclose", None)
+    if close is not None:
+        await close()
+
+
+__all__ = ["Dispatcher", "Meta", "Opened", "QueueFull"]

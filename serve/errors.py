@@ -1,0 +1,47 @@
+"""What a request can be refused with: one error, rendered in each API's own shape.
+
+OpenAI's: ``{"error": {"message", "type", "param", "code"}}``; Ollama's: ``{"error": "..."}``.
+Messages name what was wrong and, for an unknown model, the known ones; they never carry a
+traceback, a key or an upstream response body.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class ApiError(Exception):
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    code: str | None = None
+    param: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def openai(self) -> dict[str, object]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def ollama(self) -> dict[str, object]:
+        return {"error": self.message}
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, code="invalid_request", param=param)
+
+
+def unknown_model(model: str, known: list[str]) -> ApiError:
+    listed = ", ".join(known) if known else "none (add a routes: section to the config)"
+    return ApiError(
+        404,
+        f"model {model!r} not found; known models: {listed}",
+        code="model_not_found",
+        param="model",
+    )

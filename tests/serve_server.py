@@ -1,0 +1,116 @@
+"""A real ``gpulock serve`` for the tests: a child process on a free port of 127.0.0.1.
+
+``GatewayProc.start()`` returns once ``/health`` answers (with a deadline); ``stop()`` kills
+its process group.  ``request()`` is a raw ``http.client`` call for the shapes the official
+clients hide (status, headers, the exact body).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from procs import wait_until
+from router_servers import free_port
+
+START_S = 30.0
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class GatewayProc:
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    args: tuple[str, ...] = ()
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> GatewayProc:
+        for _attempt in range(3):
+            self.port = free_port()
+            argv = [sys.executable, "-m", "gpulock", "serve"]
+            argv += ["--listen", f"127.0.0.1:{self.port}", *self.args]
+            with open(self.log, "ab") as log:
+                self.proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    env={**os.environ, **self.env},
+                    start_new_session=True,
+                )
+            proc = self.proc
+
+            def up(proc: subprocess.Popen[bytes] = proc) -> str:
+                if proc.poll() is not None:
+                    return "exited"
+                try:
+                    r = self.request("GET", "/health", headers=self.auth())
+                except OSError:
+                    return ""
+                return "up" if r.status in (200, 401) else ""
+
+            if wait_until(up, START_S, lambda: f"gpulock serve\n{self.output()}") == "up":
+                return self
+        raise AssertionError(f"gpulock serve would not start\n{self.output()}")
+
+    def auth(self) -> dict[str, str]:
+        return {}
+
+    def output(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-6000:]
+        except OSError:
+            return ""
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        *,
+        raw: bytes | None = None,
+        timeout: float = 60.0,
+    ) -> Reply:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+            hdrs = {"Content-Type": "application/json", **(headers or {})}
+            conn.request(method, path, body=data, headers=hdrs)
+            r = conn.getresponse()
+            return Reply(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass

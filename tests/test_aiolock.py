@@ -1,0 +1,140 @@
+"""``gpulock.acquire_async``: the same FIFO as ``acquire`` and ``gpulock run``, on an event loop.
+
+Real processes throughout: async children (``aio_child.py``), ``gpulock run`` jobs and
+``procs.py`` holders share one queue folder; grants follow arrival order across all of them,
+and a cancelled async waiter leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from procs import DEFAULT_WAIT_S, Child, World, wait_until
+
+import gpulock
+
+AIO_CHILD = str(Path(__file__).resolve().parent / "aio_child.py")
+
+
+def aio(world: World, name: str, **opts: object) -> Child:
+    """An async waiter, returned once its ticket is in the queue (arrival order is known)."""
+    opts = {"name": name, "audit": str(world.audit), "config": str(world.config), **opts}
+    child = Child(world, name, [sys.executable, AIO_CHILD, json.dumps(opts)])
+    world.children.append(child)
+    child.seq = world.wait_ticket(child)
+    return child
+
+
+def run_job(world: World, name: str) -> Child:
+    """A ``gpulock run`` job whose command writes grant/release records to the audit file."""
+    argv = [sys.executable, "-m", "gpulock", "run", "--name", name, "--"]
+    argv += [sys.executable, AIO_CHILD, "--job", str(world.audit), name]
+    child = Child(world, name, argv)
+    world.children.append(child)
+    child.seq = world.wait_ticket(child)
+    return child
+
+
+def test_async_waiters_and_run_jobs_are_granted_in_arrival_order(world: World) -> None:
+    first = world.hold("first")
+    line = [
+        aio(world, "a1"),
+        run_job(world, "r1"),
+        aio(world, "a2"),
+        run_job(world, "r2"),
+        aio(world, "a3"),
+    ]
+    first.release()
+    for child in line:
+        world.wait_record("grant", child.name)
+        child.send("release")
+        assert child.wait_exit() == 0
+    grants = [r.name for r in world.records() if r.kind == "grant"]
+    assert grants == ["first", "a1", "r1", "a2", "r2", "a3"]
+    # The waiting async children kept their loops running (the ticker wrote while they waited).
+    assert any(r.kind == "tick" and r.name == "a3" for r in world.records())
+    assert world.tickets() == {}
+
+
+def test_cancelled_async_waiter_leaves_the_queue_and_its_successor_goes_on(world: World) -> None:
+    holder = world.hold("holder")
+
+    async def scenario() -> tuple[int, list[str]]:
+        task = asyncio.ensure_future(gpulock.acquire_async(name="cancelled", timeout=60))
+        mine = await asyncio.to_thread(
+            wait_until,
+            lambda: next((s for s, t in world.tickets().items() if t.name == "cancelled"), None),
+            DEFAULT_WAIT_S,
+            "the async waiter's ticket",
+        )
+        behind = await asyncio.to_thread(world.queued, "behind")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        left = sorted(
+            p.name for p in world.gpu_dir().iterdir() if p.name.startswith(f"{mine:012d}")
+        )
+        assert behind.seq is not None
+        return mine, left
+
+    mine, left = asyncio.run(scenario())
+    assert left == []  # ticket and FIFO both gone, at once
+    assert mine not in world.tickets()
+    holder.release()
+    world.wait_record("grant", "behind")
+
+
+def test_async_timeout_raises_lock_timeout_and_leaves(world: World) -> None:
+    holder = world.hold("holder")
+
+    async def scenario() -> None:
+        with pytest.raises(gpulock.LockTimeout) as e:
+            async with gpulock.acquire_async(name="impatient", timeout=0.3):
+                raise AssertionError("granted while another holds the GPU")
+        assert e.value.holder_name == "holder"
+
+    asyncio.run(scenario())
+    assert [t.name for t in world.tickets().values()] == ["holder"]
+    holder.release()
+
+
+def test_tasks_of_one_loop_queue_in_order_and_share_by_need(world: World) -> None:
+    world.config.write_text("simulate: [24GiB]\n")
+    order: list[str] = []
+
+    async def scenario() -> None:
+        async def one(name: str, need: str | None, hold: asyncio.Event) -> None:
+            async with gpulock.acquire_async(name=name, need=need, timeout=30):
+                order.append(name)
+                await hold.wait()
+
+        gates = {n: asyncio.Event() for n in ("x", "s1", "s2")}
+        tx = asyncio.create_task(one("x", None, gates["x"]))
+        while order != ["x"]:
+            await asyncio.sleep(0.01)
+        t1 = asyncio.create_task(one("s1", "4GiB", gates["s1"]))
+        await asyncio.to_thread(
+            wait_until, lambda: len(world.tickets()) == 2, DEFAULT_WAIT_S, "s1's ticket"
+        )
+        t2 = asyncio.create_task(one("s2", "4GiB", gates["s2"]))
+        await asyncio.to_thread(
+            wait_until, lambda: len(world.tickets()) == 3, DEFAULT_WAIT_S, "s2's ticket"
+        )
+        assert order == ["x"]
+        gates["x"].set()
+        await tx
+        # Both share the GPU by VRAM: each is granted while the other still holds.
+        async with asyncio.timeout(DEFAULT_WAIT_S):
+            while len(order) < 3:
+                await asyncio.sleep(0.01)
+        gates["s1"].set()
+        gates["s2"].set()
+        await asyncio.gather(t1, t2)
+
+    asyncio.run(scenario())
+    assert order == ["x", "s1", "s2"]
+    assert world.tickets() == {}
