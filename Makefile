@@ -27,22 +27,23 @@ demo: $(STAMP)
 
 test: $(STAMP) browser prometheus lint typecheck pytest
 
-# The report's test opens demo-report.html in headless Chromium (Debian's package).  Installed
-# when missing and we may (root); otherwise that one test skips and says why.
+# Debian packages some tests use, installed when missing and we may (root); otherwise those
+# tests skip and say why.  $(call apt_install,COMMAND,PACKAGE,WHAT SKIPS)
+define apt_install
+@command -v $(1) >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null \
+  || apt-get install -y -q --no-install-recommends $(2) >/dev/null 2>&1 \
+  || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(2) >/dev/null; } \
+  || echo "note: could not install $(2); $(3) will skip"
+endef
+
+# The report's test opens demo-report.html in headless Chromium.
 browser:
-	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null \
-	  || apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
-	  || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends chromium >/dev/null; } \
-	  || echo "note: could not install chromium; the report's browser test will skip"
+	$(call apt_install,chromium,chromium,the report's browser test)
 
 # The metrics tests check the exposition with promtool and scrape the governor with a real
-# Prometheus server: both come with Debian's prometheus package, installed like chromium
-# above; otherwise those tests skip and say why.
+# Prometheus server: both come with Debian's prometheus package.
 prometheus:
-	@command -v promtool >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null \
-	  || apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
-	  || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null; } \
-	  || echo "note: could not install prometheus; the promtool and Prometheus tests will skip"
+	$(call apt_install,promtool,prometheus,the promtool and Prometheus tests)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
