@@ -1,13 +1,17 @@
 """``gpulock serve`` in front of an upstream, side by side with calling the upstream directly.
 
-Run: ``.venv/bin/python bench/serve.py [--requests N] [--seconds S] [--json FILE]``  (~1 min)
+Run: ``.venv/bin/python bench/serve.py [--requests N] [--seconds S] [--upstream-ms MS]
+[--json FILE]``  (~1 min)
 
 The upstream is a minimal OpenAI-compatible server (Starlette on uvicorn, in its own process):
 ``/v1/chat/completions`` answers a fixed completion at once, or streams 16 chunks, so that what
-is measured is the gateway, not a model.  The gateway is a real ``gpulock serve`` (its own
-process) whose route ``fast`` is that server as an OpenAI-compatible (cloud-tier) candidate: each
-request is parsed, routed (the router's probe and choice), forwarded over a kept-alive
-connection, and its answer re-rendered.  The clients are ``aiohttp`` sessions in this process.
+is measured is the gateway, not a model.  ``--upstream-ms MS`` makes it wait MS milliseconds
+(off this machine's CPU, as a model computing on a GPU does) before it answers: with 0 the
+gateway's own cost is all there is to see; with a model's time, what that cost means to a user.
+The gateway is a real ``gpulock serve`` (its own process) whose route ``fast`` is that server as
+an OpenAI-compatible (cloud-tier) candidate: each request is parsed, routed (the router's probe
+and choice), forwarded over a kept-alive connection, and its answer re-rendered.  The clients
+are ``aiohttp`` sessions in this process.
 
 (a) Added latency, non-streaming: ``--requests`` (400) sequential chat requests, direct and
     through the gateway alternately; p50 / p99 of each, and the difference.
@@ -43,7 +47,7 @@ KEY_ENV = "GPULOCK_BENCH_KEY"
 BODY = {"model": "fast", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16}
 
 UPSTREAM = """
-import json, sys, time
+import asyncio, json, sys, time
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
@@ -60,8 +64,12 @@ def chunk(piece, finish=None):
                       "finish_reason": finish}]}
     return b"data: " + json.dumps(c).encode() + b"\\n\\n"
 
+DELAY_S = int(sys.argv[2]) / 1000
+
 async def chat(request):
     body = await request.json()
+    if DELAY_S:
+        await asyncio.sleep(DELAY_S)
     if not body.get("stream"):
         return JSONResponse(ANSWER)
     async def gen():
@@ -187,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument(
+        "--upstream-ms", type=int, default=0, help="the upstream's time per answer (default 0)"
+    )
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
 
@@ -213,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", UPSTREAM, str(up_port)], env=env, start_new_session=True
+            [sys.executable, "-c", UPSTREAM, str(up_port), str(args.upstream_ms)],
+            env=env,
+            start_new_session=True,
         ),
         subprocess.Popen(
             [sys.executable, "-m", "gpulock", "serve", "--listen", f"127.0.0.1:{gw_port}"],
@@ -269,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     load1 = os.getloadavg()[0]
     print(
         f"\ngpulock serve vs the same upstream called directly ({os.cpu_count()} CPUs, "
-        f"load average {load1:.1f})\n"
+        f"load average {load1:.1f}; the upstream answers after {args.upstream_ms} ms)\n"
     )
     print("| measurement | direct p50 / p99 | via gpulock serve p50 / p99 | added p50 / p99 |")
     print("| --- | --- | --- | --- |")
