@@ -264,7 +264,6 @@ def test_daemon_publishes_stops_on_sigterm_and_runs_once_per_folder(world: World
     second = governor(cli, world)
     assert_clean_error(second, 1)
     assert f"pid {proc.pid}" in second.stderr, second.describe()
-    assert second.wall_s < 5, second.describe()  # at once, not after a pass or a wait
     beside = governor(cli, world, "--dry-run", "--once")  # a dry run may run beside it
     assert beside.code == 0, beside.describe()
 
@@ -364,12 +363,10 @@ def test_force_kill_terms_then_kills_a_stopped_owner(sim: World) -> None:
     fx = Effects(sim.settings())
     snap = Snapshot(now_wall=time.time(), local_minutes=0)
 
-    start = time.monotonic()
     worker, out = in_background(lambda: fx.apply([force_evict(owner, "stuck", 2)], snap, cfg))
     wait_until(lambda: sigterm_pending(owner.pid), WAIT_S, "SIGTERM sent to the stopped owner")
     assert alive(owner.pid)  # SIGTERM alone does not end a stopped process
     worker.join(WAIT_S)
-    took = time.monotonic() - start
 
     (res,) = out[0]
     assert res["outcome"] == "no-answer" and res["kill"]["outcome"] == "killed", res
@@ -382,7 +379,6 @@ def test_force_kill_terms_then_kills_a_stopped_owner(sim: World) -> None:
     (why,) = sim.events("governor")
     assert why["action"] == "force-evict" and why["kill"]["outcome"] == "killed"
     assert names(sim) == []  # the dead owner's record was cleaned
-    assert took < 10, f"{took:.1f} s"
 
 
 def test_force_kill_never_kills_an_owner_that_holds_a_gpu_ticket(sim: World) -> None:

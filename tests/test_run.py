@@ -196,7 +196,7 @@ def test_sigkill_of_gpulock_run_alone_keeps_the_gpu_claimed_while_its_command_ru
     r = cli.run("run", "--timeout", "5", "--name", "third", "--", "true")
     assert r.code == 0, r.describe()
     third = cli.events("acquire", name="third")
-    assert len(third) == 1 and third[0]["waited_s"] < 1.0, cli.describe()
+    assert len(third) == 1 and not cli.events("wait", name="third"), cli.describe()  # at once
     # The dead holder's ticket was cleaned up on the way.
     assert [f for f in cli.queue_files() if f.endswith(".ticket")] == []
 
