@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import io
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -101,3 +102,14 @@ def test_listen_keys_decides_from_the_address_and_the_variable() -> None:
         with pytest.raises(mconfig.MetricsListenError) as e:
             mconfig.listen_keys(listen, env, {})
         assert e.value.exit_code == 2
+
+
+def test_the_exporter_itself_refuses_an_open_non_loopback_listener(world: World) -> None:
+    """Whoever builds an Exporter (the governor, gpulock serve) gets the same rule."""
+    from gpulock.metrics.exporter import Exporter
+
+    wide = mconfig.Listen("0.0.0.0", 0)  # noqa: S104 (refused before any bind)
+    exporter = Exporter(world.settings(), listen=wide, textfile=None, err=io.StringIO())
+    with pytest.raises(mconfig.MetricsListenError, match="without API keys"):
+        exporter.start()
+    assert exporter.server is None

@@ -1,8 +1,8 @@
 """What a daemon runs to export metrics: the HTTP listener and the textfile after each pass.
 
 ``gpulock governor`` builds one from ``metrics.listen`` / ``--metrics-listen`` and
-``metrics.textfile``: ``start()`` opens the listener (behind bearer ``keys`` when given:
-``gpulock.metrics.keyed``) (and says where on ``err``),
+``metrics.textfile``: ``start()`` opens the listener and says where on ``err`` (behind
+bearer ``keys`` when given, ``gpulock.metrics.keyed``; off loopback only with keys),
 ``after_pass()`` rewrites the textfile (a failure is reported once per distinct message, never
 fatal: the governor's pass matters more than its metrics), ``close()`` stops the listener.
 """
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from gpulock.errors import GpulockError
 from gpulock.metrics.collector import MetricsServer, StateCollector, exposition, write_textfile
-from gpulock.metrics.config import Listen
+from gpulock.metrics.config import Listen, listen_keys
 from gpulock.settings import Settings
 
 if TYPE_CHECKING:
@@ -45,6 +45,8 @@ class Exporter:
         self._last_error: str | None = None
 
     def start(self) -> None:
+        if self.listen is not None and not self.keys:
+            listen_keys(self.listen, None)  # the house rule, whoever builds the exporter
         threading.Thread(target=self._prime, name="gpulock-metrics-prime", daemon=True).start()
         if self.listen is not None and self.server is None:
             if self.keys:
