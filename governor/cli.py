@@ -155,7 +155,7 @@ def _metrics(settings: Settings, listen_arg: str | None, *, dry_run: bool) -> Ex
 
     mcfg = mconfig.load(settings.config)
     if dry_run:
-        mcfg = mconfig.MetricsConfig()
+        mcfg = mconfig.MetricsConfig(api_keys_env=mcfg.api_keys_env)
     listen = mcfg.listen
     if listen_arg is not None:
         try:
@@ -166,12 +166,14 @@ def _metrics(settings: Settings, listen_arg: str | None, *, dry_run: bool) -> Ex
             ) from None
     if listen is None and mcfg.textfile is None:
         return None
+    # Off loopback only with keys (exit 2 otherwise), checked before anything is opened.
+    keys = () if listen is None else mconfig.listen_keys(listen, mcfg.api_keys_env)
     from gpulock.metrics import require_client
 
     require_client()
     from gpulock.metrics.exporter import Exporter
 
-    return Exporter(settings, listen=listen, textfile=mcfg.textfile, err=sys.stderr)
+    return Exporter(settings, listen=listen, textfile=mcfg.textfile, err=sys.stderr, keys=keys)
 
 
 def _in_worker(work: Callable[[], None], stop: threading.Event) -> None:

@@ -15,6 +15,12 @@
   SIGTERM right after the grant was lost that way).  Instead it sleeps in ``poll`` on the
   signal wake-up descriptor, which the C-level handler writes for every signal (SIGCHLD
   included), so a signal that arrives at any instant wakes it, and it reaps with ``WNOHANG``.
+* A handler that raises is not enough on its own: CPython runs it at whatever bytecode comes
+  next, and when that is inside a finalizer or a weakref callback (importlib runs one at the
+  end of every import, gc runs ``__del__`` methods at any allocation) the exception is printed
+  as "Exception ignored" and dropped.  So the leave-the-line handler first records the signal,
+  and the runner checks that record before it starts the command; and everything it imports
+  after the grant (ctypes, for the subreaper) is imported before it queues.
 """
 
 from __future__ import annotations
@@ -88,8 +94,11 @@ def run(
     prefetch: Sequence[str] = (),
 ) -> int:
     resolve(command)
+    libc = _libc()  # imported now: an import after the grant is a window for a lost signal
+    stopped: list[int] = []  # signals whose _Signalled may have been swallowed (see above)
 
     def leave(signum: int, _frame: FrameType | None) -> None:
+        stopped.append(signum)
         raise _Signalled(signum)
 
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -125,7 +134,7 @@ def run(
             env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
             env[ENV_TICKET] = f"{held.gpu}:{held.ticket}"
             env[ENV_STATE_DIR] = str(settings.state_dir)
-            _become_subreaper()
+            _become_subreaper(libc)
             child: list[int] = []  # the command's pid, once it runs
             caught: list[int] = []  # signals that came before it did
             forward = _forwarder(child, caught)
@@ -137,8 +146,8 @@ def run(
             for sig in (*FORWARDED, signal.SIGCHLD):
                 previous.setdefault(sig, signal.getsignal(sig))
                 signal.signal(sig, _wake_only if sig == signal.SIGCHLD else forward)
-            if caught:  # came between the grant and now: do not start the command at all
-                return 128 + caught[0]
+            if stopped or caught:  # came after the grant: do not start the command at all
+                return 128 + (stopped or caught)[0]
             # The command inherits the claim, so the GPU stays claimed while it runs even if
             # this process dies.  A nested run passes on the descriptor it inherited, when it
             # has one; the outer ticket keeps its child_pid.
@@ -209,11 +218,18 @@ def _children() -> list[int]:
     return out
 
 
-def _become_subreaper() -> None:
+def _libc() -> Any:
+    """The C library, loaded before queueing; None where ctypes cannot load it."""
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
+        return ctypes.CDLL(None, use_errno=True)
+    except (OSError, ImportError):
+        return None
+
+
+def _become_subreaper(libc: Any) -> None:
+    try:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
         pass  # without it, orphaned grandchildren are not waited for; the FIFO still is

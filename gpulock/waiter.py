@@ -4,6 +4,10 @@ A waiter wakes on the kernel's word (``POLLERR`` on a watched claim, a doorbell 
 on its own timeout, at the lease expiry of a holder it watches (to handle a hung holder),
 and, as a guard against the unforeseen, re-checks that the tickets it watches still exist
 every ``SAFETY_RECHECK_S`` seconds, doubling while nothing happens: nothing polls faster.
+
+``GPULOCK_SAFETY_RECHECK_S`` (seconds; a test and debugging knob, not a setting) replaces
+that first re-check interval.  Tests set it to an hour so that a handoff can only be explained
+by a kernel wake-up, without asserting how fast it came.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpulock import claim, devices, exitwait, identity, level, proof, queue
+from gpulock import claim, devices, exitwait, identity, level, proof, queue, sigwake
 from gpulock.errors import LockTimeout
 from gpulock.exitwait import Poller
 from gpulock.queuedir import QueueDir, TicketFile
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
 
 SAFETY_RECHECK_S = 2.0  # first guard re-check; doubles while nothing happens...
 SAFETY_RECHECK_MAX_S = 30.0  # ...up to this, so hundreds of idle waiters cost ~nothing
+ENV_SAFETY_RECHECK = "GPULOCK_SAFETY_RECHECK_S"  # test/debug knob (see the module docstring)
 GOVERNOR_WATCH = 0  # the key of the governor's claim among watched FIFOs (tickets start at 1)
 
 
@@ -66,7 +71,8 @@ class Waiter:
         self.reported: set[tuple[int, float]] = set()
         self.kills: dict[int, tuple[float, bool]] = {}  # seq -> (SIGTERM sent at, SIGKILL sent)
         self.announced = False
-        self.safety_s = SAFETY_RECHECK_S
+        self.safety_first_s = safety_recheck_s()
+        self.safety_s = self.safety_first_s
         self.freeze_ends: float | None = None  # monotonic time the governor's freeze goes stale
         self.ahead_seqs: list[int] | None = None
         self.tenants_kept: list[dict[str, str]] | None = None  # after an exclusive clear
@@ -88,15 +94,29 @@ class Waiter:
         if poll is None:
             raise RuntimeError("this Waiter sleeps on an event loop: step() and woken() only")
         granted = False
+        # A signal's Python handler (``gpulock run``'s leave-the-line) runs only between
+        # bytecodes: the wake-up pipe in the poll set makes one that lands just before
+        # poll() is entered wake it now, not at the next safety re-check (gpulock.sigwake).
+        wake_up = sigwake.SignalWake()
         try:
             while (wake := self.step()) is not None:
+                if wake_up.fd is None and (sfd := wake_up.open()) is not None:
+                    poll.register(sfd, select.POLLIN)
                 ready = poll.poll(max(0, math.ceil((wake - time.monotonic()) * 1000)))
+                if wake_up.fd is not None and any(fd == wake_up.fd for fd, _ in ready):
+                    wake_up.drain()  # the pending handler runs once we are back in Python
+                    ready = [(fd, ev) for fd, ev in ready if fd != wake_up.fd]
+                    if not ready:
+                        continue  # a signal whose handler did not stop the wait
                 self.woken([fd for fd, _ in ready])
             self._make_room()
             ticket = self._grant()
             granted = True
             return ticket
         finally:
+            if wake_up.fd is not None:
+                poll.unregister(wake_up.fd)
+            wake_up.close()
             self.close(granted=granted)
 
     def close(self, *, granted: bool = False) -> None:
@@ -157,7 +177,9 @@ class Waiter:
         """After the sleep: ``ready`` are the descriptors that woke us (none: a timed wake)."""
         self.rescan = bool(ready) or self._due(self.ahead)
         self.safety_s = (
-            SAFETY_RECHECK_S if self.rescan else min(self.safety_s * 2, SAFETY_RECHECK_MAX_S)
+            self.safety_first_s
+            if self.rescan
+            else min(self.safety_s * 2, max(SAFETY_RECHECK_MAX_S, self.safety_first_s))
         )
         for fd in ready:
             if fd == self.fd:
@@ -416,6 +438,16 @@ class Waiter:
             self.kills[t.seq] = (at, True)
             self.settings.emit("kill", **evidence, signal="SIGKILL")
         return now + SAFETY_RECHECK_S
+
+
+def safety_recheck_s() -> float:
+    """The first safety re-check interval: ``SAFETY_RECHECK_S`` unless the knob says else."""
+    raw = os.environ.get(ENV_SAFETY_RECHECK, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return SAFETY_RECHECK_S  # unset or garbage: a debugging knob never stops a wait
+    return value if math.isfinite(value) and value > 0 else SAFETY_RECHECK_S
 
 
 def ticket_evidence(tf: TicketFile, now_w: float) -> dict[str, Any]:

@@ -16,12 +16,11 @@ a log line or an event.
 
 from __future__ import annotations
 
-import ipaddress
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpulock import apikeys
 from gpulock.config import Config
 from gpulock.errors import GpulockError
 from gpulock.units import parse_size
@@ -57,13 +56,7 @@ def parse_listen(text: str, *, key: str | None = "--listen") -> tuple[str, int]:
     return host, int(port)
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to anything
+is_loopback = apikeys.is_loopback  # shared with gpulock's metrics listener
 
 
 def load(cfg: Config) -> ServeConfig:
@@ -100,14 +93,10 @@ def load(cfg: Config) -> ServeConfig:
 
 def read_keys(sc: ServeConfig) -> tuple[str, ...]:
     """The API keys from ``api_keys_env`` (comma- or whitespace-separated); () when unset."""
-    if sc.api_keys_env is None:
-        return ()
-    text = os.environ.get(sc.api_keys_env, "")
-    return tuple(k for k in text.replace(",", " ").split() if k)
+    return apikeys.read_keys(sc.api_keys_env)
 
 
-def _env_name(text: str) -> bool:
-    return text.isascii() and text.replace("_", "").isalnum() and not text[0].isdigit()
+_env_name = apikeys.is_env_name
 
 
 def _count(cfg: Config, key: str, value: Any) -> int:

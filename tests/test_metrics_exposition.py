@@ -155,7 +155,7 @@ def test_a_bad_metrics_section_names_file_line_and_key(world: World, cli: Cli) -
     world.config.write_text("metrics:\n  listn: 127.0.0.1:9464\n")
     r = cli.run("metrics", "--config", str(world.config))
     assert_clean_error(r, 1)
-    assert "metrics.listn" in r.stderr and "known keys: listen, textfile" in r.stderr
+    assert "metrics.listn" in r.stderr and "known keys: listen, textfile, api_keys_env" in r.stderr
     world.config.write_text("# nothing\n")
     usage = cli.run("governor", "--once", "--metrics-listen", "127.0.0.1:http")
     assert_clean_error(usage, 2)

@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -277,10 +278,14 @@ def test_a_hang_past_the_timeout_falls_back(
         + cloud("stuck", fault.base_url, extra=", timeout: 500ms")
         + cloud("steady", llama_server.base_url),
     )
+    fault.hang_s = 3600.0  # the upstream never answers within the test: only the timeout can
     m = router.get_model("t")
-    start = time.monotonic()
-    assert m.complete("hello", max_tokens=2)
-    assert time.monotonic() - start < 10
+    done: list[str] = []
+    call = threading.Thread(target=lambda: done.append(m.complete("hello", max_tokens=2)))
+    call.daemon = True
+    call.start()
+    call.join(60)  # "eventually": it falls back at all, however loaded the machine
+    assert done and done[0], "the call never fell back from the hanging upstream"
     failed = world.events("call", ok=False)[0]
     assert failed["error"] == "timeout"
     assert 0.4 <= failed["latency_s"] < 10

@@ -196,7 +196,7 @@ def test_sigkill_of_gpulock_run_alone_keeps_the_gpu_claimed_while_its_command_ru
     r = cli.run("run", "--timeout", "5", "--name", "third", "--", "true")
     assert r.code == 0, r.describe()
     third = cli.events("acquire", name="third")
-    assert len(third) == 1 and third[0]["waited_s"] < 1.0, cli.describe()
+    assert len(third) == 1 and not cli.events("wait", name="third"), cli.describe()  # at once
     # The dead holder's ticket was cleaned up on the way.
     assert [f for f in cli.queue_files() if f.endswith(".ticket")] == []
 
@@ -307,3 +307,47 @@ def test_a_signal_whose_handler_runs_late_still_ends_the_command(cli: Cli) -> No
     cli.wait_ready(proc, ready)
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait() == 128 + signal.SIGTERM, proc.output()
+
+
+# A SIGTERM whose handler runs inside a finalizer right after the grant.  CPython runs a
+# handler at whatever bytecode comes next; inside a ``__del__`` (or a weakref callback, such
+# as the one importlib runs at the end of every import: the reported loss during the
+# ``import ctypes`` that used to follow the grant) the handler's exception is printed as
+# "Exception ignored" and dropped.  The driver makes that happen every time: the finalizer
+# signals its own process and then runs bytecode.
+SWALLOWED_PY = """\
+import os, signal, sys
+from gpulock import runner
+from gpulock.settings import load
+
+class Finalizer:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100):  # the handler runs here, inside __del__
+            pass
+
+real_acquire = runner.acquire
+
+def acquire(*args, **kwargs):
+    lease = real_acquire(*args, **kwargs)
+    Finalizer()  # freed at once, as gc frees garbage whenever it runs
+    return lease
+
+runner.acquire = acquire
+sys.exit(runner.run(load(None, sys.argv[1]), sys.argv[2:], name="swallowed"))
+"""
+
+
+def test_a_sigterm_whose_exception_a_finalizer_swallows_still_stops_the_command(
+    cli: Cli,
+) -> None:
+    driver = cli.script("swallowed.py", SWALLOWED_PY)
+    marker = cli.root / "command.ran"
+    proc = cli.start(
+        [sys.executable, str(driver), str(cli.root / "state"), "sh", "-c", ': > "$0"',
+         str(marker)],
+        "swallowed",
+    )  # fmt: skip
+    assert proc.wait() == 128 + signal.SIGTERM, proc.output()
+    assert not marker.exists(), "the command ran after a SIGTERM that came after the grant"
+    assert cli.queue_files() == [], cli.describe()  # the GPU was given back

@@ -300,7 +300,7 @@ def test_room_for_a_waiter_unloads_idle_tenant_models(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["500", "garbage", "hang", "file", "list", "down"])
 def test_bad_tenants_get_a_clear_state_and_never_break_status(mode: str, tmp_path: Path) -> None:
-    bad = Bad(mode, hang_s=30.0)
+    bad = Bad(mode, hang_s=3600.0)  # longer than the test: status must not wait for it
     bad.start()
     good = make("ollama")
     try:
@@ -311,9 +311,13 @@ def test_bad_tenants_get_a_clear_state_and_never_break_status(mode: str, tmp_pat
             tmp_path, [{"name": "bad", "kind": "ollama", "url": url}, tenant(good)]
         )
         good.load()
-        start = time.monotonic()
-        snap = status_mod.snapshot(settings)
-        took = time.monotonic() - start
+        got: list[dict[str, Any]] = []
+        look = threading.Thread(target=lambda: got.append(status_mod.snapshot(settings)))
+        look.daemon = True
+        look.start()
+        look.join(60)  # "eventually": it answers at all, never waiting for the hung tenant
+        assert got, "status waited for the hung tenant"
+        snap = got[0]
         entry = {t["tenant"]: t for t in snap["tenants"]}
         assert entry["bad"]["reachable"] is False
         words = {"500": "HTTP 500", "garbage": "not JSON", "hang": "no", "file": "not JSON",
@@ -321,7 +325,6 @@ def test_bad_tenants_get_a_clear_state_and_never_break_status(mode: str, tmp_pat
         assert words in entry["bad"]["error"], entry["bad"]["error"]
         assert entry["ollama"]["reachable"] is True
         assert [r["id"] for r in snap["residents"]] == ["ollama/qwen2.5:7b"]
-        assert took < 10.0  # never waits for the hung tenant (30 s)
         assert "tenant bad" in status_mod.render(snap)
     finally:
         bad.hold.set()

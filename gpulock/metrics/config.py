@@ -5,6 +5,10 @@
     metrics:
       listen: 127.0.0.1:9464   # gpulock governor serves /metrics here (HOST:PORT; ":9464" or
                                # "9464" alone bind 127.0.0.1); absent: no listener
+      api_keys_env: GPULOCK_METRICS_KEYS
+                               # the NAME of a variable holding bearer key(s), comma- or
+                               # whitespace-separated: then every scrape needs
+                               # "Authorization: Bearer KEY"; required unless listen is loopback
       textfile: /var/lib/node_exporter/textfile_collector/gpulock.prom
                                # the governor rewrites it after each pass (atomically)
 
@@ -19,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpulock import apikeys
 from gpulock.config import Config
+from gpulock.errors import GpulockError
 from gpulock.state import expand_path
 
-KEYS = ("listen", "textfile")
+KEYS = ("listen", "textfile", "api_keys_env")
 DEFAULT_HOST = "127.0.0.1"
 
 
@@ -39,6 +45,13 @@ class Listen:
 class MetricsConfig:
     listen: Listen | None = None
     textfile: Path | None = None
+    api_keys_env: str | None = None
+
+
+class MetricsListenError(GpulockError):
+    """A listener that would be open to the network without keys (or keys that are not set)."""
+
+    exit_code = 2
 
 
 def parse_listen(text: str) -> Listen:
@@ -85,7 +98,40 @@ def load(cfg: Config) -> MetricsConfig:
             textfile = check_textfile(expand_path(value), cfg.path)
         except ValueError as e:
             raise cfg.error("metrics.textfile", str(e)) from None
-    return MetricsConfig(listen, textfile)
+    env = raw.get("api_keys_env")
+    if env is not None and (not isinstance(env, str) or not apikeys.is_env_name(env)):
+        # Never echo it: it may be a key pasted where the variable's name belongs.
+        raise cfg.error(
+            "metrics.api_keys_env",
+            "expected the NAME of an environment variable, like GPULOCK_METRICS_KEYS",
+            hint="the keys go in that variable, never in the config file",
+        )
+    return MetricsConfig(listen, textfile, env)
+
+
+def listen_keys(
+    listen: Listen, api_keys_env: str | None, environ: Mapping[str, str] | None = None
+) -> tuple[str, ...]:
+    """The bearer keys the listener must demand; () = open, allowed only on loopback.
+
+    MetricsListenError (exit 2) for a non-loopback listener without keys, and for a
+    ``metrics.api_keys_env`` that names an empty or unset variable (a typo must not open
+    the listener).  Messages name the variable, never a key.
+    """
+    keys = apikeys.read_keys(api_keys_env, environ)
+    if api_keys_env is not None and not keys:
+        raise MetricsListenError(
+            f"metrics.api_keys_env names {api_keys_env}, which holds no key",
+            hint=f"export {api_keys_env}=... (one or more keys, comma-separated)"
+            + ("" if not apikeys.is_loopback(listen.host) else " or remove metrics.api_keys_env"),
+        )
+    if not keys and not apikeys.is_loopback(listen.host):
+        raise MetricsListenError(
+            f"refusing to serve metrics on {listen} without API keys",
+            hint="set metrics.api_keys_env to the NAME of a variable holding the keys, "
+            "or listen on 127.0.0.1",
+        )
+    return keys
 
 
 def check_textfile(path: Path, config_path: Path | None = None) -> Path:

@@ -1,7 +1,8 @@
 """What a daemon runs to export metrics: the HTTP listener and the textfile after each pass.
 
 ``gpulock governor`` builds one from ``metrics.listen`` / ``--metrics-listen`` and
-``metrics.textfile``: ``start()`` opens the listener (and says where on ``err``),
+``metrics.textfile``: ``start()`` opens the listener and says where on ``err`` (behind
+bearer ``keys`` when given, ``gpulock.metrics.keyed``; off loopback only with keys),
 ``after_pass()`` rewrites the textfile (a failure is reported once per distinct message, never
 fatal: the governor's pass matters more than its metrics), ``close()`` stops the listener.
 """
@@ -9,13 +10,17 @@ fatal: the governor's pass matters more than its metrics), ``close()`` stops the
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from gpulock.errors import GpulockError
 from gpulock.metrics.collector import MetricsServer, StateCollector, exposition, write_textfile
-from gpulock.metrics.config import Listen
+from gpulock.metrics.config import Listen, listen_keys
 from gpulock.settings import Settings
+
+if TYPE_CHECKING:
+    from gpulock.metrics.keyed import KeyedMetricsServer
 
 
 class Exporter:
@@ -27,6 +32,7 @@ class Exporter:
         textfile: Path | None,
         err: TextIO,
         name: str = "gpulock governor",
+        keys: Sequence[str] = (),
     ) -> None:
         self.settings = settings
         self.listen = listen
@@ -34,13 +40,23 @@ class Exporter:
         self.err = err
         self.name = name
         self.collector = StateCollector(settings)
-        self.server: MetricsServer | None = None
+        self.keys = tuple(keys)  # never printed
+        self.server: MetricsServer | KeyedMetricsServer | None = None
         self._last_error: str | None = None
 
     def start(self) -> None:
+        if self.listen is not None and not self.keys:
+            listen_keys(self.listen, None)  # the house rule, whoever builds the exporter
         threading.Thread(target=self._prime, name="gpulock-metrics-prime", daemon=True).start()
         if self.listen is not None and self.server is None:
-            self.server = MetricsServer(self.settings, self.listen, self.collector)
+            if self.keys:
+                from gpulock.metrics.keyed import KeyedMetricsServer
+
+                self.server = KeyedMetricsServer(
+                    self.settings, self.listen, self.keys, self.collector
+                )
+            else:
+                self.server = MetricsServer(self.settings, self.listen, self.collector)
             print(f"{self.name}: metrics on {self.server.url}", file=self.err, flush=True)
 
     def _prime(self) -> None:

@@ -6,7 +6,7 @@ proxy would).  Follows no server's API on purpose."""
 
 from __future__ import annotations
 
-import time
+import threading
 from typing import Any
 
 from standins.base import StandIn
@@ -17,6 +17,7 @@ class Bad(StandIn):
         super().__init__()
         self.mode = mode
         self.hang_s = hang_s
+        self._unhang = threading.Event()  # stop() ends a hang at once
 
     def handle(self, method: str, path: str, query: dict[str, str], body: Any) -> tuple[int, Any]:
         if self.mode == "500":
@@ -24,7 +25,7 @@ class Bad(StandIn):
         if self.mode == "garbage":
             return 200, '{"models": [ {"name": \x00\x01 not json'
         if self.mode == "hang":
-            time.sleep(self.hang_s)
+            self._unhang.wait(self.hang_s)
             return 200, {}
         if self.mode == "file":
             return 200, "root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1::/usr/sbin\n"
@@ -36,3 +37,7 @@ class Bad(StandIn):
         if self.mode == "list":
             return 200, [1, 2, 3]
         return 404, "not found"
+
+    def stop(self) -> None:
+        self._unhang.set()
+        super().stop()
