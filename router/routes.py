@@ -325,6 +325,18 @@ def _candidate(
     )
 
 
+def tenant_candidate(cfg: Config, tenant: str, model: str) -> Candidate:
+    """A tenant's model asked for by name, ``TENANT/MODEL`` (``gpulock serve``): a candidate as
+    if a route named it, with the router's defaults; ConfigError (with the configured tenants
+    as its hint) for a tenant that is not configured."""
+    router_raw = cfg.section("router")
+    raw_defaults = router_raw.get("defaults") if isinstance(router_raw, Mapping) else None
+    defaults = {**DEFAULTS, **(raw_defaults if isinstance(raw_defaults, Mapping) else {})}
+    fields = {k: v for k, v in defaults.items() if k not in ("tier", "backend", "base_url")}
+    fields.update(tenant=tenant, model=model, name=f"{tenant}/{model}")
+    return _candidate(cfg, f"{tenant}/{model}", f"tenants.{tenant}", fields, {})
+
+
 def _tenant(cfg: Config, key: str, value: Any, backend: str) -> Any:
     """The configured tenant a ``backend: tenant`` candidate names (its TenantSpec)."""
     if backend != "tenant":

@@ -203,12 +203,18 @@ class Gateway:
 
     # --- listings and status -----------------------------------------------------------------
 
+    async def _names(self) -> list[str]:
+        """Tasks first, then candidates, then the tenants' models (``TENANT/MODEL``)."""
+        known = self.d.known()
+        held = await asyncio.to_thread(self.d.tenant_models)  # asks the tenants: off the loop
+        return known + [n for n in held if n not in known]
+
     async def openai_models(self, request: Request) -> Response:
-        return JSONResponse(api_openai.models(self.d.known()))
+        return JSONResponse(api_openai.models(await self._names()))
 
     async def ollama_tags(self, request: Request) -> Response:
         sizes = {c.name: c.vram_bytes or 0 for c in self.d.candidates()}
-        return JSONResponse(api_ollama.tags([(n, sizes.get(n, 0)) for n in self.d.known()]))
+        return JSONResponse(api_ollama.tags([(n, sizes.get(n, 0)) for n in await self._names()]))
 
     async def ollama_ps(self, request: Request) -> Response:
         rows: dict[str, tuple[str, int, int]] = {}

@@ -3,8 +3,8 @@
 along the route when a candidate fails before its first word.
 
 A ``model`` is a task of ``routes:`` (the router picks the candidate for this moment), a
-candidate's ``name`` (that candidate only), or ``TENANT/MODEL`` (a tenant's model; refused with
-404 "tenants not configured" until tenant adapters exist).
+candidate's ``name`` (that candidate only), or ``TENANT/MODEL`` (a model of a configured tenant,
+called through that tenant: ``router.backends.tenant``).
 """
 
 from __future__ import annotations
@@ -16,13 +16,23 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpulock.errors import LockTimeout
+from gpulock.errors import ConfigError, LockTimeout
 from gpulock.settings import Settings
 from router import ledger, probe
 from router.backends import BackendError
+from router.backends.tenant import TenantBackend
 from router.choose import Choice, Verdict, choose, cid
-from router.routes import Candidate, Table
-from serve.engines import Answer, Ask, LocalEngine, RemoteEngine, Usage, _EmbedLlama, _HeldLlama
+from router.routes import Candidate, Table, tenant_candidate
+from serve.engines import (
+    Answer,
+    Ask,
+    LocalEngine,
+    RemoteEngine,
+    TenantEngine,
+    Usage,
+    _EmbedLlama,
+    _HeldLlama,
+)
 from serve.errors import ApiError, unknown_model
 from serve.line import Line, QueueFull
 
@@ -84,6 +94,7 @@ class Dispatcher:
         self.line = line
         self._http: Any = None  # aiohttp.ClientSession for remote candidates, made on first use
         self._local: dict[tuple[Any, ...], _HeldLlama] = {}
+        self._tenants: dict[tuple[Any, ...], TenantBackend] = {}
 
     def http(self) -> Any:
         """The one client session for OpenAI-compatible servers (made inside the event loop)."""
@@ -111,6 +122,15 @@ class Dispatcher:
         tasks = list(self.table.tasks)
         return tasks + [c.name for c in self.candidates() if c.name not in self.table.tasks]
 
+    def tenant_models(self) -> list[str]:
+        """``TENANT/MODEL`` of every model the configured tenants hold now (asked in
+        parallel, with short timeouts; a tenant that is down lists nothing)."""
+        if not self.settings.config.tenants:
+            return []
+        from gpulock import registry
+
+        return sorted({r.id for r in registry.tenant_records(self.settings)})
+
     def resolve(self, model: str) -> tuple[str, tuple[Candidate, ...]]:
         if model in self.table.tasks:
             return model, self.table.tasks[model]
@@ -118,14 +138,19 @@ class Dispatcher:
             if c.name == model:
                 return c.task, (c,)
         if "/" in model:
-            tenant = model.split("/", 1)[0]
-            raise ApiError(
-                404,
-                f"model {model!r}: tenants not configured (no tenant {tenant!r}); "
-                f"known models: {', '.join(self.known())}",
-                code="model_not_found",
-                param="model",
-            )
+            tenant, _, name = model.partition("/")
+            try:
+                return model, (tenant_candidate(self.settings.config, tenant, name),)
+            except ConfigError:
+                tenants = ", ".join(t.name for t in self.settings.config.tenants)
+                raise ApiError(
+                    404,
+                    f"model {model!r}: no tenant {tenant!r} "
+                    f"(tenants: {tenants or 'none configured'}); "
+                    f"known models: {', '.join(self.known())}",
+                    code="model_not_found",
+                    param="model",
+                ) from None
         raise unknown_model(model, self.known())
 
     # --- a request ---------------------------------------------------------------------------
@@ -172,7 +197,7 @@ class Dispatcher:
     ) -> Opened:
         c = v.candidate
         ticket = None
-        if c.tier == "gpu":
+        if c.tier == "gpu" and not self._own_ticket(c):
             assert v.gpu is not None
             timeout = c.timeout_s if left is None else min(c.timeout_s, left)
             slot = await stack.enter_async_context(
@@ -235,8 +260,24 @@ class Dispatcher:
             headers={"Retry-After": "5"},
         )
 
-    def _engine(self, v: Verdict) -> LocalEngine | RemoteEngine:
+    def _own_ticket(self, c: Candidate) -> bool:
+        """A ``kind: command`` tenant's server holds its own ticket for as long as it runs: a
+        call to it takes no second one (it would wait behind the server for ever)."""
+        if c.tenant is None:
+            return False
+        spec = next((t for t in self.settings.config.tenants if t.name == c.tenant), None)
+        return spec is not None and spec.kind == "command"
+
+    def _engine(self, v: Verdict) -> LocalEngine | RemoteEngine | TenantEngine:
         c = v.candidate
+        if c.tenant is not None:
+            key = (c.tenant, c.model, c.policy, c.keep_alive_s, v.gpu)
+            b = self._tenants.get(key)
+            if b is None:
+                b = self._tenants[key] = TenantBackend(
+                    c, self.settings, gpu=v.gpu, need=v.need_bytes, held=True
+                )
+            return TenantEngine(b)
         if not c.local:
             return RemoteEngine(c, self.http())
         return LocalEngine(self._backend(v, _HeldLlama), self._backend(v, _EmbedLlama))

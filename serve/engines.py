@@ -24,6 +24,7 @@ from typing import Any
 
 from router.backends import BackendError
 from router.backends.llama_cpp import LlamaBackend, _llama_class
+from router.backends.tenant import TenantBackend
 from router.routes import Candidate
 
 PARAMS = (
@@ -135,33 +136,8 @@ class LocalEngine:
         return Answer(r.text, Usage(r.tokens_in, r.tokens_out, finish))
 
     async def stream(self, ask: Ask, usage: Usage) -> AsyncIterator[str]:
-        counts: dict[str, int] = {}
-        payload: Any = ask.messages if ask.kind == "chat" else ask.prompt
-        gen = self.backend.stream(
-            ask.kind, payload, wait_s=None, label=ask.model, usage=counts, **_llama_kw(ask)
-        )
-        # One thread for the whole stream: the backend's lock is taken and given back by the
-        # thread that runs the generator's first and last steps, which must be the same one.
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpulock-serve-stream")
-        loop = asyncio.get_running_loop()
-        done = False
-        try:
-            while True:
-                piece = await asyncio.shield(loop.run_in_executor(pool, _next, gen))
-                if piece is _END:
-                    done = True
-                    break
-                yield piece
-        finally:
-            if not done:
-                # The client left: close after the piece being made (llama.cpp is not entered
-                # twice at once), in the stream's thread; the backend's finally frees the model.
-                pool.submit(getattr(gen, "close", lambda: None))
-            pool.shutdown(wait=False)
-        usage.tokens_in = counts.get("tokens_in", 0)
-        usage.tokens_out = counts.get("tokens_out", 0)
-        max_tokens = ask.params.get("max_tokens")
-        usage.finish_reason = "length" if max_tokens and usage.tokens_out >= max_tokens else "stop"
+        async for piece in _stream_in_thread(self.backend, ask, usage, _llama_kw(ask)):
+            yield piece
 
     async def embed(self, inputs: list[str]) -> tuple[list[list[float]], int]:
         def run() -> tuple[list[list[float]], int]:
@@ -177,6 +153,70 @@ class LocalEngine:
 
 
 _END = object()
+
+
+async def _stream_in_thread(
+    backend: Any, ask: Ask, usage: Usage, kw: dict[str, Any]
+) -> AsyncIterator[str]:
+    """A backend's blocking ``stream`` (llama.cpp in this process, or a tenant), on the loop."""
+    counts: dict[str, int] = {}
+    payload: Any = ask.messages if ask.kind == "chat" else ask.prompt
+    gen = backend.stream(ask.kind, payload, wait_s=None, label=ask.model, usage=counts, **kw)
+    # One thread for the whole stream: the backend's lock is taken and given back by the
+    # thread that runs the generator's first and last steps, which must be the same one.
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpulock-serve-stream")
+    loop = asyncio.get_running_loop()
+    done = False
+    try:
+        while True:
+            piece = await asyncio.shield(loop.run_in_executor(pool, _next, gen))
+            if piece is _END:
+                done = True
+                break
+            yield piece
+    finally:
+        if not done:
+            # The client left: close after the piece being made (llama.cpp is not entered
+            # twice at once), in the stream's thread; the backend's finally frees the model.
+            pool.submit(getattr(gen, "close", lambda: None))
+        pool.shutdown(wait=False)
+    usage.tokens_in = counts.get("tokens_in", 0)
+    usage.tokens_out = counts.get("tokens_out", 0)
+    max_tokens = ask.params.get("max_tokens")
+    usage.finish_reason = "length" if max_tokens and usage.tokens_out >= max_tokens else "stop"
+
+
+class TenantEngine:
+    """A tenant's model (``router.backends.tenant``), called under the ticket the line holds
+    (or, for a ``kind: command`` tenant, under its server's own ticket)."""
+
+    def __init__(self, backend: TenantBackend) -> None:
+        self.backend = backend
+
+    async def answer(self, ask: Ask) -> Answer:
+        kw = _llama_kw(ask)
+        if ask.kind == "chat":
+            call = functools.partial(
+                self.backend.chat, ask.messages, wait_s=None, label=ask.model, **kw
+            )
+        else:
+            call = functools.partial(
+                self.backend.complete, ask.prompt, wait_s=None, label=ask.model, **kw
+            )
+        r = await asyncio.to_thread(call)
+        return Answer(r.text, Usage(r.tokens_in, r.tokens_out, "stop"))
+
+    async def stream(self, ask: Ask, usage: Usage) -> AsyncIterator[str]:
+        async for piece in _stream_in_thread(self.backend, ask, usage, _llama_kw(ask)):
+            yield piece
+
+    async def embed(self, inputs: list[str]) -> tuple[list[list[float]], int]:
+        c = self.backend.candidate
+        raise BackendError(
+            "request",
+            f"{c.name}: embeddings through a tenant are not supported; name a model "
+            "of routes: for embeddings",
+        )
 
 
 def _stopper(stop: threading.Event, backend: _HeldLlama) -> Any:

@@ -218,7 +218,7 @@ def test_small_endpoints(gateway: GatewayProc) -> None:
             "/v1/chat/completions",
             b'{"model": "ollama/llama3", "messages": [{"role": "user"}]}',
             404,
-            "tenants not configured",
+            "no tenant 'ollama' (tenants: none configured)",
         ),
         (
             "/v1/chat/completions",

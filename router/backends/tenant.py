@@ -34,8 +34,16 @@ class TenantBackend:
     """Calls to one tenant model (see the module doc)."""
 
     def __init__(
-        self, c: Candidate, settings: Settings, *, gpu: int | None, need: int | None
+        self,
+        c: Candidate,
+        settings: Settings,
+        *,
+        gpu: int | None,
+        need: int | None,
+        held: bool = False,
     ) -> None:
+        """``held``: the caller already holds the GPU ticket for each call (``gpulock serve``'s
+        line), so the calls take none of their own."""
         from gpulock.tenants.survey import adapter_for, find_spec
 
         assert c.tenant is not None
@@ -47,6 +55,7 @@ class TenantBackend:
         self.rid = f"{c.tenant}/{c.model}"
         self.adapter = adapter_for(self.spec, settings, timeout_s=5.0)
         self.calls = 0
+        self.held = held
 
     @property
     def loaded(self) -> bool:
@@ -156,6 +165,10 @@ class TenantBackend:
                 raise BackendError("load", f"tenant {self.spec.name}: {e}") from None
             yield
             return
+        if self.held:
+            with self._awake():
+                yield
+            return
         from gpulock.lock import acquire
 
         try:
@@ -170,11 +183,17 @@ class TenantBackend:
             )
         except LockTimeout as e:
             raise BackendError("busy", str(e)) from None
-        with lease:
-            if self.spec.kind == "vllm":
-                with contextlib.suppress(TenantError):
-                    self.adapter.load(self.candidate.model)  # wake a sleeping vLLM
+        with lease, self._awake():
             yield
+
+    @contextlib.contextmanager
+    def _awake(self) -> Iterator[None]:
+        from gpulock.tenants.http import TenantError
+
+        if self.spec.kind == "vllm":
+            with contextlib.suppress(TenantError):
+                self.adapter.load(self.candidate.model)  # wake a sleeping vLLM
+        yield
 
     def _request(self, kind: str, payload: Any, wait_s: float | None, kw: dict[str, Any]) -> Result:
         from gpulock.tenants.http import TenantError
