@@ -171,7 +171,11 @@ class Gateway:
     async def _open(self, request: Request, ask: Ask, agent: str) -> Opened:
         deadline = self.deadline(request)
         try:
-            return await unless_hung_up(request, self.d.open(ask, agent=agent, deadline_s=deadline))
+            opened = await unless_hung_up(
+                request, self.d.open(ask, agent=agent, deadline_s=deadline)
+            )
+            request.state.meta = opened.meta  # for the gateway-request event
+            return opened
         except QueueFull as e:
             raise ApiError(
                 429,
@@ -236,6 +240,28 @@ class Gateway:
         running = sum(line.held().values())
         return JSONResponse({"status": "ok", "waiting": line.waiting, "running": running})
 
+    async def metrics(self, request: Request) -> Response:
+        """The Prometheus exposition of this state folder (as ``gpulock metrics`` prints it)."""
+        from gpulock.metrics.collector import CONTENT_TYPE, exposition
+
+        body = await asyncio.to_thread(exposition, self.settings)
+        return Response(body, media_type=CONTENT_TYPE)
+
+    def measured(self, request: Request, status_code: int, duration_s: float) -> None:
+        """One ``gateway-request`` event: what the metrics' request histogram counts.  For a
+        stream, the time to its first piece (the response's start).  Labels stay bounded: a
+        name that resolved to nothing is not one of them."""
+        meta = getattr(request.state, "meta", None)
+        self.settings.emit(
+            "gateway-request",
+            task=meta.task if meta is not None else "",
+            tier=meta.tier if meta is not None else "",
+            model=meta.model if meta is not None else "",
+            outcome=_outcome(status_code),
+            status=status_code,
+            duration_s=round(duration_s, 6),
+        )
+
     async def gpulock_status(self, request: Request) -> Response:
         snap = await asyncio.to_thread(status.snapshot, self.settings)
         return JSONResponse(snap)
@@ -251,36 +277,43 @@ def build_app(
 ) -> ASGIApp:
     g = Gateway(settings, dispatcher, max_body)
 
-    def guarded(fn: Callable[[Request], Awaitable[Response]]) -> Any:
+    def guarded(fn: Callable[[Request], Awaitable[Response]], *, measured: bool = False) -> Any:
+        """``measured``: a generation endpoint, counted in a ``gateway-request`` event."""
+
         async def endpoint(request: Request) -> Response:
+            started = time.monotonic()
             try:
-                return await fn(request)
+                response = await fn(request)
             except ApiError as e:
-                return error_response(e, request.url.path)
+                response = error_response(e, request.url.path)
             except GpulockError as e:  # gpulock's own refusals say what is wrong, in words
                 err = ApiError(503, str(e), type="server_error", code="unavailable")
-                return error_response(err, request.url.path)
+                response = error_response(err, request.url.path)
             except Exception as e:  # never a traceback to the client; the log says what
                 log.exception("internal error on %s", request.url.path)
                 msg = f"internal error ({type(e).__name__}); see the gpulock serve log"
-                return error_response(ApiError(500, msg, type="server_error"), request.url.path)
+                response = error_response(ApiError(500, msg, type="server_error"), request.url.path)
+            if measured:
+                g.measured(request, response.status_code, time.monotonic() - started)
+            return response
 
         return endpoint
 
     routes = [
-        Route("/v1/chat/completions", guarded(g.openai_chat), methods=["POST"]),
-        Route("/v1/completions", guarded(g.openai_completions), methods=["POST"]),
-        Route("/v1/embeddings", guarded(g.openai_embeddings), methods=["POST"]),
+        Route("/v1/chat/completions", guarded(g.openai_chat, measured=True), methods=["POST"]),
+        Route("/v1/completions", guarded(g.openai_completions, measured=True), methods=["POST"]),
+        Route("/v1/embeddings", guarded(g.openai_embeddings, measured=True), methods=["POST"]),
         Route("/v1/models", guarded(g.openai_models), methods=["GET"]),
-        Route("/api/chat", guarded(g.ollama_chat), methods=["POST"]),
-        Route("/api/generate", guarded(g.ollama_generate), methods=["POST"]),
-        Route("/api/embed", guarded(g.ollama_embed), methods=["POST"]),
+        Route("/api/chat", guarded(g.ollama_chat, measured=True), methods=["POST"]),
+        Route("/api/generate", guarded(g.ollama_generate, measured=True), methods=["POST"]),
+        Route("/api/embed", guarded(g.ollama_embed, measured=True), methods=["POST"]),
         Route("/api/tags", guarded(g.ollama_tags), methods=["GET"]),
         Route("/api/ps", guarded(g.ollama_ps), methods=["GET"]),
         Route("/api/version", guarded(g.ollama_version), methods=["GET"]),
         Route("/", guarded(g.root), methods=["GET", "HEAD"]),
         Route("/health", guarded(g.health), methods=["GET"]),
         Route("/gpulock/status", guarded(g.gpulock_status), methods=["GET"]),
+        Route("/metrics", guarded(g.metrics), methods=["GET"]),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:
@@ -302,3 +335,12 @@ def build_app(
         lifespan=lifespan,
     )
     return KeyCheck(app, keys)
+
+
+def _outcome(status_code: int) -> str:
+    """A request's outcome, as a bounded label."""
+    if status_code < 400:
+        return "ok"
+    return {429: "queue-full", 499: "hung-up", 504: "deadline"}.get(
+        status_code, "refused" if status_code < 500 else "error"
+    )

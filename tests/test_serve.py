@@ -343,3 +343,29 @@ def test_bad_serve_config_names_the_key(tmp_path: Path, text: str, needle: str) 
     assert r.returncode in (1, 2), r.stderr
     assert needle in r.stderr and "gpulock.yaml:1:" in r.stderr and "Traceback" not in r.stderr
     assert "abc123" not in r.stderr
+
+
+def test_metrics_on_serves_port_count_the_gateways_requests(gateway: GatewayProc) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def counted() -> float:
+        r = gateway.request("GET", "/metrics")
+        assert r.status == 200, r.body
+        for fam in text_string_to_metric_families(r.body.decode()):
+            if fam.name == "gpulock_gateway_request_duration_seconds":
+                return sum(
+                    s.value
+                    for s in fam.samples
+                    if s.name.endswith("_count")
+                    and s.labels.get("task") == "cheap"
+                    and s.labels.get("outcome") == "ok"
+                )
+        return 0.0
+
+    before = counted()
+    r = gateway.request(
+        "POST", "/v1/chat/completions",
+        body={"model": "cheap", "messages": [{"role": "user", "content": "hi"}]},
+    )  # fmt: skip
+    assert r.status == 200, r.body
+    assert counted() == before + 1  # the event log is read at each scrape: no waiting needed
