@@ -139,3 +139,22 @@ def test_an_exclusive_acquire_stops_an_idle_command_tenant_instead_of_waiting_fo
         assert not alive(m.pid)
     (ev,) = [e for e in events.read(state) if e["event"] == "evict"]
     assert (ev["tenant"], ev["outcome"]) == ("tiny", "freed")
+
+
+def test_the_servers_model_file_is_warmed_while_its_ticket_waits(
+    tiny: Path, tmp_path: Path
+) -> None:
+    from gpulock.tenants.command import model_files
+
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF")
+    assert model_files(["srv", "-m", str(tiny), str(other), "--model=/no/such.gguf"]) == [
+        str(tiny),
+        str(other),
+    ]
+    settings = settings_for(tmp_path, [server_spec(tiny, free_port())])
+    adapter = survey.adapter_for(settings.config.tenants[0], settings)
+    assert isinstance(adapter, CommandAdapter)
+    argv = list(adapter.run_argv())
+    head = argv[: argv.index("--")]
+    assert head[head.index("--prefetch") + 1] == str(tiny)  # gpulock run warms it in line

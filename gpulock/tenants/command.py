@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 from gpulock import identity
 from gpulock.queuedir import QueueDir
@@ -98,7 +99,10 @@ class CommandAdapter(Adapter):
             self._spawn()
         self.wait_ready(timeout_s if timeout_s is not None else self.spec.ready_timeout_s)
 
-    def _spawn(self) -> None:
+    def run_argv(self) -> tuple[str, ...]:
+        """``gpulock run`` around the server's command: its ticket holds ``need`` while the
+        server starts and serves, and the model files its command names are warmed into the
+        page cache while that ticket waits (``--prefetch``)."""
         argv = [
             sys.executable, "-m", "gpulock", "run",
             "--gpu", str(self.spec.gpu),
@@ -108,7 +112,12 @@ class CommandAdapter(Adapter):
         ]  # fmt: skip
         if self.settings.config.path is not None:
             argv += ["--config", str(self.settings.config.path)]
-        argv += ["--", *self.spec.command]
+        for path in model_files(self.spec.command):
+            argv += ["--prefetch", path]
+        return (*argv, "--", *self.spec.command)
+
+    def _spawn(self) -> None:
+        argv = self.run_argv()
         log = os.open(self.log_path(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             # Its own session: the server outlives the process that asked for it (a router call,
@@ -184,3 +193,23 @@ class CommandAdapter(Adapter):
 
         qdir = QueueDir(self.settings, self.spec.gpu, create=False)
         signal_holder(t, sig, qdir.fifo_path(t.seq))
+
+
+MODEL_FLAGS = ("-m", "--model")  # llama.cpp's llama-server, python -m llama_cpp.server
+
+
+def model_files(command: Sequence[str]) -> list[str]:
+    """The model files a server's command names (after ``-m``/``--model``, as ``--model=P``,
+    or any ``*.gguf`` argument) that are readable regular files, each once."""
+    found: list[str] = []
+    for i, arg in enumerate(command):
+        path = None
+        if arg in MODEL_FLAGS and i + 1 < len(command):
+            path = command[i + 1]
+        elif arg.startswith("--model="):
+            path = arg.split("=", 1)[1]
+        elif arg.endswith(".gguf"):
+            path = arg
+        if path and path not in found and os.path.isfile(path) and os.access(path, os.R_OK):
+            found.append(path)
+    return found
