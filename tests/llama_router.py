@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import urllib.request
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 from procs import wait_until
-from router_servers import free_port
+from router_servers import free_port, kill_group, log_tail
 
 START_S = 60.0
 
@@ -94,17 +93,8 @@ class LlamaRouter:
         wait_until(lambda: self.states().get(model) == "loaded", START_S, f"{model} loaded")
 
     def output(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
+        return log_tail(self.log)
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(10)
+        kill_group(self.proc)
         self.proc = None

@@ -38,6 +38,28 @@ from procs import wait_until
 START_S = 30.0  # the server imports uvicorn and loads the model: ~1 s, more on a busy machine
 
 
+def log_tail(log: Path, chars: int = 4000) -> str:
+    """The end of a test server's log, for an assertion's message."""
+    try:
+        return log.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+def kill_group(proc: subprocess.Popen[bytes] | None, wait_s: float = 10.0) -> None:
+    """SIGKILL a test server's process group (started with ``start_new_session``) and reap it."""
+    if proc is None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -111,22 +133,10 @@ class LlamaServer:
         raise AssertionError(f"llama_cpp.server would not start\n{self.output()}")
 
     def output(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
+        return log_tail(self.log)
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
+        kill_group(self.proc, 5.0)
 
 
 @dataclass

@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from procs import wait_until
-from router_servers import free_port
+from router_servers import free_port, kill_group, log_tail
 
 START_S = 30.0
 
@@ -78,10 +77,7 @@ class GatewayProc:
         return {}
 
     def output(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-6000:]
-        except OSError:
-            return ""
+        return log_tail(self.log, 6000)
 
     def request(
         self,
@@ -104,13 +100,4 @@ class GatewayProc:
             conn.close()
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
+        kill_group(self.proc)

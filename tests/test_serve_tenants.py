@@ -156,7 +156,10 @@ def test_a_real_llama_server_tenant_through_gpulock_serve(tmp_path: Path) -> Non
                 stream=True,
             )  # fmt: skip
             assert any(c.choices for c in stream)
-        assert len(acquires(tmp_path)) == 4  # one ticket per request, none of the tenant's own
+        # Only the gateway's tickets (a request may share one that is still held, by
+        # `parallel`); the tenant backend took none of its own (it would be named by the model).
+        names = [e["name"] for e in acquires(tmp_path)]
+        assert names and set(names) == {"gpulock-serve"}, names
     finally:
         if g is not None:
             g.stop()
