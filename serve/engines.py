@@ -17,7 +17,7 @@ import functools
 import json
 import os
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,14 +117,7 @@ class LocalEngine:
         # after each one); until then the call, and so the GPU's ticket, are kept.
         stop = threading.Event()
         kw["logits_processor"] = _stopper(stop, self.backend)
-        if ask.kind == "chat":
-            call = functools.partial(
-                self.backend.chat, ask.messages, wait_s=None, label=ask.model, **kw
-            )
-        else:
-            call = functools.partial(
-                self.backend.complete, ask.prompt, wait_s=None, label=ask.model, **kw
-            )
+        call = _whole_answer(self.backend, ask, kw)
         job = asyncio.ensure_future(asyncio.to_thread(call))
         try:
             r = await asyncio.shield(job)
@@ -153,6 +146,13 @@ class LocalEngine:
 
 
 _END = object()
+
+
+def _whole_answer(backend: Any, ask: Ask, kw: dict[str, Any]) -> Callable[[], Any]:
+    """The blocking call that answers ``ask`` whole (chat or completion), for a thread."""
+    if ask.kind == "chat":
+        return functools.partial(backend.chat, ask.messages, wait_s=None, label=ask.model, **kw)
+    return functools.partial(backend.complete, ask.prompt, wait_s=None, label=ask.model, **kw)
 
 
 async def _stream_in_thread(
@@ -195,14 +195,7 @@ class TenantEngine:
 
     async def answer(self, ask: Ask) -> Answer:
         kw = _llama_kw(ask)
-        if ask.kind == "chat":
-            call = functools.partial(
-                self.backend.chat, ask.messages, wait_s=None, label=ask.model, **kw
-            )
-        else:
-            call = functools.partial(
-                self.backend.complete, ask.prompt, wait_s=None, label=ask.model, **kw
-            )
+        call = _whole_answer(self.backend, ask, kw)
         r = await asyncio.to_thread(call)
         return Answer(r.text, Usage(r.tokens_in, r.tokens_out, "stop"))
 

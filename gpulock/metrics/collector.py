@@ -114,7 +114,26 @@ def write_textfile(path: Path, data: bytes) -> None:
         ) from None
 
 
-class MetricsServer:
+class Listener:
+    """What every metrics listener shares: where it listens, and how it stops."""
+
+    _server: WSGIServer
+    _thread: threading.Thread
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+class MetricsServer(Listener):
     """``/metrics`` over HTTP in a daemon thread (prometheus_client's WSGI server)."""
 
     def __init__(
@@ -130,17 +149,7 @@ class MetricsServer:
                 f"cannot serve metrics on {listen}: {e.strerror or e}",
                 hint="metrics.listen / --metrics-listen: pick a free port (ss -ltnp)",
             ) from None
-        self._server: WSGIServer = server
+        self._server = server
         self._thread = thread
         self.host = listen.host
-        self.port: int = server.server_port
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self.port = server.server_port

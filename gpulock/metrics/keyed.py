@@ -18,7 +18,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from gpulock.apikeys import bearer_ok
 from gpulock.errors import GpulockError
-from gpulock.metrics.collector import StateCollector, registry
+from gpulock.metrics.collector import Listener, StateCollector, registry
 from gpulock.metrics.config import Listen
 from gpulock.settings import Settings
 
@@ -55,7 +55,7 @@ class _Threading(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a slow scraper never holds up the governor's exit
 
 
-class KeyedMetricsServer:
+class KeyedMetricsServer(Listener):
     """Like ``collector.MetricsServer``, with every request checked for a bearer key."""
 
     def __init__(
@@ -78,9 +78,7 @@ class KeyedMetricsServer:
             class Server(_Threading):
                 address_family = family
 
-            self._server: WSGIServer = make_server(
-                listen.host, listen.port, app, Server, handler_class=_Quiet
-            )
+            self._server = make_server(listen.host, listen.port, app, Server, handler_class=_Quiet)
         except OSError as e:
             raise GpulockError(
                 f"cannot serve metrics on {listen}: {e.strerror or e}",
@@ -91,14 +89,4 @@ class KeyedMetricsServer:
         )
         self._thread.start()
         self.host = listen.host
-        self.port: int = self._server.server_port
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self.port = self._server.server_port
