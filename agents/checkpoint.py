@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TypeVar
 
-from gpulock.errors import StateDirError
-from gpulock.state import atomic_write, open_regular, read_small
+from gpulock.core.errors import StateDirError
+from gpulock.core.state import atomic_write, open_regular, read_small
 
 __all__ = [
     "CHECKPOINT_NAME",

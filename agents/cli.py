@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpulock.cli import Parser, UsageError, duration_arg, print_json, run_command, stdout_to_stderr
-from gpulock.units import format_duration, format_size
+from gpulock.core.units import format_duration, format_size
 
 if TYPE_CHECKING:
     from agents.spec import AgentSpec
-    from gpulock.settings import Settings
+    from gpulock.core.settings import Settings
 
 EX_OK, EX_USAGE = 0, 2
 
@@ -125,7 +125,7 @@ def _main(argv: list[str], prog: str) -> int:
         parser.print_help(sys.stderr)
         return EX_USAGE
     from agents import registry
-    from gpulock.config import load_config
+    from gpulock.core.config import load_config
 
     config = load_config(args.config)
     notes = registry.load(args.module, config=config)
@@ -135,7 +135,7 @@ def _main(argv: list[str], prog: str) -> int:
     if args.cmd == "list":
         return _list(args.json)
     spec = _find(args.name)
-    from gpulock.settings import load
+    from gpulock.core.settings import load
 
     settings = load(config, args.state_dir)
     if args.cmd == "show":
@@ -271,8 +271,8 @@ def _last_run(log: Path, *, pid: int | None = None) -> dict[str, Any] | None:
     process is still there) or ``died``.  The rotated generation is read too.  ``pid``: only
     that process's run.
     """
-    from gpulock.errors import StateDirError
-    from gpulock.state import read_tail
+    from gpulock.core.errors import StateDirError
+    from gpulock.core.state import read_tail
 
     records: list[dict[str, Any]] = []
     for path in (log.with_name(log.name + ".1"), log):  # oldest first
@@ -325,7 +325,7 @@ def _unfinished(start: dict[str, Any]) -> dict[str, Any]:
 
 def _running_since(pid: int, ts: float) -> bool:
     """Whether ``pid`` is alive and started before ``ts`` (not a later process reusing it)."""
-    from gpulock.identity import start_ticks
+    from gpulock.core.identity import start_ticks
 
     ticks = start_ticks(pid)
     if ticks is None:

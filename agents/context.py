@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Final, TextIO, TypeVar
 from agents import checkpoint
 from agents.progress import ProgressBar, wanted
 from agents.spec import AgentError, AgentSpec
-from gpulock.errors import StateDirError
-from gpulock.lock import Lease, acquire
-from gpulock.settings import Settings
-from gpulock.state import ensure_subdir
+from gpulock.core.errors import StateDirError
+from gpulock.lock.lease import Lease, acquire
+from gpulock.core.settings import Settings
+from gpulock.core.state import ensure_subdir
 
 if TYPE_CHECKING:
     from router.model import Model

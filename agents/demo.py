@@ -60,7 +60,7 @@ def _gpu(mode: str) -> tuple[int | None, str]:
     """(the real GPU 0's size, or None to simulate 24 GiB; a line saying which)."""
     if mode == "simulated":
         return None, "one simulated 24 GiB GPU"
-    from gpulock import devices
+    from gpulock.core import devices
 
     report = devices.probe(None, environ={})
     dev = report.get(0)
@@ -264,7 +264,7 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> Non
 
 
 def _events(state: Path) -> list[dict[str, object]]:
-    from gpulock import events
+    from gpulock.core import events
 
     return list(events.read(state))
 

@@ -57,10 +57,10 @@ from gpulock.cli import (
     run_command,
     stdout_to_stderr,
 )
-from gpulock.errors import GpulockError
+from gpulock.core.errors import GpulockError
 
 if TYPE_CHECKING:
-    from gpulock.settings import Settings
+    from gpulock.core.settings import Settings
 
 # The ``X as X`` imports above re-export names that lived here before the fleet was split into
 # modules, so ``agents.fleet.TERM_WAIT_S`` and friends keep working.
@@ -292,8 +292,8 @@ def _main(argv: list[str]) -> int:
     fleet = fleetfile.read(args.fleet_file)
     fleetfile.check_schedules(fleet)
     if args.dry_run:
-        from gpulock import state
-        from gpulock.config import load_config
+        from gpulock.core import state
+        from gpulock.core.config import load_config
 
         if args.state_dir:
             state_dir = Path(args.state_dir).expanduser().absolute()
@@ -308,7 +308,7 @@ def _main(argv: list[str]) -> int:
             f"no agent {args.once!r} in {fleet.path}",
             hint="agents: " + ", ".join(a.name for a in fleet.agents),
         )
-    from gpulock.settings import load
+    from gpulock.core.settings import load
 
     settings = load(args.config, args.state_dir)
     jobs = fleetfile.plan(

@@ -46,9 +46,9 @@ from agents.schedules import (
     cron_weekdays,
     parse_schedule,
 )
-from gpulock.config import Config, parse_config, read_config_bytes, show_value
-from gpulock.errors import ConfigError
-from gpulock.units import parse_duration
+from gpulock.core.config import Config, parse_config, read_config_bytes, show_value
+from gpulock.core.errors import ConfigError
+from gpulock.core.units import parse_duration
 
 __all__ = [
     "AGENT_KEYS",

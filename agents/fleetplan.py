@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Final
 
 from agents.schedules import TriggerSpec, parse_schedule
-from gpulock.state import expand_path
+from gpulock.core.state import expand_path
 
 if TYPE_CHECKING:
     # Types only: agents.fleetfile imports this module to re-export the plan.

@@ -29,13 +29,13 @@ from types import FrameType
 from typing import IO, TYPE_CHECKING, Any, Final
 
 from agents.fleetplan import JobSpec
-from gpulock import logfile
-from gpulock.errors import StateDirError
-from gpulock.state import open_regular
-from gpulock.units import format_duration
+from gpulock.core import logfile
+from gpulock.core.errors import StateDirError
+from gpulock.core.state import open_regular
+from gpulock.core.units import format_duration
 
 if TYPE_CHECKING:
-    from gpulock.settings import Settings
+    from gpulock.core.settings import Settings
 
 __all__ = [
     "EX_ERROR",
@@ -337,7 +337,7 @@ def _open_log(path: Path, mode: int) -> IO[bytes]:
     place is a StateDirError, not followed and not waited on (with the runner's lock held, a
     FIFO would stop the whole fleet, its stop included); a new log gets exactly ``mode``.
     """
-    # gpulock.logfile rotates it, as it does the event log and the agents' run logs (under
+    # gpulock.core.logfile rotates it, as it does the event log and the agents' run logs (under
     # a short flock beside it: a run and the runner's next run of that agent never both do).
     try:
         logfile.rotate(path, max_bytes=LOG_MAX_BYTES, mode=mode, lock_name=".log.lock")

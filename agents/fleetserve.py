@@ -29,11 +29,11 @@ from agents.fleetfile import FleetFile
 from agents.fleetplan import JobSpec
 from agents.fleetrun import EX_OK, Runner, Wakeup
 from agents.schedules import make_trigger
-from gpulock.errors import GpulockError, StateDirError
-from gpulock.units import format_duration
+from gpulock.core.errors import GpulockError, StateDirError
+from gpulock.core.units import format_duration
 
 if TYPE_CHECKING:
-    from gpulock.settings import Settings
+    from gpulock.core.settings import Settings
 
 __all__ = ["serve"]
 
@@ -90,7 +90,7 @@ def _scheduler(runner: Runner, fleet: FleetFile, jobs: Sequence[JobSpec]) -> Any
 
 def _claim(settings: Settings, fleet: FleetFile) -> int:
     """Hold a lock for this fleet file (until exit), so two fleets never run its agents twice."""
-    from gpulock import state
+    from gpulock.core import state
 
     folder = state.ensure_subdir(settings.state_dir, "fleet", group=settings.group)
     digest = hashlib.sha256(str(fleet.path.absolute()).encode()).hexdigest()[:12]
@@ -110,7 +110,7 @@ def _claim(settings: Settings, fleet: FleetFile) -> int:
 
 
 def _make_dirs(jobs: Sequence[JobSpec], settings: Settings) -> None:
-    from gpulock import state
+    from gpulock.core import state
 
     default = settings.state_dir / "fleet"
     for folder in {j.log_path.parent for j in jobs}:

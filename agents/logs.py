@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-from gpulock import logfile
-from gpulock.errors import GpulockError
+from gpulock.core import logfile
+from gpulock.core.errors import GpulockError
 
 LOG_NAME: Final = "log.jsonl"
 LOG_MAX_BYTES: Final = 1024 * 1024
@@ -97,7 +97,7 @@ class JsonLineHandler(logging.Handler):
 def append_line(path: Path, data: bytes, *, mode: int, max_bytes: int) -> None:
     """Append ``data`` with one write; past ``max_bytes``, rotate the file to ``<path>.1``.
 
-    ``gpulock.logfile`` does it, as for the event log: a symlink, a folder or a FIFO in the
+    ``gpulock.core.logfile`` does it, as for the event log: a symlink, a folder or a FIFO in the
     log's or its rotation lock's place raises StateDirError instead of being followed or
     hanging the run; a new log gets exactly ``mode``, 0o660 included.
     """

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Final, TextIO
 
-from gpulock.units import format_duration
+from gpulock.core.units import format_duration
 
 __all__ = ["ENV_NO_PROGRESS", "ProgressBar", "render", "wanted"]
 

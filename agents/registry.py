@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from agents.spec import AgentError, _relabel
-from gpulock.config import Config
+from gpulock.core.config import Config
 
 __all__ = ["CONFIG_KEYS", "ENV_MODULES", "EXAMPLES", "AgentModuleError", "config_modules", "load"]
 

@@ -51,10 +51,10 @@ from agents.logs import RunLogger as RunLogger
 from agents.logs import append_line as append_line
 from agents.logs import open_run_log
 from agents.spec import AgentSpec
-from gpulock.errors import GpulockError, StateDirError
-from gpulock.settings import Settings, load
-from gpulock.state import read_small, take_instance_lock
-from gpulock.units import format_duration
+from gpulock.core.errors import GpulockError, StateDirError
+from gpulock.core.settings import Settings, load
+from gpulock.core.state import read_small, take_instance_lock
+from gpulock.core.units import format_duration
 
 __all__ = ["EX_ERROR", "EX_OK", "EX_SKIP", "Context", "Stopped", "agent_dir", "run_agent"]
 

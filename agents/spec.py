@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from gpulock.errors import GpulockError
-from gpulock.units import parse_duration, parse_size
+from gpulock.core.errors import GpulockError
+from gpulock.core.units import parse_duration, parse_size
 
 if TYPE_CHECKING:
     from agents.runtime import Context

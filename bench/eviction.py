@@ -32,15 +32,16 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpulock import eviction, registry, status  # noqa: E402
-from gpulock.queuedir import QueueDir  # noqa: E402
-from gpulock.settings import load  # noqa: E402
-from gpulock.ticket import Ticket  # noqa: E402
+from gpulock.residents import eviction, registry  # noqa: E402
+from gpulock import status
+from gpulock.lock.queuedir import QueueDir  # noqa: E402
+from gpulock.core.settings import load  # noqa: E402
+from gpulock.lock.ticket import Ticket  # noqa: E402
 
 OWNER = textwrap.dedent(
     """
     import os, sys, time
-    from gpulock import residents as R
+    from gpulock.residents import owner as R
     n, mode = int(sys.argv[1]), sys.argv[2]
     weights = {}
     handles = []

@@ -10,7 +10,7 @@ with Qwen2.5-7B's hyperparameters and no tensors).  Two orders: llama.cpp conver
 
 - old: this project's reader before this change (a read and a seek per tokenizer string, every
   array walked even after the numbers were found), copied here;
-- new: ``router.gguf_info.read_info`` uncached (the in-process cache cleared each round): stops
+- new: ``gpulock.core.gguf.read_info`` uncached (the in-process cache cleared each round): stops
   once the numbers are found, walks a string array's lengths in 1 MiB buffers;
 - new, cached: ``router.gguf_cache.read_info_cached`` as a fresh cron process meets it (the
   in-process cache cleared, the state folder's ``router/gguf.json`` filled);
@@ -40,8 +40,9 @@ from typing import Any, BinaryIO
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpulock.settings import load  # noqa: E402
-from router import gguf_cache, gguf_info  # noqa: E402
+from gpulock.core.settings import load  # noqa: E402
+from router import gguf_cache  # noqa: E402
+from gpulock.core import gguf as gguf_info
 from router.tiny_model import QWEN_MERGES, QWEN_TOKENS, write_big_header  # noqa: E402
 
 TARGET_UNCACHED_MS = 30.0

@@ -159,7 +159,7 @@ def part_a(figures: dict[str, Any]) -> None:
 OWNER = textwrap.dedent(
     """
     import json, sys, time
-    from gpulock import residents as R
+    from gpulock.residents import owner as R
     specs = json.loads(sys.argv[1])
     weights, handles = {}, []
     def unloader(name):
@@ -211,8 +211,8 @@ class Owner:
 
 def real_reaction(tmp: Path, trial: int) -> dict[str, float]:
     """One onset with the real daemon: seconds to the first level and to the first unload."""
-    from gpulock import level
-    from gpulock.settings import load
+    from gpulock.core import level
+    from gpulock.core.settings import load
 
     state = tmp / f"real-{trial}"
     cfg = tmp / f"real-{trial}.yaml"
@@ -378,7 +378,7 @@ def probe_cost(tmp: Path, figures: dict[str, Any]) -> str:
         return "Probe.collect not measured"
     try:
         from governor.probes import Probe
-        from gpulock.settings import load
+        from gpulock.core.settings import load
     except Exception as e:
         print(f"    Probe.collect: skipped, import failed: {e!r}")
         return "Probe.collect not measured"

@@ -267,7 +267,7 @@ def ctx() -> Any:
             [
                 "__main__",
                 *("argparse", "json", "platform", "random", "statistics", "subprocess"),
-                *("tempfile", "fcntl", "gpulock", "gpulock.lock", "filelock"),
+                *("tempfile", "fcntl", "gpulock", "gpulock.lock.lease", "filelock"),
             ]
         )
         _CTX = c
@@ -756,7 +756,7 @@ class Bench:
     # (h) gpulock status with 100 tickets.
     def status(self, tickets: int, calls: int, cli_runs: int) -> dict[str, Any]:
         from gpulock import status as st
-        from gpulock.settings import load
+        from gpulock.core.settings import load
 
         with Group("gpulock", self.folder("status", "gpulock")) as g:
             g.spawn(1)

@@ -38,21 +38,22 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpulock import events, status  # noqa: E402
+from gpulock.core import events  # noqa: E402
+from gpulock import status
 from gpulock.metrics.collector import MetricsServer, StateCollector, exposition  # noqa: E402
 from gpulock.metrics.config import Listen  # noqa: E402
 from gpulock.metrics.cursor import FILE, FOLDER  # noqa: E402
 from gpulock.metrics.families import families  # noqa: E402
 from gpulock.metrics.tally import Tally, fold  # noqa: E402
-from gpulock.queuedir import QueueDir  # noqa: E402
-from gpulock.settings import Settings, load  # noqa: E402
-from gpulock.ticket import Ticket  # noqa: E402
+from gpulock.lock.queuedir import QueueDir  # noqa: E402
+from gpulock.core.settings import Settings, load  # noqa: E402
+from gpulock.lock.ticket import Ticket  # noqa: E402
 
 TARGET_MS = 50.0
 OWNER = textwrap.dedent(
     """
     import os, sys, time
-    from gpulock import residents as R
+    from gpulock.residents import owner as R
     handles = [R.resident(f"model-{os.getpid()}-{i}", bytes="100MiB", unload=lambda: None)
                for i in range(int(sys.argv[1]))]
     print("ready", flush=True)

@@ -39,8 +39,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpulock import events  # noqa: E402
-from gpulock.pagecache import drop_from_cache, resident_bytes  # noqa: E402
+from gpulock.core import events  # noqa: E402
+from gpulock.core.pagecache import drop_from_cache, resident_bytes  # noqa: E402
 
 MiB = 1 << 20
 BUF = 8 * MiB

@@ -39,8 +39,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import router  # noqa: E402
-from gpulock.queuedir import QueueDir  # noqa: E402
-from gpulock.settings import load  # noqa: E402
+from gpulock.lock.queuedir import QueueDir  # noqa: E402
+from gpulock.core.settings import load  # noqa: E402
 from router.tiny_model import ensure_tiny_llama  # noqa: E402
 
 TARGET_MS = 1.0
@@ -159,7 +159,7 @@ def bench_decisions(tmp: Path, tiny: Path, calls: int) -> list[dict[str, Any]]:
 def bench_policies(tmp: Path, tiny: Path, runs: int) -> list[dict[str, Any]]:
     import llama_cpp  # noqa: F401  (imported once, before either side: neither pays for it)
 
-    from gpulock import events
+    from gpulock.core import events
 
     out = []
     for policy in ("persistent", "cold-start"):

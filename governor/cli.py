@@ -20,7 +20,7 @@ from gpulock.cli import Parser, UsageError, print_json, run_command
 
 if TYPE_CHECKING:
     from gpulock.metrics.exporter import Exporter
-    from gpulock.settings import Settings
+    from gpulock.core.settings import Settings
 
 EX_OK = 0
 
@@ -100,7 +100,7 @@ def _main(argv: list[str]) -> int:
     from governor.daemon import Governor
     from governor.effects import Effects
     from governor.probes import Probe
-    from gpulock.settings import load
+    from gpulock.core.settings import load
 
     if args.json and not args.once:
         raise UsageError("--json goes with --once", hint="gpulock governor --once --json")

@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from governor.model import GovernorConfig, ScheduleWindow
-from gpulock.config import Config
-from gpulock.units import parse_clock, parse_duration, parse_size
+from gpulock.core.config import Config
+from gpulock.core.units import parse_clock, parse_duration, parse_size
 
 T = TypeVar("T")
 

@@ -14,7 +14,7 @@ so a stop acts at once.  Every collaborator comes in through the constructor.
 One governor per state folder: ``open()`` takes an exclusive, non-blocking ``flock`` on
 ``<state>/governor.lock`` for the daemon's life (a second one fails with ``AlreadyRunning``,
 naming the pid that runs), then creates ``<state>/governor.fifo``, the claim that makes its
-published level count (``gpulock.level``): when the governor dies, however it dies, the kernel
+published level count (``gpulock.core.level``): when the governor dies, however it dies, the kernel
 drops the claim and every reader falls back to ``normal``.  The lock comes first because
 creating the claim replaces the FIFO at that path.  A dry run publishes nothing, so it takes
 neither and may run beside the real governor.
@@ -38,9 +38,9 @@ from governor.model import LEVELS, GovernorConfig, Snapshot, State
 from governor.policy import decide as policy_decide
 from governor.policy import threshold_in_force
 from governor.probes import Probe
-from gpulock import claim, level, safejson, state
-from gpulock.errors import GpulockError, StateDirError
-from gpulock.settings import Settings
+from gpulock.core import claim, level, safejson, state
+from gpulock.core.errors import GpulockError, StateDirError
+from gpulock.core.settings import Settings
 
 LOCK_FILE = "governor.lock"
 

@@ -3,13 +3,13 @@
 ``Effects.apply(actions, snapshot, config)`` does what ``governor.policy.decide`` asked, in
 order, and returns one result per action (a dict, also what ``--once --json`` would show):
 
-* ``evict`` -- ``gpulock.eviction.evict`` on the resident's current record (an idle model:
+* ``evict`` -- ``gpulock.residents.eviction.evict`` on the resident's current record (an idle model:
   the owner gets ``EVICT_TIMEOUT_S`` to reach a safe point and as long again to unload; if it
   became busy meanwhile it is no longer idle, and the next pass decides again).
 * ``force-evict`` -- the same with ``force=True`` (pinned too) and ``grace`` to comply.  When
   the owner is busy or silent past the grace and the config says ``force_kill``, and the owner
   holds no GPU ticket (checked again right before the signal), and we may signal it: SIGTERM
-  (only to a process proven to hold its claim, see ``gpulock.proof``), up to ``grace`` for
+  (only to a process proven to hold its claim, see ``gpulock.core.proof``), up to ``grace`` for
   its claim to go, then SIGKILL.  Each signal is a ``kill`` event, as ``gpulock break``
   writes them.
 * ``level`` -- an ``escalate`` or ``deescalate`` event with the old and new level.
@@ -40,7 +40,7 @@ from governor.model import LEVELS, Action, GovernorConfig, Snapshot
 from governor.policy import threshold_in_force
 from gpulock import arbiter
 from gpulock.arbiter import Settings
-from gpulock.units import format_size
+from gpulock.core.units import format_size
 
 EVICT_TIMEOUT_S = 2.0  # an idle model's owner answers at once; busy means "not idle" now
 

@@ -14,7 +14,7 @@ LEVELS = ("normal", "reduce", "evict-idle", "force-evict", "freeze")
 
 @dataclass(frozen=True, slots=True)
 class ResidentView:
-    """A resident model as the policy needs it (from ``gpulock.registry.Record``)."""
+    """A resident model as the policy needs it (from ``gpulock.residents.registry.Record``)."""
 
     id: str
     name: str

@@ -13,7 +13,7 @@ jobs import it every minute.
 
 from __future__ import annotations
 
-from gpulock.errors import (
+from gpulock.core.errors import (
     ConfigError,
     GpulockError,
     LockError,
@@ -22,7 +22,7 @@ from gpulock.errors import (
     NotPermitted,
     StateDirError,
 )
-from gpulock.lock import Lease, acquire, locked
+from gpulock.lock.lease import Lease, acquire, locked
 
 __all__ = [
     "AdmissionRefused",
@@ -49,14 +49,14 @@ __version__ = "0.1.0"
 # Resident models need sockets and threads; load them only when first used, so the cron job
 # that only takes the lock does not pay for them.
 _LAZY = {
-    "resident": ("gpulock.residents", "resident"),
-    "admit": ("gpulock.eviction", "admit"),
-    "evict": ("gpulock.eviction", "evict_named"),
-    "Resident": ("gpulock.residents", "Resident"),
-    "AdmissionRefused": ("gpulock.eviction", "AdmissionRefused"),
-    "adapters": ("gpulock.adapters", None),
-    "governor_level": ("gpulock.level", "governor_level"),
-    "acquire_async": ("gpulock.aiolock", "acquire_async"),  # asyncio only for those who wait on it
+    "resident": ("gpulock.residents.owner", "resident"),
+    "admit": ("gpulock.residents.eviction", "admit"),
+    "evict": ("gpulock.residents.eviction", "evict_named"),
+    "Resident": ("gpulock.residents.owner", "Resident"),
+    "AdmissionRefused": ("gpulock.residents.eviction", "AdmissionRefused"),
+    "adapters": ("gpulock.residents.adapters", None),
+    "governor_level": ("gpulock.core.level", "governor_level"),
+    "acquire_async": ("gpulock.lock.aiolock", "acquire_async"),  # asyncio only for those who wait on it
 }
 
 

@@ -9,23 +9,24 @@ insides change; the governor's needs do not).  Everything it uses is here:
 * acting: ``evict`` (library residents and tenant models alike, verified), ``ring_head``,
   ``publish_level``; for a force-evict's kill, ``watch_owner`` / ``owner_claim`` /
   ``proven`` / ``end_owner`` / ``may_signal`` / ``signal_proven`` / ``clean_dead`` (a signal
-  reaches only a process proven to hold the resident's claim: ``gpulock.proof``).
+  reaches only a process proven to hold the resident's claim: ``gpulock.core.proof``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gpulock import claim, devices, level, registry
-from gpulock.claim import end_owner
-from gpulock.eviction import EvictResult, evict
-from gpulock.identity import may_signal
-from gpulock.level import Published
-from gpulock.proof import proven
-from gpulock.proof import send as signal_proven
-from gpulock.queuedir import QueueDir, holder_pids, queue_gpus
-from gpulock.registry import Record
-from gpulock.settings import Settings
+from gpulock.core import claim, devices, level
+from gpulock.residents import registry
+from gpulock.core.claim import end_owner
+from gpulock.residents.eviction import EvictResult, evict
+from gpulock.core.identity import may_signal
+from gpulock.core.level import Published
+from gpulock.core.proof import proven
+from gpulock.core.proof import send as signal_proven
+from gpulock.lock.queuedir import QueueDir, holder_pids, queue_gpus
+from gpulock.residents.registry import Record
+from gpulock.core.settings import Settings
 
 __all__ = [
     "EvictResult",

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any, NoReturn
 
-from gpulock.errors import GpulockError, LockTimeout
-from gpulock.units import format_duration, format_size, parse_duration, parse_size
+from gpulock.core.errors import GpulockError, LockTimeout
+from gpulock.core.units import format_duration, format_size, parse_duration, parse_size
 
 EX_OK, EX_ERROR, EX_USAGE, EX_TEMPFAIL = 0, 1, 2, 75
 EX_NOEXEC, EX_NOTFOUND = 126, 127
@@ -371,7 +371,7 @@ def _dispatch(argv: list[str]) -> int:
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    from gpulock.settings import load
+    from gpulock.core.settings import load
 
     return load(args.config, args.state_dir)
 
@@ -389,7 +389,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("missing command to run", hint="gpulock run [options] -- CMD [ARG...]")
     settings = _settings(args)
     if args.prefetch:
-        from gpulock.prefetch import check_paths
+        from gpulock.lock.prefetch import check_paths
 
         try:
             args.prefetch = list(check_paths(args.prefetch))
@@ -437,7 +437,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_break(args: argparse.Namespace) -> int:
-    from gpulock import repair
+    from gpulock.lock import repair
 
     if (args.ticket is None) == (not args.stale):
         raise UsageError("give a TICKET or --stale (one of them)", hint="gpulock break --help")
@@ -481,7 +481,7 @@ def parse_since(text: str, now_wall: float) -> float:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from gpulock import events
+    from gpulock.core import events
 
     settings = _settings(args)
     since = parse_since(args.since, time.time()) if args.since else None
@@ -551,9 +551,10 @@ def _value(key: str, v: Any) -> str:
 
 
 def cmd_heartbeat(args: argparse.Namespace) -> int:
-    from gpulock import identity, repair
-    from gpulock.errors import NotPermitted
-    from gpulock.lock import ENV_TICKET
+    from gpulock.core import identity
+    from gpulock.lock import repair
+    from gpulock.core.errors import NotPermitted
+    from gpulock.lock.lease import ENV_TICKET
 
     seq = args.ticket
     if seq is None:
@@ -580,7 +581,7 @@ def cmd_heartbeat(args: argparse.Namespace) -> int:
 
 
 def cmd_evict(args: argparse.Namespace) -> int:
-    from gpulock import eviction, registry
+    from gpulock.residents import eviction, registry
 
     settings = _settings(args)
     matches = eviction.find(settings, args.target, gpu=args.gpu, tenant=args.tenant)

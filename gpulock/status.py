@@ -16,7 +16,7 @@
   and the ticket awaits cleanup), ``stale`` (hung or dead), ``position`` (0 = head), ``user``,
   ``uid``, ``host``, ``command``, ``need_bytes`` (None = exclusive), ``lease_s``,
   ``created_wall``, ``granted_wall``, ``waited_s``, ``held_s``, ``heartbeat_age_s``,
-  ``child_pid``, ``prefetch`` (a waiter warming its files, see ``gpulock.prefetch_progress``:
+  ``child_pid``, ``prefetch`` (a waiter warming its files, see ``gpulock.lock.prefetch_progress``:
   ``state`` ``warming``/``done``/``skipped``, ``reason``, ``paths``, ``bytes_done``,
   ``bytes_total``, ``bytes_read``, ``updated_wall``; None when it warms nothing, and always for
   holders).
@@ -41,11 +41,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from gpulock import devices, level, prefetch_progress, queue, registry
-from gpulock.errors import GpulockError
-from gpulock.queuedir import QueueDir, TicketFile, queue_gpus
-from gpulock.settings import Settings
-from gpulock.units import format_duration, format_size, format_usd
+from gpulock.core import devices, level
+from gpulock.lock import prefetch_progress, queue
+from gpulock.residents import registry
+from gpulock.core.errors import GpulockError
+from gpulock.lock.queuedir import QueueDir, TicketFile, queue_gpus
+from gpulock.core.settings import Settings
+from gpulock.core.units import format_duration, format_size, format_usd
 
 VERSION = 1
 
@@ -251,7 +253,7 @@ def usage_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
     """Today's router accounting, or None (no ledger, another day's, or unreadable)."""
     import json
 
-    from gpulock.state import read_small
+    from gpulock.core.state import read_small
 
     try:
         data = read_small(settings.state_dir / "router" / "ledger.json")

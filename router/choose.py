@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpulock.units import format_duration, format_size, format_usd
+from gpulock.core.units import format_duration, format_size, format_usd
 from router.routes import Candidate
 from router.waitest import HoldHistory, Queued, estimate_wait
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from gpulock.errors import GpulockError
+from gpulock.core.errors import GpulockError
 
 if TYPE_CHECKING:
     from router.choose import Choice

@@ -1,6 +1,6 @@
 """GGUF header numbers cached in the state folder, so each cron process skips the parse.
 
-``router.gguf_info.read_info`` caches in the process; a cron job is a new process every time,
+``gpulock.core.gguf.read_info`` caches in the process; a cron job is a new process every time,
 and the router's VRAM estimate is needed by every ``gpulock route`` and every agent whose route
 names a GPU model.  So the numbers are kept in ``<state>/router/gguf.json`` too, by the model's
 path, size and modification time (a replaced or rewritten file is parsed again):
@@ -21,10 +21,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpulock import state
-from gpulock.errors import StateDirError
-from gpulock.settings import Settings
-from router.gguf_info import GGUFInfo, read_info
+from gpulock.core import state
+from gpulock.core.errors import StateDirError
+from gpulock.core.settings import Settings
+from gpulock.core.gguf import GGUFInfo, read_info
 
 FOLDER = "router"
 FILE = "gguf.json"

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpulock import state
-from gpulock.errors import StateDirError
-from gpulock.settings import Settings
+from gpulock.core import state
+from gpulock.core.errors import StateDirError
+from gpulock.core.settings import Settings
 
 FORMAT = "gpulock.ledger/1"
 FOLDER = "router"

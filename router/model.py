@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpulock.settings import Settings
+from gpulock.core.settings import Settings
 from router import ledger, probe
 from router.backends import BackendError, Result
 from router.choose import Choice, Verdict, choose, cid

@@ -1,6 +1,6 @@
 """What this machine looks like now, as the chooser's ``Host``: the I/O half of the router.
 
-Reads the GPUs (simulated or NVML, through ``gpulock.registry.probe_devices``), each GPU's queue
+Reads the GPUs (simulated or NVML, through ``gpulock.residents.registry.probe_devices``), each GPU's queue
 (holders and waiters), recent hold times from the tail of the event log (for the wait estimate),
 the governor's published level, the ledger (cooldowns, spend, requests), which API-key variables
 are set, which model files exist, and the models already loaded in this process.
@@ -14,11 +14,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from gpulock import events, level, registry, state
-from gpulock.errors import StateDirError
-from gpulock.queuedir import QueueDir
-from gpulock.settings import Settings
-from router import gguf_cache, gguf_info, ledger
+from gpulock.core import events, level, state
+from gpulock.residents import registry
+from gpulock.core.errors import StateDirError
+from gpulock.lock.queuedir import QueueDir
+from gpulock.core.settings import Settings
+from router import gguf_cache, ledger
+from gpulock.core import gguf as gguf_info
 from router.choose import GpuView, Host, cid
 from router.routes import Candidate, RouterSettings
 from router.waitest import HoldHistory, Queued, estimate_wait, history_from

@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpulock.config import Config
-from gpulock.units import parse_duration, parse_size
+from gpulock.core.config import Config
+from gpulock.core.units import parse_duration, parse_size
 
 TIERS = ("cpu", "gpu", "cloud")
 BACKENDS = {"llama_cpp": ("cpu", "gpu"), "openai": ("cloud",), "tenant": ("gpu",)}

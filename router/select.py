@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpulock import settings as settings_mod
-from gpulock.config import Config
-from gpulock.settings import Settings
-from gpulock.units import parse_duration
+from gpulock.core import settings as settings_mod
+from gpulock.core.config import Config
+from gpulock.core.settings import Settings
+from gpulock.core.units import parse_duration
 from router import probe
 from router.choose import Choice, choose, preferred
 from router.errors import NoModelAvailable, UnknownPreference, UnknownTask

@@ -122,7 +122,7 @@ def _admit(
 
 
 def _fits(need: int | None, holding: Sequence[int | None], budget: int | None) -> bool:
-    """The lock's sharing rule (gpulock.queue): needs share while their sum fits the budget."""
+    """The lock's sharing rule (gpulock.lock.queue): needs share while their sum fits the budget."""
     if not holding:
         return True
     if need is None or budget is None or any(n is None for n in holding):

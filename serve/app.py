@@ -24,9 +24,9 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from gpulock import status
-from gpulock.errors import GpulockError
-from gpulock.settings import Settings
-from gpulock.units import parse_duration
+from gpulock.core.errors import GpulockError
+from gpulock.core.settings import Settings
+from gpulock.core.units import parse_duration
 from serve import api_ollama, api_openai
 from serve.asgi import KeyCheck, Streamed, error_response, unless_hung_up
 from serve.dispatch import Dispatcher, Opened

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from gpulock.cli import Parser, run_command
-from gpulock.errors import GpulockError
+from gpulock.core.errors import GpulockError
 from serve import config as serve_config
 
 DESCRIPTION = """\
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from gpulock.settings import load
+    from gpulock.core.settings import load
 
     settings = load(args.config, args.state_dir)
     sc = serve_config.load(settings.config)

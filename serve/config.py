@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpulock import apikeys
-from gpulock.config import Config
-from gpulock.errors import GpulockError
-from gpulock.units import parse_size
+from gpulock.core import apikeys
+from gpulock.core.config import Config
+from gpulock.core.errors import GpulockError
+from gpulock.core.units import parse_size
 
 DEFAULT_LISTEN = "127.0.0.1:11435"
 KEYS = ("listen", "api_keys_env", "max_queue", "max_body")

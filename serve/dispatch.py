@@ -16,8 +16,8 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpulock.errors import ConfigError, LockTimeout
-from gpulock.settings import Settings
+from gpulock.core.errors import ConfigError, LockTimeout
+from gpulock.core.settings import Settings
 from router import ledger, probe
 from router.backends import BackendError
 from router.backends.tenant import TenantBackend
@@ -127,7 +127,7 @@ class Dispatcher:
         parallel, with short timeouts; a tenant that is down lists nothing)."""
         if not self.settings.config.tenants:
             return []
-        from gpulock import registry
+        from gpulock.residents import registry
 
         return sorted({r.id for r in registry.tenant_records(self.settings)})
 

@@ -28,12 +28,12 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from gpulock.aiolock import acquire_async
-from gpulock.errors import GpulockError, LockTimeout
-from gpulock.lock import Lease
-from gpulock.queuedir import QueueDir
-from gpulock.settings import Settings
-from gpulock.ticket import TicketFormatError
+from gpulock.lock.aiolock import acquire_async
+from gpulock.core.errors import GpulockError, LockTimeout
+from gpulock.lock.lease import Lease
+from gpulock.lock.queuedir import QueueDir
+from gpulock.core.settings import Settings
+from gpulock.lock.ticket import TicketFormatError
 
 
 class QueueFull(GpulockError):

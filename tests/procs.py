@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from gpulock.settings import Settings
+    from gpulock.core.settings import Settings
 
 T = TypeVar("T")
 
@@ -350,7 +350,7 @@ class World:
 
     def tickets(self, gpu: int = 0) -> dict[int, Any]:
         """Readable tickets in the queue folder, by sequence number (garbage skipped)."""
-        from gpulock.ticket import TicketFormatError, parse, seq_of
+        from gpulock.lock.ticket import TicketFormatError, parse, seq_of
 
         out = {}
         try:
@@ -392,7 +392,7 @@ class World:
         )
 
     def events(self, kind: str | None = None, **match: Any) -> list[dict[str, Any]]:
-        from gpulock import events
+        from gpulock.core import events
 
         return [
             e
@@ -411,7 +411,7 @@ class World:
         return found[0]
 
     def settings(self) -> Settings:
-        from gpulock.settings import load
+        from gpulock.core.settings import load
 
         return load(str(self.config), self.state)
 

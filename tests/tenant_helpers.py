@@ -7,8 +7,8 @@ from typing import Any
 
 import yaml
 
-from gpulock import settings as settings_mod
-from gpulock.settings import Settings
+from gpulock.core import settings as settings_mod
+from gpulock.core.settings import Settings
 
 
 def write_config(root: Path, tenants: list[dict[str, Any]], **top: Any) -> Path:

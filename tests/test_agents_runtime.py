@@ -26,9 +26,9 @@ from cli_helpers import Cli, assert_clean_error, error_lines, wait_until
 from agents import AgentSpec, agent, checkpoint, progress
 from agents.runtime import Stopped, agent_dir, classify, skip_reason
 from agents.spec import check_schedule, get
-from gpulock.config import Config
-from gpulock.errors import LockTimeout
-from gpulock.settings import load
+from gpulock.core.config import Config
+from gpulock.core.errors import LockTimeout
+from gpulock.core.settings import load
 
 AGENTS = (sys.executable, "-m", "agents")
 FIXTURES = str(Path(__file__).resolve().parent / "agent_fixtures.py")

@@ -171,7 +171,7 @@ def _alive(pid: int) -> bool:
 def test_async_waiter_behind_a_dead_holder_is_granted_only_after_its_command_exits(
     world: World,
 ) -> None:
-    """``acquire_async`` shares the blocking waiter's exit wait (``gpulock.exitwait``): the
+    """``acquire_async`` shares the blocking waiter's exit wait (``gpulock.lock.exitwait``): the
     dead holder's command, still running, keeps the GPU until it exits."""
     world.config.write_text("exit_wait: 1h\n")  # never runs out within the test
     script = world.root / "drop_claim.py"

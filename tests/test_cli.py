@@ -228,10 +228,10 @@ def test_break_of_an_unknown_ticket_is_an_error(cli: Cli) -> None:
 
 BULK_PY = """\
 import sys, time
-from gpulock import identity
-from gpulock.queuedir import QueueDir
-from gpulock.settings import load
-from gpulock.ticket import Ticket
+from gpulock.core import identity
+from gpulock.lock.queuedir import QueueDir
+from gpulock.core.settings import load
+from gpulock.lock.ticket import Ticket
 
 count, ready = int(sys.argv[1]), sys.argv[2]
 queue = QueueDir(load(), 0)

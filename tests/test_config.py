@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 
-from gpulock import config as config_module
-from gpulock.config import DEFAULTS, SECTIONS, Config, find_config, load_config, parse_config
-from gpulock.errors import ConfigError
+from gpulock.core import config as config_module
+from gpulock.core.config import DEFAULTS, SECTIONS, Config, find_config, load_config, parse_config
+from gpulock.core.errors import ConfigError
 
 MIB = 1024**2
 GIB = 1024**3

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from gpulock import devices
-from gpulock.config import parse_config
-from gpulock.devices import Device, DeviceReport, GpuProcess
-from gpulock.errors import ConfigError
+from gpulock.core import devices
+from gpulock.core.config import parse_config
+from gpulock.core.devices import Device, DeviceReport, GpuProcess
+from gpulock.core.errors import ConfigError
 
 GIB = 1024**3
 MIB = 1024**2
@@ -155,7 +155,7 @@ def test_without_torch_torch_memory_is_none() -> None:
 
 def test_importing_devices_imports_neither_pynvml_nor_torch() -> None:
     out = in_fresh_python(
-        "import sys, gpulock.devices\n"
+        "import sys, gpulock.core.devices\n"
         "print(sorted(m for m in ('pynvml', 'torch') if m in sys.modules))\n"
     )
     assert out == "[]"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpulock import devices
+from gpulock.core import devices
 
 _REPORT = devices.probe(None, {})  # {}: a simulated GPU in the environment must not count
 

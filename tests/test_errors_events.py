@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import gpulock
-from gpulock import errors, events
+from gpulock.core import errors, events
 
 
 @pytest.mark.parametrize(

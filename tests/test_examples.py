@@ -31,8 +31,8 @@ from agents.examples.inbox_triage import LABELS, label_of
 from agents.examples.report_drafter import LineGuard, headings_from
 from agents.examples.tagger import normalise_tags, tags_for
 from agents.examples.tts_batch import CHAR_FRAMES, RATE_HZ, spoken_text, stressed, tone_hz
-from gpulock import events
-from gpulock.config import parse_config
+from gpulock.core import events
+from gpulock.core.config import parse_config
 from router.tiny_model import ensure_tiny_llama
 
 REPO = Path(__file__).resolve().parent.parent

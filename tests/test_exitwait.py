@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 from cli_helpers import Cli, pid_alive, wait_until
 
-from gpulock import exitwait, identity
-from gpulock.ticket import Ticket
+from gpulock.lock import exitwait
+from gpulock.core import identity
+from gpulock.lock.ticket import Ticket
 
 # --- the rule ---------------------------------------------------------------------------------
 
@@ -229,7 +230,7 @@ def test_gpulock_run_of_the_whole_group_sigkilled_hands_on_after_both_exit(cli: 
 
 
 def test_gpu_pids_is_unknown_on_a_simulated_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpulock import devices
+    from gpulock.core import devices
 
     monkeypatch.setenv("GPULOCK_SIMULATE", "24GiB")
     assert devices.gpu_pids(0) is None  # nothing to ask: the waiter waits for pidfds only

@@ -15,7 +15,7 @@ import sys
 import pytest
 from cli_helpers import Cli, wait_until
 
-from gpulock import devices
+from gpulock.core import devices
 
 _REPORT = devices.probe(None, {})
 
@@ -37,7 +37,7 @@ sys.stdin.read()
 
 CHECK_PY = """\
 import json, sys
-from gpulock import devices
+from gpulock.core import devices
 dead = {int(p) for p in sys.argv[2:]}
 listed = devices.gpu_pids(0) or frozenset()
 with open(sys.argv[1], "w") as f:

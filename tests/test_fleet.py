@@ -26,8 +26,8 @@ from procs import World, alive
 
 from agents import fleet as fleet_mod
 from agents import fleetfile
-from gpulock import events
-from gpulock.errors import ConfigError
+from gpulock.core import events
+from gpulock.core.errors import ConfigError
 
 PY = sys.executable
 

@@ -1,4 +1,4 @@
-"""router.gguf_info and router.gguf_cache on headers as big as a real model's.
+"""gpulock.core.gguf and router.gguf_cache on headers as big as a real model's.
 
 A real tokenizer (Qwen2.5: 151,936 tokens, 151,387 merges) is most of a GGUF header.  The VRAM
 estimate needs four numbers: the reader must not touch the tokenizer's items (it made every
@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from gpulock.settings import Settings, load
-from router import gguf_cache, gguf_info
+from gpulock.core.settings import Settings, load
+from router import gguf_cache
+from gpulock.core import gguf as gguf_info
 from router.tiny_model import write_big_header
 
 QWEN7B = {"architecture": "qwen2", "block_count": 28, "embedding_length": 3584}

@@ -27,9 +27,9 @@ from governor.daemon import AlreadyRunning, Governor
 from governor.effects import Effects
 from governor.model import Action, GovernorConfig, Snapshot, State
 from governor.probes import Probe, parse_psi
-from gpulock import devices, level
-from gpulock.events import read as read_events
-from gpulock.registry import Registry
+from gpulock.core import devices, level
+from gpulock.core.events import read as read_events
+from gpulock.residents.registry import Registry
 
 GiB = 1024**3
 CHILD = Path(__file__).with_name("resident_child.py")
@@ -441,8 +441,8 @@ def test_once_from_cron_carries_the_ladder_on(tmp_path: Path) -> None:
     """Each --once pass resumes the ladder where the last one left it, so cron can climb."""
     from governor import daemon
     from governor.model import GovernorConfig, State
-    from gpulock import level
-    from gpulock.settings import load
+    from gpulock.core import level
+    from gpulock.core.settings import load
 
     settings = load(None, tmp_path / "state")
     config = GovernorConfig(interval_s=60, cooldown_s=300)

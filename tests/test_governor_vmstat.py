@@ -14,7 +14,7 @@ import pytest
 from governor.model import GovernorConfig, GpuSignals, ResidentView, Snapshot, State
 from governor.policy import decide, readings
 from governor.probes import Probe, VmStat, page_bytes, parse_vmstat, read_vmstat
-from gpulock.settings import load
+from gpulock.core.settings import load
 
 VMSTAT = """nr_free_pages 123456
 pswpin 10

@@ -19,8 +19,8 @@ import pytest
 from procs import Child, World, alive, intervals, overlapping, wait_until
 
 import gpulock
-from gpulock import identity
-from gpulock.ticket import Ticket, encode, fifo_name, file_name
+from gpulock.core import identity
+from gpulock.lock.ticket import Ticket, encode, fifo_name, file_name
 
 GIB = 1024**3
 HANDOFF_WAIT_S = 60.0  # "eventually": only a kernel wake-up can hand over in the tests below

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from procs import wait_until
 
-from gpulock import claim, level
-from gpulock.queuedir import QueueDir
-from gpulock.settings import load
+from gpulock.core import claim, level
+from gpulock.lock.queuedir import QueueDir
+from gpulock.core.settings import load
 
 WAITER = (
     "import gpulock, sys, time; t = time.monotonic(); "

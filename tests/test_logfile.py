@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulock import logfile
-from gpulock.errors import StateDirError
+from gpulock.core import logfile
+from gpulock.core.errors import StateDirError
 
 
 def test_append_rotates_past_max_bytes_keeping_one_generation(tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_all_three_logs_use_it() -> None:
     import inspect
 
     from agents import fleetrun, logs
-    from gpulock import events
+    from gpulock.core import events
 
     for module in (events, logs, fleetrun):
         src = inspect.getsource(module)

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from cli_helpers import GPULOCK, Cli
 
-from gpulock import events
+from gpulock.core import events
 from gpulock.metrics.cursor import FILE, FOLDER, MAX_LINE, EventCounters
 from gpulock.metrics.tally import Tally
-from gpulock.settings import Settings, load
+from gpulock.core.settings import Settings, load
 
 pytest.importorskip("prometheus_client", reason="the 'metrics' extra is not installed")
 

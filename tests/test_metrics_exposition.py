@@ -20,7 +20,7 @@ from cli_helpers import GPULOCK, Cli, assert_clean_error, wait_until
 from metrics_helpers import Samples, parse, promtool_check, start_owner, value
 from procs import World
 
-from gpulock import devices
+from gpulock.core import devices
 
 pytest.importorskip("prometheus_client", reason="the 'metrics' extra is not installed")
 

@@ -23,7 +23,7 @@ from cli_helpers import GPULOCK, Cli, Proc, wait_until
 from metrics_helpers import start_owner
 from procs import World
 
-from gpulock import devices
+from gpulock.core import devices
 
 pytest.importorskip("prometheus_client", reason="the 'metrics' extra is not installed")
 

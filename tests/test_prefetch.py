@@ -1,4 +1,4 @@
-"""Cold-start prefetch: a waiter warms its model files into the page cache (gpulock.prefetch).
+"""Cold-start prefetch: a waiter warms its model files into the page cache (gpulock.lock.prefetch).
 
 Real parts: real files evicted from the page cache with ``POSIX_FADV_DONTNEED`` (after an
 fsync), real ``gpulock run`` processes queued behind a real holder, residency read with
@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 from cli_helpers import HOLD_SH, Cli, Proc, assert_clean_error, pid_alive, wait_until
 
-from gpulock import pagecache, prefetch, prefetch_progress
-from gpulock.config import parse_config
-from gpulock.errors import ConfigError
+from gpulock.core import pagecache
+from gpulock.lock import prefetch, prefetch_progress
+from gpulock.core.config import parse_config
+from gpulock.core.errors import ConfigError
 
 MiB = 1 << 20
 WARM_S = 60.0  # idle-priority reads on a disk other people use: generous

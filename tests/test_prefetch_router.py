@@ -1,4 +1,4 @@
-"""A router gpu-tier call that waits in line warms its GGUF (gpulock.prefetch), with real
+"""A router gpu-tier call that waits in line warms its GGUF (gpulock.lock.prefetch), with real
 llama.cpp on the tiny model and a real process holding the simulated GPU."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from procs import DEFAULT_WAIT_S, World, wait_until
 
 import router
-from gpulock import pagecache
+from gpulock.core import pagecache
 from router.tiny_model import ensure_tiny_llama
 
 pytest.importorskip("llama_cpp")

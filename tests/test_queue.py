@@ -1,4 +1,4 @@
-"""Table tests of the queue's pure rules (gpulock.queue): no files, no processes, no clock."""
+"""Table tests of the queue's pure rules (gpulock.lock.queue): no files, no processes, no clock."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from gpulock.queue import Decision, decide, heartbeat_wall, is_hung, lease_expiry_wall
-from gpulock.ticket import Ticket
+from gpulock.lock.queue import Decision, decide, heartbeat_wall, is_hung, lease_expiry_wall
+from gpulock.lock.ticket import Ticket
 
 GIB = 1024**3
 BUDGET = 22 * GIB  # a 24 GiB GPU less a 2 GiB reserve

@@ -25,10 +25,11 @@ from cli_helpers import GPULOCK, Cli, Result, assert_clean_error
 from procs import Child, World, wait_until
 
 import gpulock
-from gpulock import adapters, control, devices, eviction, registry
-from gpulock.eviction import AdmissionRefused
-from gpulock.registry import Registry
-from gpulock.residents import Evicted
+from gpulock.residents import adapters, control, eviction, registry
+from gpulock.core import devices
+from gpulock.residents.eviction import AdmissionRefused
+from gpulock.residents.registry import Registry
+from gpulock.residents.owner import Evicted
 
 MiB = 1024**2
 GiB = 1024**3

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from procs import wait_until
 
-from gpulock import devices, eviction, registry
-from gpulock.settings import load
+from gpulock.core import devices
+from gpulock.residents import eviction, registry
+from gpulock.core.settings import load
 
 _REPORT = devices.probe(None, {})
 
@@ -40,7 +41,7 @@ pytestmark = [
 OWNER = textwrap.dedent(
     """
     import sys, time, torch, gpulock
-    from gpulock import adapters
+    from gpulock.residents import adapters
     x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda:0")  # 1 GiB of "weights"
     holder = {"x": x}
     del x

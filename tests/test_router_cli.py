@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from cli_helpers import GPULOCK, Cli, assert_clean_error, wait_until
 
-from gpulock.units import format_size
-from router import gguf_info
+from gpulock.core.units import format_size
+from gpulock.core import gguf as gguf_info
 from router.tiny_model import ensure_tiny_llama
 
 VERDICT_KEYS = {

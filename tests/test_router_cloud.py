@@ -26,7 +26,7 @@ from procs import World, wait_until
 from router_servers import OK_TOKENS_IN, OK_TOKENS_OUT, FaultServer, LlamaServer, free_port
 
 import router
-from gpulock.settings import Settings
+from gpulock.core.settings import Settings
 from router import ledger
 
 pytest.importorskip("openai")

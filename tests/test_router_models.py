@@ -24,10 +24,12 @@ import pytest
 from procs import World
 
 import router
-from gpulock import claim, level, registry
-from gpulock.errors import StateDirError
-from gpulock.settings import Settings
-from router import gguf_info, ledger
+from gpulock.core import claim, level
+from gpulock.residents import registry
+from gpulock.core.errors import StateDirError
+from gpulock.core.settings import Settings
+from gpulock.core import gguf as gguf_info
+from router import ledger
 from router.choose import cid
 from router.tiny_model import ensure_tiny_llama
 

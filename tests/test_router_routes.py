@@ -1,6 +1,6 @@
-"""The route table (router.routes), the GGUF header reader (router.gguf_info), a light import.
+"""The route table (router.routes), the GGUF header reader (gpulock.core.gguf), a light import.
 
-Every config here is a real YAML file read by ``gpulock.config.load_config``: a mistake must
+Every config here is a real YAML file read by ``gpulock.core.config.load_config``: a mistake must
 come back as a ConfigError reading ``FILE:LINE: KEY: problem``, with the line the key is on.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gpulock.config import load_config
-from gpulock.errors import ConfigError
-from router import gguf_info
+from gpulock.core.config import load_config
+from gpulock.core.errors import ConfigError
+from gpulock.core import gguf as gguf_info
 from router.routes import Table, load_table
 from router.tiny_model import ensure_tiny_llama, write_tiny_llama
 

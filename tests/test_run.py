@@ -280,7 +280,7 @@ def test_python_acquire_inside_gpulock_run_is_granted_at_once(cli: Cli) -> None:
 DEFERRED_PY = """\
 import signal, sys, threading
 from gpulock import runner
-from gpulock.settings import load
+from gpulock.core.settings import load
 threading.Thread(target=threading.Event().wait, daemon=True).start()  # SIGTERM unblocked
 signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # in the main thread only
 sys.exit(runner.run(load(None, sys.argv[1]), sys.argv[2:], name="deferred"))
@@ -318,7 +318,7 @@ def test_a_signal_whose_handler_runs_late_still_ends_the_command(cli: Cli) -> No
 SWALLOWED_PY = """\
 import os, signal, sys
 from gpulock import runner
-from gpulock.settings import load
+from gpulock.core.settings import load
 
 class Finalizer:
     def __del__(self):

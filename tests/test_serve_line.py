@@ -305,7 +305,7 @@ def test_the_governors_level_applies(world: World, start: Callable[..., GatewayP
     import os
     import time
 
-    from gpulock import claim, level
+    from gpulock.core import claim, level
 
     g = start(n_ctx=2048)
     s = world.settings()

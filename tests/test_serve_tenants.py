@@ -24,8 +24,8 @@ from procs import wait_until
 from serve_server import GatewayProc
 from standins.ollama import Ollama
 
-from gpulock import settings as settings_mod
-from gpulock.queuedir import QueueDir
+from gpulock.core import settings as settings_mod
+from gpulock.lock.queuedir import QueueDir
 
 GiB = 1024**3
 WAIT_S = 60.0

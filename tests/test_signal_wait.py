@@ -26,7 +26,7 @@ NO_RECHECK = "3600"  # the waiter's safety re-check: never within a test
 WAITING_PY = """\
 import signal, sys, threading
 from gpulock import runner
-from gpulock.settings import load
+from gpulock.core.settings import load
 threading.Thread(target=threading.Event().wait, daemon=True).start()  # SIGTERM unblocked
 signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # in the main thread only
 sys.exit(runner.run(load(None, sys.argv[1]), sys.argv[2:], name="deferred"))

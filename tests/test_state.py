@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpulock import state
-from gpulock.config import Config
-from gpulock.errors import StateDirError
-from gpulock.state import (
+from gpulock.core import state
+from gpulock.core.config import Config
+from gpulock.core.errors import StateDirError
+from gpulock.core.state import (
     atomic_write,
     dir_mode,
     ensure_state_dir,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulock.config import parse_config
-from gpulock.errors import ConfigError
+from gpulock.core.config import parse_config
+from gpulock.core.errors import ConfigError
 
 
 def parse(text: str) -> object:
@@ -111,7 +111,7 @@ def test_exclusive_clears_tenants_must_be_a_boolean() -> None:
 
 def test_a_config_without_tenants_never_imports_the_tenants_package(tmp_path: Path) -> None:
     code = (
-        "import sys, gpulock.config as c; c.parse_config('default_gpu: 0\\n', 'x.yaml');"
+        "import sys, gpulock.core.config as c; c.parse_config('default_gpu: 0\\n', 'x.yaml');"
         "import gpulock; print(sorted(m for m in sys.modules if m.startswith('gpulock.tenants')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -15,7 +15,7 @@ from tenant_helpers import settings_for
 from governor.daemon import Governor
 from governor.model import GovernorConfig, GpuSignals, ResidentView, Snapshot, State
 from governor.policy import decide
-from gpulock import events
+from gpulock.core import events
 
 GiB = 1024**3
 REPO = Path(__file__).resolve().parent.parent
@@ -75,4 +75,4 @@ def test_governor_reaches_gpulock_only_through_the_arbiter() -> None:
                 used.add(node.module)
                 if node.module == "gpulock":
                     used |= {f"gpulock.{a.name}" for a in node.names}
-        assert used <= {"gpulock", "gpulock.arbiter", "gpulock.units"}, (name, used)
+        assert used <= {"gpulock", "gpulock.arbiter", "gpulock.core.units"}, (name, used)

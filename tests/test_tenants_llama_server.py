@@ -21,10 +21,11 @@ from tenant_helpers import settings_for
 
 from governor.daemon import Governor
 from governor.model import GovernorConfig
-from gpulock import events, eviction
-from gpulock import identity as procs
+from gpulock.core import events
+from gpulock.residents import eviction
+from gpulock.core import identity as procs
 from gpulock import status as status_mod
-from gpulock.settings import Settings
+from gpulock.core.settings import Settings
 from gpulock.tenants import survey
 
 pytestmark = pytest.mark.slow

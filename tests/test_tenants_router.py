@@ -19,10 +19,10 @@ from standins.ollama import Ollama
 from tenant_helpers import write_config
 
 import router
-from gpulock import settings as settings_mod
-from gpulock.config import load_config
-from gpulock.errors import ConfigError
-from gpulock.queuedir import QueueDir
+from gpulock.core import settings as settings_mod
+from gpulock.core.config import load_config
+from gpulock.core.errors import ConfigError
+from gpulock.lock.queuedir import QueueDir
 from gpulock.tenants import survey
 from router.routes import load_table
 
@@ -146,7 +146,7 @@ def test_a_stream_comes_in_pieces_under_one_ticket(tmp_path: Path) -> None:
         assert body["stream"] is True
         settings = settings_mod.load(str(cfg), state)
         assert QueueDir(settings, 0, create=False).holders() == []  # given back at the end
-        from gpulock import events
+        from gpulock.core import events
 
         (call,) = [e for e in events.read(settings.state_dir) if e["event"] == "call"]
         assert (call["tokens_in"], call["tokens_out"]) == (3, 2)

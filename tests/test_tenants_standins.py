@@ -27,7 +27,8 @@ from standins.vllm import Vllm
 from tenant_helpers import settings_for
 
 import gpulock
-from gpulock import events, eviction, registry
+from gpulock.core import events
+from gpulock.residents import eviction, registry
 from gpulock import status as status_mod
 from gpulock.tenants import evict as tenant_evict
 from gpulock.tenants import survey

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from gpulock.units import format_duration, format_size, parse_clock, parse_duration, parse_size
+from gpulock.core.units import format_duration, format_size, parse_clock, parse_duration, parse_size
 
 KIB = 1024
 MIB = 1024**2

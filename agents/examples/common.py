@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from agents.runtime import Context
 from agents.spec import AgentError
-from gpulock.state import atomic_write, ensure_subdir
+from gpulock.core.state import atomic_write, ensure_subdir
 
 __all__ = [
     "NOTE_SUFFIXES",

@@ -15,7 +15,7 @@ the textfile, the HTTP listener), ``config`` (the ``metrics:`` section), ``cli``
 
 from __future__ import annotations
 
-from gpulock.errors import GpulockError
+from gpulock.core.errors import GpulockError
 
 EXTRA_HINT = "pip install 'gpulock[metrics]'"
 

@@ -52,7 +52,7 @@ def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from gpulock.metrics import config as mconfig
     from gpulock.metrics import require_client
-    from gpulock.settings import load
+    from gpulock.core.settings import load
 
     textfile = None
     if args.textfile is not None:

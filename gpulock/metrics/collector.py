@@ -18,11 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpulock.errors import GpulockError
+from gpulock.core.errors import GpulockError
 from gpulock.metrics.config import Listen
 from gpulock.metrics.cursor import EventCounters
 from gpulock.metrics.families import families
-from gpulock.settings import Settings
+from gpulock.core.settings import Settings
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer

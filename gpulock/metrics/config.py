@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulock import apikeys
-from gpulock.config import Config
-from gpulock.errors import GpulockError
-from gpulock.state import expand_path
+from gpulock.core import apikeys
+from gpulock.core.config import Config
+from gpulock.core.errors import GpulockError
+from gpulock.core.state import expand_path
 
 KEYS = ("listen", "textfile", "api_keys_env")
 DEFAULT_HOST = "127.0.0.1"

@@ -8,7 +8,7 @@ inode and the byte offset after the last line counted.  ``EventCounters.current(
 ``gpulock metrics`` may all scrape at once), reads the lines written since the cursor, folds
 them in, and replaces the file atomically.
 
-Rotation (``gpulock.events``: past ``events_max_bytes`` the log is renamed to
+Rotation (``gpulock.core.events``: past ``events_max_bytes`` the log is renamed to
 ``events.jsonl.1``) is followed by inode: when the current log is another file than the
 cursor's, the rest of the cursor's file is read from ``events.jsonl.1`` first, then the new
 log from its start.  A log rotated twice between two scrapes loses what lay between
@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulock import events, state
-from gpulock.errors import StateDirError
+from gpulock.core import events, state
+from gpulock.core.errors import StateDirError
 from gpulock.metrics.tally import KINDS, Tally, fold
-from gpulock.settings import Settings
+from gpulock.core.settings import Settings
 
 FORMAT = "gpulock.metrics/1"
 FOLDER = "metrics"

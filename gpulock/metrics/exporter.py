@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from gpulock.errors import GpulockError
+from gpulock.core.errors import GpulockError
 from gpulock.metrics.collector import MetricsServer, StateCollector, exposition, write_textfile
 from gpulock.metrics.config import Listen, listen_keys
-from gpulock.settings import Settings
+from gpulock.core.settings import Settings
 
 if TYPE_CHECKING:
     from gpulock.metrics.keyed import KeyedMetricsServer

@@ -16,11 +16,11 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from gpulock.apikeys import bearer_ok
-from gpulock.errors import GpulockError
+from gpulock.core.apikeys import bearer_ok
+from gpulock.core.errors import GpulockError
 from gpulock.metrics.collector import Listener, StateCollector, registry
 from gpulock.metrics.config import Listen
-from gpulock.settings import Settings
+from gpulock.core.settings import Settings
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 UNAUTHORIZED = b"401 Unauthorized: send the header Authorization: Bearer <key>\n"

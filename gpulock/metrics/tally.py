@@ -1,6 +1,6 @@
 """Counters and histograms folded from events (pure): ``fold(tally, event)``.
 
-Which event feeds which metric (fields as ``gpulock.events`` writes them):
+Which event feeds which metric (fields as ``gpulock.core.events`` writes them):
 
 * ``acquire`` (gpu, name, waited_s): ``grants``, ``wait_seconds``.
 * ``release`` (gpu, held_s): ``hold_seconds``.

@@ -53,7 +53,7 @@ from gpulock.report.stats import (
     tier_stats,
 )
 from gpulock.report.values import as_int, as_num, as_span, as_text
-from gpulock.units import format_duration
+from gpulock.core.units import format_duration
 
 EVICTED = frozenset(
     {"freed", "unloaded", "owner-gone", "already-unloaded", "gone"}

@@ -12,7 +12,7 @@ from typing import Any
 
 from gpulock.report.model import Point, ReportData
 from gpulock.report.svg import LEFT, PW, RIGHT, Scale, W, axis, esc, px
-from gpulock.units import format_size
+from gpulock.core.units import format_size
 
 CHART_H = 150
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpulock.cli import Parser, UsageError, parse_since, run_command
-from gpulock.errors import GpulockError
+from gpulock.core.errors import GpulockError
 from gpulock.report.builder import build
 from gpulock.report.model import ReportData
 from gpulock.report.page import render_html
@@ -32,8 +32,8 @@ def write_report(
 
     Raises GpulockError (with a hint) when ``out_path`` cannot be written.
     """
-    from gpulock import events
-    from gpulock.state import atomic_write
+    from gpulock.core import events
+    from gpulock.core.state import atomic_write
 
     now = time.time() if now_wall is None else now_wall
     data = build(events.read(state_dir), now_wall=now, since_wall=since_wall)
@@ -114,8 +114,8 @@ def _main(argv: list[str]) -> int:
         raise UsageError("--out - and --json both want standard output: choose one")
     now = time.time()
     since = since_wall_of(args.since, now) if args.since else None
-    from gpulock import events
-    from gpulock.settings import load
+    from gpulock.core import events
+    from gpulock.core.settings import load
 
     settings = load(args.config, args.state_dir)
     if args.out not in (None, "-"):

@@ -16,7 +16,7 @@ from gpulock.report.model import ReportData
 from gpulock.report.svg import Scale, esc
 from gpulock.report.timeline import LEGEND, timeline
 from gpulock.report.values import clock
-from gpulock.units import format_duration
+from gpulock.core.units import format_duration
 
 
 def _cell(attr: str, v: Any) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 from gpulock.report.model import ReportData
 from gpulock.report.values import clock
-from gpulock.units import format_duration
+from gpulock.core.units import format_duration
 
 FORMAT = "gpulock-report/1"
 

@@ -3,7 +3,7 @@
 One adapter per ``kind`` (``ollama``, ``llama_server``, ``llama_swap``, ``vllm``, ``comfyui``,
 ``localai``, ``command``), behind the small interface of ``base.Adapter`` (list, unload, load,
 health), stdlib HTTP only (``http``).  ``survey`` asks every tenant at once and turns their
-models into ``gpulock.registry.Record``s (id ``TENANT/MODEL``, ``tenant`` set); ``evict``
+models into ``gpulock.residents.registry.Record``s (id ``TENANT/MODEL``, ``tenant`` set); ``evict``
 unloads one and verifies; ``usage`` remembers last uses no server reports; ``spec`` validates
 the config's ``tenants:`` list.
 

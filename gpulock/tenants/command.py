@@ -25,14 +25,14 @@ import sys
 import time
 from collections.abc import Sequence
 
-from gpulock import identity
-from gpulock.queuedir import QueueDir
-from gpulock.settings import Settings
-from gpulock.state import ensure_subdir
+from gpulock.core import identity
+from gpulock.lock.queuedir import QueueDir
+from gpulock.core.settings import Settings
+from gpulock.core.state import ensure_subdir
 from gpulock.tenants.base import Adapter, Seen, TenantModel
 from gpulock.tenants.http import Client, TenantError
-from gpulock.tenants.spec import TenantSpec
-from gpulock.ticket import Ticket
+from gpulock.core.tenantspec import TenantSpec
+from gpulock.lock.ticket import Ticket
 
 TICKET_PREFIX = "tenant:"
 
@@ -189,7 +189,7 @@ class CommandAdapter(Adapter):
     def _signal(self, t: Ticket, sig: int) -> None:
         # Only a process proven to hold the ticket's claim (a ticket named like ours is just
         # its writer's word: anyone in a shared folder can write one).
-        from gpulock.waiter import signal_holder
+        from gpulock.lock.waiter import signal_holder
 
         qdir = QueueDir(self.settings, self.spec.gpu, create=False)
         signal_holder(t, sig, qdir.fifo_path(t.seq))

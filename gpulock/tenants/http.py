@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpulock.errors import GpulockError
+from gpulock.core.errors import GpulockError
 
 MAX_BODY = 8 << 20  # a model list is kilobytes; anything past this is not an answer
 

@@ -47,7 +47,7 @@ def kv_estimate(path: str | None, n_ctx: int | None) -> int | None:
     if not path or not n_ctx:
         return None
     try:
-        from router.gguf_info import KV_BYTES, GGUFError, read_info
+        from gpulock.core.gguf import KV_BYTES, GGUFError, read_info
     except ImportError:  # gpulock without the router package: the server's figure alone
         return None
     try:

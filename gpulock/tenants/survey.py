@@ -4,7 +4,7 @@
 timeout each, one deadline for all): a tenant that is down, hangs, answers a 500 or garbage
 makes its own ``Listing`` say so (``reachable`` false, ``error`` in words) and never delays
 the others past the deadline or raises.  ``to_records`` makes each listed model a
-``gpulock.registry.Record`` whose ``tenant`` is the tenant's name and whose id is
+``gpulock.residents.registry.Record`` whose ``tenant`` is the tenant's name and whose id is
 ``TENANT/MODEL``: from there on it is a resident like any other (status, the governor,
 room-for-a-waiter, ``gpulock evict``).
 """
@@ -18,13 +18,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpulock import devices
-from gpulock.registry import Record
-from gpulock.settings import Settings
+from gpulock.core import devices
+from gpulock.residents.registry import Record
+from gpulock.core.settings import Settings
 from gpulock.tenants import procs, usage
 from gpulock.tenants.base import Adapter, TenantModel
 from gpulock.tenants.http import TenantError
-from gpulock.tenants.spec import TenantSpec
+from gpulock.core.tenantspec import TenantSpec
 
 LIST_TIMEOUT_S = 0.6  # per request: a local server answers in milliseconds
 DEADLINE_S = 0.8  # for the whole survey: `gpulock status` answers within 1 s
@@ -300,7 +300,7 @@ def entries(settings: Settings, *, now_wall: float | None = None) -> list[dict[s
 
 def render(rows: list[dict[str, Any]]) -> str:
     """The entries as ``gpulock tenants`` prints them."""
-    from gpulock.units import format_duration, format_size
+    from gpulock.core.units import format_duration, format_size
 
     lines = []
     for e in rows:

@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpulock.errors import GpulockError
-from gpulock.settings import Settings
-from gpulock.state import atomic_write, ensure_subdir, read_small
+from gpulock.core.errors import GpulockError
+from gpulock.core.settings import Settings
+from gpulock.core.state import atomic_write, ensure_subdir, read_small
 
 FILE = "usage.json"
 FORMAT = "gpulock.tenant-usage/1"

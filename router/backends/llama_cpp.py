@@ -1,7 +1,7 @@
 """llama.cpp in this process (llama-cpp-python): the cpu and gpu tiers.
 
 A gpu-tier call waits in gpulock's line for its GPU with ``need`` = the model's VRAM estimate
-(warming the GGUF into the page cache meanwhile, see ``gpulock.prefetch``), loads the model if
+(warming the GGUF into the page cache meanwhile, see ``gpulock.lock.prefetch``), loads the model if
 it is not loaded, registers it as a resident (so the watchdog and other agents can see it and
 ask for it back), runs, and gives the GPU back.  Between calls the model stays
 loaded (``persistent``: evictable while idle; the next call reloads it) or is unloaded at once
@@ -22,11 +22,11 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from gpulock import devices
-from gpulock.adapters import unload_llama
-from gpulock.errors import GpulockError, LockTimeout
-from gpulock.lock import acquire
-from gpulock.settings import Settings
+from gpulock.core import devices
+from gpulock.residents.adapters import unload_llama
+from gpulock.core.errors import GpulockError, LockTimeout
+from gpulock.lock.lease import acquire
+from gpulock.core.settings import Settings
 from router.backends import BackendError, Result
 from router.routes import Candidate
 
@@ -277,7 +277,7 @@ class LlamaBackend:
         raise BackendError(kind, f"{self.candidate.name}: {text}", detail=text) from e
 
     def _register(self) -> Any:
-        from gpulock.residents import resident
+        from gpulock.residents.owner import resident
 
         c = self.candidate
         return resident(

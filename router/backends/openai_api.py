@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from gpulock.errors import GpulockError
+from gpulock.core.errors import GpulockError
 from router.backends import BackendError, Result
 from router.routes import Candidate
 

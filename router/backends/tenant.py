@@ -24,8 +24,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from gpulock.eviction import TENANT_CALL
-from gpulock.settings import Settings
+from gpulock.residents.eviction import TENANT_CALL
+from gpulock.core.settings import Settings
 from router.backends import BackendError, Result
 from router.routes import Candidate
 
@@ -155,7 +155,7 @@ class TenantBackend:
 
     @contextlib.contextmanager
     def _session(self, wait_s: float | None, label: str) -> Iterator[None]:
-        from gpulock.errors import LockTimeout
+        from gpulock.core.errors import LockTimeout
         from gpulock.tenants.http import TenantError
 
         if self.spec.kind == "command":
@@ -169,7 +169,7 @@ class TenantBackend:
             with self._awake():
                 yield
             return
-        from gpulock.lock import acquire
+        from gpulock.lock.lease import acquire
 
         try:
             lease = acquire(

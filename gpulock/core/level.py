@@ -4,7 +4,7 @@ The governor (``governor`` package) writes ``<state>/governor.json`` atomically 
 format ``gpulock.governor/1``, ``level`` (``normal``, ``reduce``, ``evict-idle``,
 ``force-evict``, ``freeze``), ``since_wall``, ``updated_wall``, ``interval_s``, ``pid`` and
 the last ``signals`` and ``thresholds``.  It also holds ``<state>/governor.fifo`` open (a
-``gpulock.claim``) for as long as it runs.
+``gpulock.core.claim``) for as long as it runs.
 
 A level counts only while its governor lives (the claim is held) and has written within
 three intervals: a governor that died in ``freeze`` never freezes the queue for ever.
@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpulock import claim, safejson
-from gpulock.errors import StateDirError
-from gpulock.settings import Settings
-from gpulock.state import atomic_write, read_small
+from gpulock.core import claim, safejson
+from gpulock.core.errors import StateDirError
+from gpulock.core.settings import Settings
+from gpulock.core.state import atomic_write, read_small
 
 FORMAT = "gpulock.governor/1"
 FILE = "governor.json"
@@ -119,6 +119,6 @@ def governor_level(config: Any = None, state_dir: str | None = None) -> str:
 
     At ``reduce`` and above, load models with smaller contexts and run smaller batches.
     """
-    from gpulock.settings import load
+    from gpulock.core.settings import load
 
     return current(load(config, state_dir))

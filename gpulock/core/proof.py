@@ -4,7 +4,7 @@ Tickets and resident records are files in the state folder, and in a group-share
 member can write one: a pid and start time copied from ``/proc`` into such a file prove
 nothing.  What a writer cannot forge is the kernel's word:
 
-* the claim itself: the process holds the **read end** of the claim's FIFO (``gpulock.claim``)
+* the claim itself: the process holds the **read end** of the claim's FIFO (``gpulock.core.claim``)
   among its open files, seen in ``/proc/<pid>/fd`` (same device and inode as the FIFO at the
   claim's path, opened for reading: a watcher's write end does not count);
 * the process runs as the uid the record claims (``/proc/<pid>/status``), which the reader
@@ -25,7 +25,7 @@ import signal
 import stat
 from pathlib import Path
 
-from gpulock import identity
+from gpulock.core import identity
 
 __all__ = ["holds_claim", "proven", "runs_as", "send"]
 

@@ -3,8 +3,8 @@
 The kernel closes the owner's descriptor when the owner exits, however it exits (SIGKILL too),
 so ``open(fifo, O_WRONLY | O_NONBLOCK)`` failing with ``ENXIO`` ("no reader") is proof that no
 process holds the claim any more, and a write end held by a watcher reports ``POLLERR`` the
-moment the last read end closes.  Tickets (``gpulock.lock``) and resident records
-(``gpulock.residents``) both stand on this.
+moment the last read end closes.  Tickets (``gpulock.lock.lease``) and resident records
+(``gpulock.residents.owner``) both stand on this.
 """
 
 from __future__ import annotations

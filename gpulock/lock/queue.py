@@ -1,7 +1,7 @@
 """The queue's rules, as pure functions: who may hold the GPU, whom a waiter watches, who is hung.
 
 Everything here takes the world as arguments (live tickets, budgets, the time) and returns data
-with a reason, so the rules are table-tested without processes or a GPU.  ``gpulock.lock`` does
+with a reason, so the rules are table-tested without processes or a GPU.  ``gpulock.lock.lease`` does
 the I/O around them.
 
 The rules:
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpulock.ticket import Ticket
+from gpulock.lock.ticket import Ticket
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,13 +1,13 @@
 """Append-only log files rotated by size: the one way gpulock's logs grow and roll over.
 
-Used by the event log (``gpulock.events``), the agents' run logs (``agents.logs``) and the
+Used by the event log (``gpulock.core.events``), the agents' run logs (``agents.logs``) and the
 fleet's per-agent output logs (``agents.fleetrun``).  A line is appended with one ``write()`` on
 an ``O_APPEND`` descriptor, so lines from many processes never interleave.  Past ``max_bytes``
 the file is renamed to ``<name>.1`` (one old generation kept), under a short ``flock`` on a
 lock file beside it, so that two processes never rotate at once (the second would otherwise
 rename the first one's fresh file over the old generation).
 
-Files are opened as every state file is (``gpulock.state.open_regular``): a symlink, a folder
+Files are opened as every state file is (``gpulock.core.state.open_regular``): a symlink, a folder
 or a FIFO in a log's or a lock's place raises StateDirError instead of being followed or
 hanging the writer; a new file gets exactly ``mode`` (0o660 in a group-shared folder).
 """
@@ -19,7 +19,7 @@ import os
 import stat
 from pathlib import Path
 
-from gpulock.state import open_regular
+from gpulock.core.state import open_regular
 
 
 def append(path: Path, data: bytes, *, mode: int, max_bytes: int, lock_name: str) -> None:

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, TypeVar
 
-from gpulock.config import Config
-from gpulock.errors import ConfigError
-from gpulock.units import parse_size
+from gpulock.core.config import Config
+from gpulock.core.errors import ConfigError
+from gpulock.core.units import parse_size
 
 SIMULATE_ENV = "GPULOCK_SIMULATE"
 

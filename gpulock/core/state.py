@@ -25,10 +25,10 @@ import stat
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
-from gpulock.errors import StateDirError
+from gpulock.core.errors import StateDirError
 
 if TYPE_CHECKING:
-    from gpulock.config import Config
+    from gpulock.core.config import Config
 
 __all__ = [
     "ENV_STATE_DIR",

@@ -1,8 +1,8 @@
 """The registry of resident models, ``<state>/residents/``: records, and who may still count.
 
-Every process that keeps a model in VRAM publishes a record there (``gpulock.residents`` is
+Every process that keeps a model in VRAM publishes a record there (``gpulock.residents.owner`` is
 the owner's side); any process reads them.  A record counts only while its owner holds its
-claim (``gpulock.claim``): a dead owner's records are recognisably dead, are cleaned by
+claim (``gpulock.core.claim``): a dead owner's records are recognisably dead, are cleaned by
 whoever finds them, and never count as used memory.
 """
 
@@ -16,10 +16,10 @@ import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpulock import claim, devices, identity, safejson
-from gpulock.errors import StateDirError
-from gpulock.settings import Settings
-from gpulock.state import ensure_subdir, read_record
+from gpulock.core import claim, devices, identity, safejson
+from gpulock.core.errors import StateDirError
+from gpulock.core.settings import Settings
+from gpulock.core.state import ensure_subdir, read_record
 
 FORMAT = "gpulock.resident/1"
 POLICIES = ("persistent", "cold-start", "pinned")
@@ -235,7 +235,7 @@ def used_bytes(
     its need), so a model is not counted twice.  Tenant models count with the server's own
     figure (``tenants``: as surveyed; a model of unknown size adds nothing it could prove).
     """
-    from gpulock.queuedir import QueueDir
+    from gpulock.lock.queuedir import QueueDir
 
     per_pid: dict[int, int] = {}
     recs = (registry or Registry(settings, create=False)).records(clean=False)

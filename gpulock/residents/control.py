@@ -15,7 +15,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from gpulock import safejson
+from gpulock.core import safejson
 
 
 def _short(path: Path) -> tuple[str, int | None]:

@@ -31,15 +31,15 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpulock import identity
-from gpulock.ticket import Ticket
+from gpulock.core import identity
+from gpulock.lock.ticket import Ticket
 
 NVML_FIRST_S = 0.05  # the driver frees a dead context's memory within milliseconds...
 NVML_MAX_S = 1.0  # ...but a loaded machine may take longer: back off to once a second
 
 
 class Poller(Protocol):
-    """What a waiter sleeps on: ``select.poll``, or an event loop's stand-in (gpulock.aiolock)."""
+    """What a waiter sleeps on: ``select.poll``, or an event loop's stand-in (gpulock.lock.aiolock)."""
 
     def register(self, fd: int, eventmask: int = ..., /) -> None: ...
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from gpulock.devices import TorchMemory, torch_memory
+from gpulock.core.devices import TorchMemory, torch_memory
 
 
 def unload_llama(llm: Any) -> None:

@@ -12,7 +12,7 @@ On disk, in ``<state>/residents/``:
 * ``<id>.json`` -- one record per model (format ``gpulock.resident/1``, written atomically):
   owner identity, model name, GPU, declared and measured bytes, policy, loaded / last-used
   times, in-use flag, number of uses.
-* ``owner-<pid>-<start>.fifo`` -- the owner process's claim (``gpulock.claim``): its records
+* ``owner-<pid>-<start>.fifo`` -- the owner process's claim (``gpulock.core.claim``): its records
   are alive while the kernel holds it; a dead owner's records are recognisably dead, are
   cleaned by whoever finds them, and never count as used memory.
 * ``owner-<pid>-<start>.sock`` -- the owner's control socket, served by a daemon thread, so a
@@ -23,8 +23,8 @@ that needs room) connects and asks; the owner waits until the model is not in us
 (its ``unload`` callable), removes the record and answers; the requester then checks that the
 GPU's used memory really dropped.  Pinned models are refused unless the request is forced.
 
-This module is the owner's side; the requester's side is ``gpulock.eviction`` and the wire
-between them ``gpulock.control``.
+This module is the owner's side; the requester's side is ``gpulock.residents.eviction`` and the wire
+between them ``gpulock.residents.control``.
 """
 
 from __future__ import annotations
@@ -38,14 +38,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from gpulock import claim, control, devices, identity, safejson
-from gpulock import settings as settings_mod
-from gpulock.config import Config
-from gpulock.errors import GpulockError
-from gpulock.registry import POLICIES, Record, Registry, encode
-from gpulock.settings import Settings
-from gpulock.state import atomic_write
-from gpulock.units import parse_size
+from gpulock.core import claim, devices, identity, safejson
+from gpulock.residents import control
+from gpulock.core import settings as settings_mod
+from gpulock.core.config import Config
+from gpulock.core.errors import GpulockError
+from gpulock.residents.registry import POLICIES, Record, Registry, encode
+from gpulock.core.settings import Settings
+from gpulock.core.state import atomic_write
+from gpulock.core.units import parse_size
 
 
 class ResidentError(GpulockError):

@@ -117,7 +117,7 @@ class NeedTooLarge(LockError, ValueError):
     """A ``need`` larger than the GPU can ever grant (its memory less the reserve)."""
 
     def __init__(self, gpu: int, need_bytes: int, budget_bytes: int) -> None:
-        from gpulock.units import format_size
+        from gpulock.core.units import format_size
 
         self.gpu = gpu
         self.need_bytes = need_bytes

@@ -2,7 +2,7 @@
 
 On disk a ticket is ``<state>/gpu<N>/<seq>.ticket``, a small JSON object written atomically
 (temp file + rename), next to ``<seq>.fifo``, the FIFO whose open read end is the owner's
-kernel-held claim (see ``gpulock.lock``).  The sequence number is the queue order; it is
+kernel-held claim (see ``gpulock.lock.lease``).  The sequence number is the queue order; it is
 unique in a state folder, so ``gpulock break 12`` names one ticket on any GPU.
 
 Format ``gpulock.ticket/1``.  Readers ignore keys they do not know, so later versions may add
@@ -17,7 +17,7 @@ import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from gpulock import safejson
+from gpulock.core import safejson
 
 FORMAT = "gpulock.ticket/1"
 _FORMAT_MAJOR = "gpulock.ticket/1"

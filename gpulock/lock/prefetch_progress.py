@@ -1,6 +1,6 @@
 """A waiting ticket's warming progress on disk: ``<queue>/<seq>.prefetch``, for ``gpulock status``.
 
-Written by the waiter's warming thread (``gpulock.prefetch``), atomically, with the state folder's
+Written by the waiter's warming thread (``gpulock.lock.prefetch``), atomically, with the state folder's
 file mode; removed with the ticket.  Format ``gpulock.prefetch/1``::
 
     {"format": "gpulock.prefetch/1", "ticket": 12, "pid": 4711, "state": "warming",
@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Final
 
-from gpulock.errors import GpulockError
-from gpulock.state import read_small
-from gpulock.ticket import SEQ_DIGITS
+from gpulock.core.errors import GpulockError
+from gpulock.core.state import read_small
+from gpulock.lock.ticket import SEQ_DIGITS
 
 if TYPE_CHECKING:
-    from gpulock.queuedir import QueueDir, TicketFile
+    from gpulock.lock.queuedir import QueueDir, TicketFile
 
 FORMAT: Final = "gpulock.prefetch/1"
 SUFFIX: Final = ".prefetch"

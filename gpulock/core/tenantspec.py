@@ -15,7 +15,7 @@
         stop_timeout: 10s
 
 Every mistake is a ``ConfigError`` naming the file, the line and the key (``tenants[1].kind``).
-``gpulock.config`` imports this module only when the file has a ``tenants:`` section, so a
+``gpulock.core.config`` imports this module only when the file has a ``tenants:`` section, so a
 config without tenants never pays for it.
 """
 
@@ -25,10 +25,10 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpulock.units import parse_duration, parse_size
+from gpulock.core.units import parse_duration, parse_size
 
 if TYPE_CHECKING:
-    from gpulock.config import Config
+    from gpulock.core.config import Config
 
 KINDS = ("ollama", "llama-server", "llama-swap", "vllm", "comfyui", "localai", "command")
 KEYS = (

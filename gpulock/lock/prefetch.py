@@ -18,7 +18,7 @@ once, sequentially, so that after the grant its load reads memory, not the disk.
 * **Stops at once** when the ticket is granted or leaves the line (the thread checks an Event
   between chunks); a killed waiter takes the thread with it, and no process is ever started.
 
-Progress is published in ``<queue>/<seq>.prefetch`` (``gpulock.prefetch_progress``; written
+Progress is published in ``<queue>/<seq>.prefetch`` (``gpulock.lock.prefetch_progress``; written
 atomically with the state folder's file mode, at most every ``PUBLISH_EVERY_BYTES`` or second)
 for ``gpulock status``, and removed when the ticket leaves the line.  Each file ends in one
 ``prefetch`` event.
@@ -39,18 +39,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from gpulock.config import Config, show_value
-from gpulock.errors import GpulockError
-from gpulock.pagecache import be_idle, chunk_residency, mem_available_bytes
-from gpulock.prefetch_progress import FORMAT, progress_name
-from gpulock.state import atomic_write
-from gpulock.ticket import Ticket, TicketFormatError, event_fields
-from gpulock.units import parse_size
+from gpulock.core.config import Config, show_value
+from gpulock.core.errors import GpulockError
+from gpulock.core.pagecache import be_idle, chunk_residency, mem_available_bytes
+from gpulock.lock.prefetch_progress import FORMAT, progress_name
+from gpulock.core.state import atomic_write
+from gpulock.lock.ticket import Ticket, TicketFormatError, event_fields
+from gpulock.core.units import parse_size
 
 if TYPE_CHECKING:
-    from gpulock.queuedir import QueueDir, TicketFile
-    from gpulock.settings import Settings
-    from gpulock.waiter import Waiter
+    from gpulock.lock.queuedir import QueueDir, TicketFile
+    from gpulock.core.settings import Settings
+    from gpulock.lock.waiter import Waiter
 
 CHUNK_BYTES: Final = 8 << 20  # read and memory-check unit: stop latency is one chunk's read
 PUBLISH_EVERY_BYTES: Final = 64 << 20

@@ -13,7 +13,7 @@ Each GPU has a queue folder, ``<state>/gpu<N>/``.  A process that wants the GPU 
   ticket alive.  (The FIFO plays the part of the ``flock`` in DESIGN.md: an ``flock`` proves
   death just as well, but a waiter cannot block on one with a timeout from any thread, whereas
   a FIFO can be ``poll``-ed with a timeout, together with others, and is woken by the kernel.)
-* **Watch** -- a waiter opens the write end of the FIFO it depends on (see ``gpulock.queue``):
+* **Watch** -- a waiter opens the write end of the FIFO it depends on (see ``gpulock.lock.queue``):
   the kernel reports ``POLLERR`` on it the moment the last read end closes, i.e. when that
   owner releases, leaves or dies.  One release wakes only the waiter that watches it.
 * **Doorbell** -- when a waiter is granted it writes a byte into its successor's FIFO, which
@@ -39,17 +39,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from gpulock import devices, identity
-from gpulock import prefetch as prefetch_mod
-from gpulock.config import Config
-from gpulock.errors import LockError, LockTimeout, NeedTooLarge
-from gpulock.exitwait import Poller
-from gpulock.queuedir import QueueDir, owner_fds, unlink_quietly
-from gpulock.settings import Settings, load
-from gpulock.state import atomic_write
-from gpulock.ticket import Ticket, TicketFormatError, encode, event_fields
-from gpulock.units import parse_duration, parse_size
-from gpulock.waiter import Waiter
+from gpulock.core import devices, identity
+from gpulock.lock import prefetch as prefetch_mod
+from gpulock.core.config import Config
+from gpulock.core.errors import LockError, LockTimeout, NeedTooLarge
+from gpulock.lock.exitwait import Poller
+from gpulock.lock.queuedir import QueueDir, owner_fds, unlink_quietly
+from gpulock.core.settings import Settings, load
+from gpulock.core.state import atomic_write
+from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
+from gpulock.core.units import parse_duration, parse_size
+from gpulock.lock.waiter import Waiter
 
 ENV_TICKET = "GPULOCK_TICKET"  # set by `gpulock run` for its command: "<gpu>:<seq>"
 
@@ -155,7 +155,7 @@ class Lease:
             unlink_quietly(self._qdir.ticket_path(seq))  # new scans no longer see it...
             now_w = time.time()
             # ...the FIFO goes while we still hold it, so a FIFO without a ticket that nobody
-            # holds is always debris (see gpulock.queuedir), never a release in progress...
+            # holds is always debris (see gpulock.lock.queuedir), never a release in progress...
             unlink_quietly(self._qdir.fifo_path(seq))
         finally:
             owner_fds.discard(fd)
@@ -204,7 +204,7 @@ def acquire(
     ever, 0 tries once.  name: shown in ``gpulock status`` (default: the program's name).
     lease: the longest the holder may go without ``heartbeat()`` before it counts as hung.
     prefetch: files the holder will load (a model's GGUF...): read into the page cache while
-    the ticket waits among the first ``prefetch.ahead`` (see ``gpulock.prefetch``).
+    the ticket waits among the first ``prefetch.ahead`` (see ``gpulock.lock.prefetch``).
     """
     got = enqueue(
         gpu,

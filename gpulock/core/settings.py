@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulock import events, state
-from gpulock.config import Config, load_config
+from gpulock.core import events, state
+from gpulock.core.config import Config, load_config
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,12 +7,13 @@ import stat
 import time
 from dataclasses import dataclass
 
-from gpulock import claim, identity, proof, queue
-from gpulock.errors import LockError, NotPermitted
-from gpulock.queuedir import QueueDir, TicketFile, queue_gpus
-from gpulock.settings import Settings
-from gpulock.ticket import TicketFormatError
-from gpulock.waiter import signal_holder, ticket_evidence
+from gpulock.core import claim, identity, proof
+from gpulock.lock import queue
+from gpulock.core.errors import LockError, NotPermitted
+from gpulock.lock.queuedir import QueueDir, TicketFile, queue_gpus
+from gpulock.core.settings import Settings
+from gpulock.lock.ticket import TicketFormatError
+from gpulock.lock.waiter import signal_holder, ticket_evidence
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """Who owns a ticket, and safe ways to signal that owner.
 
 Liveness itself is not decided here: a ticket is alive while the kernel still holds its FIFO
-open (see ``gpulock.lock``).  What this module adds is identity for humans and for the cases the
+open (see ``gpulock.lock.lease``).  What this module adds is identity for humans and for the cases the
 kernel cannot answer: pid + start time (+ boot id, + pid namespace) name one process uniquely, so
 a pid that was reused by another program never counts as the owner and is never signalled.
 

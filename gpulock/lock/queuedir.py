@@ -1,8 +1,8 @@
 """The files of one GPU's queue, ``<state>/gpu<N>/``: the only code that creates, reads or
 removes tickets and their claims.
 
-* ``<seq>.ticket`` -- the ticket record (``gpulock.ticket``), written atomically;
-* ``<seq>.fifo`` -- its claim (``gpulock.claim``): the owner holds it open for its life;
+* ``<seq>.ticket`` -- the ticket record (``gpulock.lock.ticket``), written atomically;
+* ``<seq>.fifo`` -- its claim (``gpulock.core.claim``): the owner holds it open for its life;
 * ``<state>/.seq`` -- the last number handed out, under a short ``flock``.
 
 A ``<seq>.fifo`` without its ticket that no process holds is an orphan: the debris of an owner
@@ -10,8 +10,8 @@ killed between removing its ticket and its FIFO (``Lease.release``), or inside `
 Nothing would ever remove it, so ``enqueue`` (already under the sequence mutex) and ``gpulock
 break --stale`` do, under that mutex: no ``enqueue`` can then be re-creating the same path.
 
-The queue's rules are in ``gpulock.queue``; the wait in ``gpulock.waiter``; the public
-``acquire`` in ``gpulock.lock``.
+The queue's rules are in ``gpulock.lock.queue``; the wait in ``gpulock.lock.waiter``; the public
+``acquire`` in ``gpulock.lock.lease``.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulock import claim
-from gpulock.errors import LockTimeout, StateDirError
-from gpulock.settings import Settings
-from gpulock.state import atomic_write, open_regular
-from gpulock.ticket import Ticket, TicketFormatError, encode, fifo_name, file_name, parse, seq_of
+from gpulock.core import claim
+from gpulock.core.errors import LockTimeout, StateDirError
+from gpulock.core.settings import Settings
+from gpulock.core.state import atomic_write, open_regular
+from gpulock.lock.ticket import Ticket, TicketFormatError, encode, fifo_name, file_name, parse, seq_of
 
 RING_PROBES = 64  # successors probed by number before the folder is listed
 
@@ -139,7 +139,7 @@ class QueueDir:
         except FileNotFoundError:
             removed = False
         for extra in (self.fifo_path(seq), self.ticket_path(seq).with_suffix(".prefetch")):
-            try:  # the claim, and a waiter's warming progress (gpulock.prefetch)
+            try:  # the claim, and a waiter's warming progress (gpulock.lock.prefetch)
                 os.unlink(extra)
             except FileNotFoundError:
                 pass
@@ -185,7 +185,7 @@ class QueueDir:
             os.close(mfd)
 
     def _clean_orphans_locked(self, names: list[str] | None) -> list[int]:
-        from gpulock import identity  # here: rarely needed, and the module's imports stay put
+        from gpulock.core import identity  # here: rarely needed, and the module's imports stay put
 
         removed = []
         for seq in self.orphan_fifos(names):

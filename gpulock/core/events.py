@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpulock import logfile, safejson, state
-from gpulock.errors import StateDirError
+from gpulock.core import logfile, safejson, state
+from gpulock.core.errors import StateDirError
 
 LOG_NAME = "events.jsonl"
 LOCK_NAME = ".events.lock"  # taken only to rotate
@@ -50,7 +50,7 @@ def emit(
     line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
     try:
         # Never through a symlink, never stuck on a FIFO put in its place, and exactly ``mode``
-        # (0660 in a group-shared folder) whatever the umask: see gpulock.logfile.
+        # (0660 in a group-shared folder) whatever the umask: see gpulock.core.logfile.
         logfile.append(
             log_path(state_dir), line, mode=mode, max_bytes=max_bytes, lock_name=LOCK_NAME
         )

@@ -45,14 +45,14 @@ Keys owned by gpulock (the defaults live in ``DEFAULTS``, written as they would 
     Before an exclusive grant (``gpulock run`` without ``--need``), unload the idle, unpinned
     models of the tenants on that GPU.
 ``tenants`` (list, default none)
-    Model servers gpulock sees, evicts and verifies: validated by ``gpulock.tenants.spec``
+    Model servers gpulock sees, evicts and verifies: validated by ``gpulock.core.tenantspec``
     (imported only when the section is there) into ``Config.tenants``.
 
 Sizes read like ``6GiB``, ``800MiB``, ``2GB`` or ``512M``; durations like ``30s``, ``5m``, ``1h30m``
-(see ``gpulock.units``).
+(see ``gpulock.core.units``).
 
 Sections owned by the other packages (``watchdog``, ``governor``, ``routes``, ``router``,
-``agents``, ``metrics``, ``serve``) and by other modules (``prefetch``: ``gpulock.prefetch``)
+``agents``, ``metrics``, ``serve``) and by other modules (``prefetch``: ``gpulock.lock.prefetch``)
 are kept as read, in ``Config.sections``, and validated by their owners;
 ``Config.error`` lets them report a bad value with this file's name and the value's line.
 Any other top-level key is an error, so that a typo is not silently ignored.
@@ -71,14 +71,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from gpulock.errors import ConfigError, StateDirError
-from gpulock.state import expand_path, home_dir
-from gpulock.units import parse_duration, parse_size
+from gpulock.core.errors import ConfigError, StateDirError
+from gpulock.core.state import expand_path, home_dir
+from gpulock.core.units import parse_duration, parse_size
 
 if TYPE_CHECKING:
     import yaml
 
-    from gpulock.tenants.spec import TenantSpec
+    from gpulock.core.tenantspec import TenantSpec
 
 __all__ = [
     "DEFAULTS",
@@ -576,7 +576,7 @@ def _validate(
         field_name, parsed = check(base, value, file)
         changes[field_name] = parsed
     if raw_tenants is not None:
-        from gpulock.tenants.spec import parse_tenants  # only a config with tenants pays for it
+        from gpulock.core.tenantspec import parse_tenants  # only a config with tenants pays for it
 
         gpu = changes.get("default_gpu", base.default_gpu)
         changes["tenants"] = parse_tenants(base, raw_tenants, gpu)

@@ -1,8 +1,8 @@
 """Asking a resident model's owner to let go, and checking the memory really came back.
 
 ``evict`` (and ``gpulock evict``), ``make_room`` (a waiter that needs room) and ``admit``
-(before a load) are the requester's side of ``gpulock.residents``; they talk to the owner's
-control thread through ``gpulock.control``.
+(before a load) are the requester's side of ``gpulock.residents.owner``; they talk to the owner's
+control thread through ``gpulock.residents.control``.
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ import os
 import time
 from dataclasses import dataclass
 
-from gpulock import claim, control, devices
-from gpulock import settings as settings_mod
-from gpulock.config import Config
-from gpulock.registry import Record, Registry, all_records, probe_devices
-from gpulock.residents import ResidentError
-from gpulock.settings import Settings
-from gpulock.units import format_size, parse_size
+from gpulock.core import claim, devices
+from gpulock.residents import control
+from gpulock.core import settings as settings_mod
+from gpulock.core.config import Config
+from gpulock.residents.registry import Record, Registry, all_records, probe_devices
+from gpulock.residents.owner import ResidentError
+from gpulock.core.settings import Settings
+from gpulock.core.units import format_size, parse_size
 
 MIN_ADMIT_RESERVE_BYTES = 800 * 1024**2  # CUDA context, driver and fragmentation headroom
 # A ticket whose command is [TENANT_CALL, "TENANT/MODEL"] is a routed call to that tenant model:
@@ -241,7 +242,7 @@ def make_room(
 def _tenant_records(settings: Settings) -> list[Record]:
     if not settings.config.tenants:
         return []
-    from gpulock.registry import tenant_records
+    from gpulock.residents.registry import tenant_records
 
     return tenant_records(settings)
 
@@ -295,7 +296,7 @@ def evict_named(
     state_dir: str | os.PathLike[str] | None = None,
 ) -> list[EvictResult]:
     """``gpulock evict`` in Python: ask the owners of model ``target`` (a name or an id)."""
-    from gpulock.units import parse_duration
+    from gpulock.core.units import parse_duration
 
     settings = settings_mod.load(config, state_dir)
     timeout_s = parse_duration(timeout, key="timeout")

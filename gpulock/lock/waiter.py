@@ -21,16 +21,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpulock import claim, devices, exitwait, identity, level, proof, queue, sigwake
-from gpulock.errors import LockTimeout
-from gpulock.exitwait import Poller
-from gpulock.queuedir import QueueDir, TicketFile
-from gpulock.settings import Settings
-from gpulock.state import atomic_write
-from gpulock.ticket import Ticket, TicketFormatError, encode, event_fields
+from gpulock.core import claim, devices, identity, level, proof
+from gpulock.lock import exitwait, queue, sigwake
+from gpulock.core.errors import LockTimeout
+from gpulock.lock.exitwait import Poller
+from gpulock.lock.queuedir import QueueDir, TicketFile
+from gpulock.core.settings import Settings
+from gpulock.core.state import atomic_write
+from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
 
 if TYPE_CHECKING:
-    from gpulock.prefetch import Prefetch
+    from gpulock.lock.prefetch import Prefetch
 
 SAFETY_RECHECK_S = 2.0  # first guard re-check; doubles while nothing happens...
 SAFETY_RECHECK_MAX_S = 30.0  # ...up to this, so hundreds of idle waiters cost ~nothing
@@ -62,7 +63,7 @@ class Waiter:
         self.deadline = deadline
         self.start = start
         self.watched: dict[int, int] = {}
-        # The blocking form sleeps in poll(); ``gpulock.aiolock`` passes its event loop's.
+        # The blocking form sleeps in poll(); ``gpulock.lock.aiolock`` passes its event loop's.
         self._poll: select.poll | None = None
         if poller is None:
             poller = self._poll = select.poll()
@@ -77,7 +78,7 @@ class Waiter:
         self.ahead_seqs: list[int] | None = None
         self.tenants_kept: list[dict[str, str]] | None = None  # after an exclusive clear
         self.cleared_early = False  # command tenants stopped while this exclusive one waits
-        # Dead holders ahead whose processes have not finished exiting (gpulock.exitwait).
+        # Dead holders ahead whose processes have not finished exiting (gpulock.lock.exitwait).
         self.exits = exitwait.ExitWatch(
             self.poller,
             settings.config.exit_wait_s,
@@ -87,7 +88,7 @@ class Waiter:
         self.exit_blockers: list[int] = []  # their sequence numbers, from the last scan
         self.rescan = True  # look at the queue on the next step
         self.ahead: list[TicketFile] = []
-        self.prefetch = prefetch  # warms the job's files while it waits (gpulock.prefetch)
+        self.prefetch = prefetch  # warms the job's files while it waits (gpulock.lock.prefetch)
 
     def wait(self) -> Ticket:
         poll = self._poll
@@ -96,7 +97,7 @@ class Waiter:
         granted = False
         # A signal's Python handler (``gpulock run``'s leave-the-line) runs only between
         # bytecodes: the wake-up pipe in the poll set makes one that lands just before
-        # poll() is entered wake it now, not at the next safety re-check (gpulock.sigwake).
+        # poll() is entered wake it now, not at the next safety re-check (gpulock.lock.sigwake).
         wake_up = sigwake.SignalWake()
         try:
             while (wake := self.step()) is not None:
@@ -127,7 +128,7 @@ class Waiter:
             self.prefetch.stop(granted=granted)
 
     # One step of the wait, shared by the blocking ``wait`` above and the event loop's
-    # ``gpulock.aiolock``: the two differ only in how they sleep until ``step``'s wake time.
+    # ``gpulock.lock.aiolock``: the two differ only in how they sleep until ``step``'s wake time.
     def step(self) -> float | None:
         """Look at the queue if something changed: None when this ticket may hold the GPU now
         (the caller makes room and grants), else the monotonic time to wake at the latest.
@@ -293,7 +294,7 @@ class Waiter:
             and not (self.settings.state_dir / "residents").is_dir()
         ):
             return  # nobody ever registered a model: nothing to ask
-        from gpulock import eviction
+        from gpulock.residents import eviction
 
         left = None if self.deadline is None else self.deadline - time.monotonic()
         eviction.make_room(
@@ -316,7 +317,7 @@ class Waiter:
             return
         if not any(t.gpu == self.me.gpu for t in cfg.tenants):
             return
-        from gpulock import eviction
+        from gpulock.residents import eviction
 
         left = None if self.deadline is None else self.deadline - time.monotonic()
         _results, kept = eviction.clear_tenants(
@@ -466,7 +467,7 @@ def ticket_evidence(tf: TicketFile, now_w: float) -> dict[str, Any]:
 def signal_holder(t: Ticket, sig: int, fifo: Path) -> bool:
     """Signal the command first (it holds the GPU), then the owner; True if either was sent.
 
-    Each only on proof that it holds the ticket's claim ``fifo`` (``gpulock.proof``): the
+    Each only on proof that it holds the ticket's claim ``fifo`` (``gpulock.core.proof``): the
     pids in a ticket are what its writer says, and anyone in a shared folder can write one.
     """
     sent = False

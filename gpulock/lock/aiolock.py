@@ -6,7 +6,7 @@
         ...  # the GPU is yours
 
 The ticket, the queue's rules and every decision are those of ``acquire``: one ``Waiter``
-(``gpulock.waiter``) takes each step; only the sleep between steps differs.  Instead of blocking
+(``gpulock.lock.waiter``) takes each step; only the sleep between steps differs.  Instead of blocking
 in ``poll()``, the waiter's descriptors (the FIFOs it watches, its own doorbell) are registered
 on the event loop with ``add_reader``, so the kernel's ``POLLERR`` on a watched claim wakes the
 task as it wakes a blocking waiter.  (A write end of a FIFO never reads: the selector reports
@@ -24,8 +24,8 @@ from collections.abc import Generator, Sequence
 from types import TracebackType
 from typing import Any
 
-from gpulock.config import Config
-from gpulock.lock import Lease, Queued, enqueue
+from gpulock.core.config import Config
+from gpulock.lock.lease import Lease, Queued, enqueue
 
 
 class _LoopPoller:
