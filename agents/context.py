@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Final, TextIO, TypeVar
 from agents import checkpoint
 from agents.progress import ProgressBar, wanted
 from agents.spec import AgentError, AgentSpec
+from gpulock import Lease, acquire
 from gpulock.core.errors import StateDirError
-from gpulock.lock.lease import Lease, acquire
 from gpulock.core.settings import Settings
 from gpulock.core.state import ensure_subdir
 

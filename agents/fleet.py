@@ -298,7 +298,7 @@ def _main(argv: list[str]) -> int:
         if args.state_dir:
             state_dir = Path(args.state_dir).expanduser().absolute()
         else:
-            state_dir = state.resolve_state_dir(load_config(args.config))
+            state_dir = state.resolve_state_dir(load_config(args.config).state_dir)
         jobs = fleetfile.plan(
             fleet, state_dir=state_dir, environ=_environ(args.config), python=sys.executable
         )

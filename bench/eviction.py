@@ -32,11 +32,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpulock.residents import eviction, registry  # noqa: E402
-from gpulock import status
-from gpulock.lock.queuedir import QueueDir  # noqa: E402
+from gpulock import status  # noqa: E402
 from gpulock.core.settings import load  # noqa: E402
+from gpulock.lock.queuedir import QueueDir  # noqa: E402
 from gpulock.lock.ticket import Ticket  # noqa: E402
+from gpulock.residents import eviction, registry  # noqa: E402
 
 OWNER = textwrap.dedent(
     """

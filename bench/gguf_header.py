@@ -40,9 +40,9 @@ from typing import Any, BinaryIO
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from gpulock.core import gguf as gguf_info  # noqa: E402
 from gpulock.core.settings import load  # noqa: E402
 from router import gguf_cache  # noqa: E402
-from gpulock.core import gguf as gguf_info
 from router.tiny_model import QWEN_MERGES, QWEN_TOKENS, write_big_header  # noqa: E402
 
 TARGET_UNCACHED_MS = 30.0

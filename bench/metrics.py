@@ -38,16 +38,16 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from gpulock import status  # noqa: E402
 from gpulock.core import events  # noqa: E402
-from gpulock import status
+from gpulock.core.settings import Settings, load  # noqa: E402
+from gpulock.lock.queuedir import QueueDir  # noqa: E402
+from gpulock.lock.ticket import Ticket  # noqa: E402
 from gpulock.metrics.collector import MetricsServer, StateCollector, exposition  # noqa: E402
 from gpulock.metrics.config import Listen  # noqa: E402
 from gpulock.metrics.cursor import FILE, FOLDER  # noqa: E402
 from gpulock.metrics.families import families  # noqa: E402
 from gpulock.metrics.tally import Tally, fold  # noqa: E402
-from gpulock.lock.queuedir import QueueDir  # noqa: E402
-from gpulock.core.settings import Settings, load  # noqa: E402
-from gpulock.lock.ticket import Ticket  # noqa: E402
 
 TARGET_MS = 50.0
 OWNER = textwrap.dedent(

@@ -39,8 +39,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import router  # noqa: E402
-from gpulock.lock.queuedir import QueueDir  # noqa: E402
 from gpulock.core.settings import load  # noqa: E402
+from gpulock.lock.queuedir import QueueDir  # noqa: E402
 from router.tiny_model import ensure_tiny_llama  # noqa: E402
 
 TARGET_MS = 1.0

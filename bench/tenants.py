@@ -45,9 +45,9 @@ from standins.localai import LocalAI  # noqa: E402
 from standins.ollama import Ollama  # noqa: E402
 from standins.vllm import Vllm  # noqa: E402
 
-from gpulock.residents import eviction  # noqa: E402
-from gpulock import status
+from gpulock import status  # noqa: E402
 from gpulock.core.settings import Settings, load  # noqa: E402
+from gpulock.residents import eviction  # noqa: E402
 from gpulock.tenants import survey  # noqa: E402
 
 GiB = 1024**3

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 from gpulock.cli import Parser, UsageError, print_json, run_command
 
 if TYPE_CHECKING:
-    from gpulock.metrics.exporter import Exporter
     from gpulock.core.settings import Settings
+    from gpulock.metrics.exporter import Exporter
 
 EX_OK = 0
 

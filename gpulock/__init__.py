@@ -13,6 +13,7 @@ jobs import it every minute.
 
 from __future__ import annotations
 
+from gpulock.api import Lease, acquire, acquire_async, locked
 from gpulock.core.errors import (
     ConfigError,
     GpulockError,
@@ -22,7 +23,6 @@ from gpulock.core.errors import (
     NotPermitted,
     StateDirError,
 )
-from gpulock.lock.lease import Lease, acquire, locked
 
 __all__ = [
     "AdmissionRefused",
@@ -56,7 +56,6 @@ _LAZY = {
     "AdmissionRefused": ("gpulock.residents.eviction", "AdmissionRefused"),
     "adapters": ("gpulock.residents.adapters", None),
     "governor_level": ("gpulock.core.level", "governor_level"),
-    "acquire_async": ("gpulock.lock.aiolock", "acquire_async"),  # asyncio only for those who wait on it
 }
 
 

@@ -17,16 +17,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpulock.core import claim, devices, level
-from gpulock.residents import registry
 from gpulock.core.claim import end_owner
-from gpulock.residents.eviction import EvictResult, evict
 from gpulock.core.identity import may_signal
 from gpulock.core.level import Published
 from gpulock.core.proof import proven
 from gpulock.core.proof import send as signal_proven
-from gpulock.lock.queuedir import QueueDir, holder_pids, queue_gpus
-from gpulock.residents.registry import Record
 from gpulock.core.settings import Settings
+from gpulock.lock.queuedir import QueueDir, holder_pids, queue_gpus
+from gpulock.residents import registry
+from gpulock.residents.eviction import evict
+from gpulock.residents.outcome import EvictResult
+from gpulock.residents.registry import Record
 
 __all__ = [
     "EvictResult",
@@ -63,10 +64,10 @@ def residents(
     from gpulock.tenants import survey
 
     listings = survey.survey(settings)
-    trecs = survey.to_records(settings, listings)
+    trecs = registry.to_records(settings, listings)
     report = registry.probe_devices(settings, tenants=trecs)
     if report.source == "nvml":
-        trecs = survey.to_records(settings, listings, report=report, track=False)
+        trecs = registry.to_records(settings, listings, report=report, track=False)
     return report, lib + trecs
 
 

@@ -552,8 +552,8 @@ def _value(key: str, v: Any) -> str:
 
 def cmd_heartbeat(args: argparse.Namespace) -> int:
     from gpulock.core import identity
-    from gpulock.lock import repair
     from gpulock.core.errors import NotPermitted
+    from gpulock.lock import repair
     from gpulock.lock.lease import ENV_TICKET
 
     seq = args.ticket
@@ -615,9 +615,10 @@ def cmd_tenants(args: argparse.Namespace) -> int:
         else:
             print("no tenants configured (add a 'tenants:' list to the config; see the README)")
         return EX_OK
+    from gpulock.residents import registry
     from gpulock.tenants import survey
 
-    entries = survey.entries(settings)
+    entries = registry.tenant_entries(settings)
     print(json.dumps({"tenants": entries}, indent=2) if args.json else survey.render(entries))
     return EX_OK
 

@@ -35,10 +35,11 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
+from gpulock.api import acquire
 from gpulock.core.errors import GpulockError
-from gpulock.lock.lease import ENV_TICKET, acquire, leases_held
 from gpulock.core.settings import Settings
 from gpulock.core.state import ENV_STATE_DIR
+from gpulock.lock.lease import ENV_TICKET, leases_held
 
 FORWARDED = (
     signal.SIGTERM,

@@ -39,17 +39,45 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpulock.core import devices, level
-from gpulock.lock import prefetch_progress, queue
-from gpulock.residents import registry
 from gpulock.core.errors import GpulockError
-from gpulock.lock.queuedir import QueueDir, TicketFile, queue_gpus
 from gpulock.core.settings import Settings
 from gpulock.core.units import format_duration, format_size, format_usd
+from gpulock.lock import prefetch_progress, queue
+from gpulock.lock.queuedir import QueueDir, TicketFile, queue_gpus
+from gpulock.residents import registry
 
 VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """One live ticket in a GPU's line, as the packages above gpulock may read it."""
+
+    ticket: int
+    name: str
+    need_bytes: int | None  # None: exclusive
+    holding: bool
+    granted_wall: float | None
+
+
+def line(settings: Settings, gpu: int) -> list[Place]:
+    """The live tickets of ``gpu``'s line (holders and waiters), in ticket order.
+
+    The door through which a router reads a line to estimate a wait: dead and unreadable
+    tickets are left out, and the queue folder's layout stays the lock's own business.
+    """
+    qdir = QueueDir(settings, gpu, create=False)
+    out = []
+    for seq, tf, _why in qdir.scan():
+        if tf is None or not qdir.alive(seq):
+            continue
+        t = tf.ticket
+        out.append(Place(t.seq, t.name, t.need_bytes, t.holding, t.granted_wall))
+    return out
 
 
 def gpu_indices(settings: Settings, report: devices.DeviceReport) -> list[int]:
@@ -218,10 +246,10 @@ def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, 
 
         listings = survey.survey(settings)
         tenants = [survey.summary(li) for li in listings]
-        trecs = survey.to_records(settings, listings, now_wall=now_w)
+        trecs = registry.to_records(settings, listings, now_wall=now_w)
     report = registry.probe_devices(settings, tenants=trecs)
     if trecs and report.source == "nvml":
-        trecs = survey.to_records(settings, listings, report=report, now_wall=now_w, track=False)
+        trecs = registry.to_records(settings, listings, report=report, now_wall=now_w, track=False)
     recs = registry.Registry(settings, create=False).records(clean=False) + trecs
     gpus = [gpu_snapshot(settings, i, report.get(i), now_w) for i in gpu_indices(settings, report)]
     registered: dict[int, str] = {

@@ -23,8 +23,8 @@ from typing import Any
 
 from gpulock.core import state
 from gpulock.core.errors import StateDirError
-from gpulock.core.settings import Settings
 from gpulock.core.gguf import GGUFInfo, read_info
+from gpulock.core.settings import Settings
 
 FOLDER = "router"
 FILE = "gguf.json"

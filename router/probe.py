@@ -1,9 +1,10 @@
 """What this machine looks like now, as the chooser's ``Host``: the I/O half of the router.
 
-Reads the GPUs (simulated or NVML, through ``gpulock.residents.registry.probe_devices``), each GPU's queue
-(holders and waiters), recent hold times from the tail of the event log (for the wait estimate),
-the governor's published level, the ledger (cooldowns, spend, requests), which API-key variables
-are set, which model files exist, and the models already loaded in this process.
+Reads the GPUs (simulated or NVML, through ``gpulock.residents.registry.probe_devices``), each
+GPU's line (holders and waiters, through ``gpulock.status.line``), recent hold times from the
+tail of the event log (for the wait estimate), the governor's published level, the ledger
+(cooldowns, spend, requests), which API-key variables are set, which model files exist, and the
+models already loaded in this process.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from gpulock import status
 from gpulock.core import events, level, state
-from gpulock.residents import registry
-from gpulock.core.errors import StateDirError
-from gpulock.lock.queuedir import QueueDir
-from gpulock.core.settings import Settings
-from router import gguf_cache, ledger
 from gpulock.core import gguf as gguf_info
+from gpulock.core.errors import StateDirError
+from gpulock.core.settings import Settings
+from gpulock.residents import registry
+from router import gguf_cache, ledger
 from router.choose import GpuView, Host, cid
 from router.routes import Candidate, RouterSettings
 from router.waitest import HoldHistory, Queued, estimate_wait, history_from
@@ -161,11 +162,7 @@ def _gpu_view(
         free = max(0, free - reserve)
     line: list[Queued] = []
     shared: int | None = 0  # the holders' needs, while a newcomer could share (queue.decide)
-    qdir = QueueDir(settings, index, create=False)
-    for seq, tf, _why in qdir.scan():
-        if tf is None or not qdir.alive(seq):
-            continue
-        t = tf.ticket
+    for t in status.line(settings, index):
         if t.holding and t.granted_wall is not None:
             line.append(Queued(t.name, t.need_bytes, max(0.0, now - t.granted_wall)))
             if shared is not None and t.need_bytes is not None:

@@ -28,12 +28,9 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from gpulock.lock.aiolock import acquire_async
+from gpulock import Lease, acquire_async
 from gpulock.core.errors import GpulockError, LockTimeout
-from gpulock.lock.lease import Lease
-from gpulock.lock.queuedir import QueueDir
 from gpulock.core.settings import Settings
-from gpulock.lock.ticket import TicketFormatError
 
 
 class QueueFull(GpulockError):
@@ -179,7 +176,7 @@ class Line:
         """Close ``g`` to new requests when another ticket waits behind it; True if closed."""
         if g.closed:
             return True
-        if not self._someone_behind(g.lease):
+        if not g.lease.waiting_behind():
             return False
         g.closed = True
         if self._open.get(g.key) is g:
@@ -194,19 +191,6 @@ class Line:
             fut = g.waiting.popleft()
             if not fut.done():
                 fut.set_result(False)
-
-    def _someone_behind(self, lease: Lease) -> bool:
-        qdir = QueueDir(self.settings, lease.gpu, create=False)
-        for seq in qdir.seqs():
-            if seq <= lease.ticket:
-                continue
-            try:
-                tf = qdir.read(seq)
-            except TicketFormatError:
-                continue
-            if tf is not None and not tf.ticket.holding and qdir.alive(seq):
-                return True
-        return False
 
     def held(self) -> dict[str, int]:
         """Requests running per model now (for ``/api/ps``)."""

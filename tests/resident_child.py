@@ -24,7 +24,7 @@ Audit lines are written with one ``write()`` on an ``O_APPEND`` descriptor::
     <kind> <name or -> <JSON object>
 
 ``unloaded NAME`` is written by the unload callable, inside the owner, after the weights are
-cleared (for llama: after ``gpulock.residents.adapters.unload_llama`` closed the model).
+cleared (for llama: after ``gpulock.adapters.unload_llama`` closed the model).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def register(spec: dict[str, Any], audit: Audit) -> Any:
         llm.close = close  # type: ignore[method-assign]
 
         def unload_llm(model: Any) -> None:
-            gpulock.residents.adapters.unload_llama(model)
+            gpulock.adapters.unload_llama(model)
             inner = getattr(model, "_model", None)
             audit.write(
                 "unloaded",

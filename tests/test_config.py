@@ -210,8 +210,18 @@ def test_defaults_mapping_covers_every_key() -> None:
         "exit_wait",
         "events_max_bytes",
         "exclusive_clears_tenants",
+        "exclusive_clears_residents",
     }
     assert not set(DEFAULTS) & SECTIONS
+
+
+@pytest.mark.parametrize("key", ["exclusive_clears_tenants", "exclusive_clears_residents"])
+def test_exclusive_clears_keys_are_booleans(key: str) -> None:
+    assert getattr(Config(), key) is True
+    assert getattr(parse(f"{key}: false\n"), key) is False
+    with pytest.raises(ConfigError) as e:
+        parse(f"{key}: maybe\n")
+    assert key in str(e.value) and "expected true or false" in str(e.value), e.value
 
 
 def test_every_key_at_once() -> None:

@@ -134,7 +134,7 @@ def test_without_the_package_the_problem_names_the_extra() -> None:
     # A fresh interpreter where `import pynvml` fails, whether or not it is installed here.
     out = in_fresh_python(
         "import sys; sys.modules['pynvml'] = None\n"
-        "from gpulock import devices\n"
+        "from gpulock.core import devices\n"
         "print(devices.probe(None, {}).problem)\n"
         "print(devices.nvml_available())\n"
     )
@@ -147,7 +147,7 @@ def test_without_the_package_the_problem_names_the_extra() -> None:
 def test_without_torch_torch_memory_is_none() -> None:
     out = in_fresh_python(
         "import sys; sys.modules['torch'] = None\n"
-        "from gpulock import devices\n"
+        "from gpulock.core import devices\n"
         "print(devices.torch_memory(0))\n"
     )
     assert out == "None"

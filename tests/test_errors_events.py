@@ -140,7 +140,7 @@ def test_a_fifo_in_place_of_the_event_log_never_hangs_a_writer_or_a_reader(
     state.mkdir(mode=0o700)
     os.mkfifo(state / "events.jsonl")
     code = (
-        "import pathlib, sys; from gpulock import events; "
+        "import pathlib, sys; from gpulock.core import events; "
         "p = pathlib.Path(sys.argv[1]); events.emit(p, 'acquire', gpu=0); "
         "print(len(list(events.read(p))))"
     )

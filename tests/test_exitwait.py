@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from cli_helpers import Cli, pid_alive, wait_until
 
-from gpulock.lock import exitwait
 from gpulock.core import identity
+from gpulock.lock import exitwait
 from gpulock.lock.ticket import Ticket
 
 # --- the rule ---------------------------------------------------------------------------------

@@ -16,11 +16,11 @@ import pytest
 from cli_helpers import Cli, Result, assert_clean_error, error_lines
 
 from governor import config as governor_config
-from gpulock.residents import registry
 from gpulock.core import safejson
-from gpulock.lock import ticket
 from gpulock.core.config import parse_config
 from gpulock.core.errors import ConfigError
+from gpulock.lock import ticket
+from gpulock.residents import registry
 from router.routes import load_table
 
 DEEP = b"[" * 100_000

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from gpulock.core import gguf as gguf_info
 from gpulock.core.settings import Settings, load
 from router import gguf_cache
-from gpulock.core import gguf as gguf_info
 from router.tiny_model import write_big_header
 
 QWEN7B = {"architecture": "qwen2", "block_count": 28, "embedding_length": 3584}

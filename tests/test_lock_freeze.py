@@ -18,8 +18,8 @@ import pytest
 from procs import wait_until
 
 from gpulock.core import claim, level
-from gpulock.lock.queuedir import QueueDir
 from gpulock.core.settings import load
+from gpulock.lock.queuedir import QueueDir
 
 WAITER = (
     "import gpulock, sys, time; t = time.monotonic(); "

@@ -16,9 +16,9 @@ import pytest
 from cli_helpers import GPULOCK, Cli
 
 from gpulock.core import events
+from gpulock.core.settings import Settings, load
 from gpulock.metrics.cursor import FILE, FOLDER, MAX_LINE, EventCounters
 from gpulock.metrics.tally import Tally
-from gpulock.core.settings import Settings, load
 
 pytest.importorskip("prometheus_client", reason="the 'metrics' extra is not installed")
 

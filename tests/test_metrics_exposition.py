@@ -164,8 +164,10 @@ def test_a_bad_metrics_section_names_file_line_and_key(world: World, cli: Cli) -
 
 def test_the_governor_serves_metrics_over_http_until_stopped(sim: World, cli: Cli) -> None:
     # 4 GiB of 24 (17 %) is over vram_pressure 10 %: the first pass climbs to "reduce".
+    # The exclusive holder must not clear the resident whose memory makes the pressure.
     sim.config.write_text(
         "watchdog: {interval: 1s}\ngovernor: {samples: 1, vram_pressure: 10%, cooldown: 1h}\n"
+        "exclusive_clears_residents: false\n"
     )
     start_owner(sim, "owner", {"name": "m", "bytes": "4GiB"})
     holder = cli.hold("holder")

@@ -21,9 +21,9 @@ import pytest
 from cli_helpers import HOLD_SH, Cli, Proc, assert_clean_error, pid_alive, wait_until
 
 from gpulock.core import pagecache
-from gpulock.lock import prefetch, prefetch_progress
 from gpulock.core.config import parse_config
 from gpulock.core.errors import ConfigError
+from gpulock.lock import prefetch, prefetch_progress
 
 MiB = 1 << 20
 WARM_S = 60.0  # idle-priority reads on a disk other people use: generous

@@ -52,8 +52,10 @@ def call_behind_a_holder(world: World, m: router.Model, holder_name: str, *, war
 
 
 def test_a_gpu_call_waiting_in_line_warms_its_gguf_once(world: World, tiny: Path) -> None:
+    # The holders are exclusive: they must not clear the model this test keeps loaded.
     world.config.write_text(
-        "simulate: 24GiB\nrouter:\n  hold_estimate: 100ms\nroutes:\n"
+        "simulate: 24GiB\nexclusive_clears_residents: false\n"
+        "router:\n  hold_estimate: 100ms\nroutes:\n"
         + textwrap.indent(
             textwrap.dedent(
                 f"""\

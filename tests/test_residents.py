@@ -25,11 +25,11 @@ from cli_helpers import GPULOCK, Cli, Result, assert_clean_error
 from procs import Child, World, wait_until
 
 import gpulock
-from gpulock.residents import adapters, control, eviction, registry
 from gpulock.core import devices
+from gpulock.residents import adapters, control, eviction, registry
 from gpulock.residents.eviction import AdmissionRefused
-from gpulock.residents.registry import Registry
 from gpulock.residents.owner import Evicted
+from gpulock.residents.registry import Registry
 
 MiB = 1024**2
 GiB = 1024**3
@@ -420,6 +420,57 @@ def test_a_model_in_use_is_never_evicted_to_make_room(lab: Lab) -> None:
     o.send("done big")
     o.wait("left", "big")
     assert lab.resident("big")["in_use"] is False
+
+
+def test_an_exclusive_grant_clears_idle_residents_and_names_what_stays(lab: Lab) -> None:
+    lab.simulate("24GiB")
+    o = lab.owner("owner", *ROOM_RESIDENTS)
+    o.send("use cold")
+    o.wait("entered", "cold")
+
+    r = lab.gpulock("run", "--name", "solo", "--", "true")  # no --need: the GPU to itself
+
+    assert r.code == 0, r.describe()
+    evicts = lab.events("evict")
+    assert [(e["name"], e["outcome"]) for e in evicts] == [("big", "freed")], evicts
+    assert evicts[0]["reason"].startswith("exclusive ticket"), evicts
+    (acquired,) = lab.events("acquire", name="solo")
+    assert acquired["ts"] >= evicts[-1]["ts"]  # room first, then the grant
+    kept = {k["id"]: k["why"] for k in acquired["residents_kept"]}
+    assert kept == {o.ids["cold"]: "busy", o.ids["pin"]: "pinned"}, acquired
+    assert o.has("unloaded", "big") and not o.has("unloaded", "cold")
+    assert lab.names() == ["cold", "pin"]
+    assert lab.used() == 3 * GiB  # the memory came back, as the eviction verified
+
+
+def test_exclusive_clears_residents_false_leaves_them_loaded(lab: Lab) -> None:
+    lab.simulate("24GiB")
+    lab.world.config.write_text("exclusive_clears_residents: false\n")
+    o = lab.owner("owner", *ROOM_RESIDENTS)
+
+    r = lab.gpulock("run", "--name", "solo", "--", "true")
+
+    assert r.code == 0, r.describe()
+    assert lab.events("evict") == []
+    (acquired,) = lab.events("acquire", name="solo")
+    assert "residents_kept" not in acquired
+    assert not o.has("unloaded", "big")
+    assert lab.names() == ["big", "cold", "pin"]
+
+
+def test_the_lock_alone_makes_no_room_unless_given_a_room(lab: Lab) -> None:
+    from gpulock.lock import lease, room
+
+    lab.simulate("24GiB")
+    lab.owner("owner", *ROOM_RESIDENTS)
+    settings = lab.settings()
+    with pytest.raises(TypeError, match="needs a Room"):
+        lease.acquire(state_dir=settings.state_dir, room=None)  # type: ignore[arg-type]
+    assert lab.events("acquire") == []  # refused before a ticket was taken
+    with lease.acquire(state_dir=settings.state_dir, timeout=30, room=room.NO_ROOM):
+        pass
+    assert lab.events("evict") == []  # the bare line asks nobody to leave
+    assert lab.names() == ["big", "cold", "pin"]
 
 
 def test_making_room_past_an_owner_that_does_not_answer_keeps_to_the_timeout(lab: Lab) -> None:

@@ -16,8 +16,8 @@ import pytest
 from procs import wait_until
 
 from gpulock.core import devices
-from gpulock.residents import eviction, registry
 from gpulock.core.settings import load
+from gpulock.residents import eviction, registry
 
 _REPORT = devices.probe(None, {})
 

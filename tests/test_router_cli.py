@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from cli_helpers import GPULOCK, Cli, assert_clean_error, wait_until
 
-from gpulock.core.units import format_size
 from gpulock.core import gguf as gguf_info
+from gpulock.core.units import format_size
 from router.tiny_model import ensure_tiny_llama
 
 VERDICT_KEYS = {
@@ -407,7 +407,7 @@ def test_a_fifo_named_as_the_model_is_not_waited_on(tmp_path: Path) -> None:
     fifo = tmp_path / "model.gguf"
     os.mkfifo(fifo)
     code = (
-        "import sys\nfrom router import gguf_info\n"
+        "import sys\nfrom gpulock.core import gguf as gguf_info\n"
         "try:\n    gguf_info.read_info(sys.argv[1])\n"
         "except gguf_info.GGUFError as e:\n    print(e)\n"
     )

@@ -25,10 +25,10 @@ from procs import World
 
 import router
 from gpulock.core import claim, level
-from gpulock.residents import registry
+from gpulock.core import gguf as gguf_info
 from gpulock.core.errors import StateDirError
 from gpulock.core.settings import Settings
-from gpulock.core import gguf as gguf_info
+from gpulock.residents import registry
 from router import ledger
 from router.choose import cid
 from router.tiny_model import ensure_tiny_llama

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from gpulock.core import gguf as gguf_info
 from gpulock.core.config import load_config
 from gpulock.core.errors import ConfigError
-from gpulock.core import gguf as gguf_info
 from router.routes import Table, load_table
 from router.tiny_model import ensure_tiny_llama, write_tiny_llama
 

@@ -413,8 +413,8 @@ def test_the_governor_never_kills_a_process_named_by_a_forged_resident_record(
 ) -> None:
     from governor.effects import Effects
     from governor.model import Action, GovernorConfig, Snapshot
-    from gpulock.residents import registry
     from gpulock.core.settings import load
+    from gpulock.residents import registry
 
     settings = load(str(shared.config), shared.state)
     folder = registry.Registry(settings).path  # made by root, shared with the group

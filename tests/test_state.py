@@ -86,13 +86,13 @@ def test_xdg_variables_are_ignored(tmp_path: pathlib.Path) -> None:
 
 def test_config_state_dir_is_used(tmp_path: pathlib.Path) -> None:
     config = Config(state_dir=tmp_path / "from-config")
-    assert resolve_state_dir(config, {"HOME": "/home/x"}) == tmp_path / "from-config"
+    assert resolve_state_dir(config.state_dir, {"HOME": "/home/x"}) == tmp_path / "from-config"
 
 
 def test_env_wins_over_config(tmp_path: pathlib.Path) -> None:
     config = Config(state_dir=tmp_path / "from-config")
     environ = {"HOME": "/home/x", "GPULOCK_STATE_DIR": str(tmp_path / "from-env")}
-    assert resolve_state_dir(config, environ) == tmp_path / "from-env"
+    assert resolve_state_dir(config.state_dir, environ) == tmp_path / "from-env"
 
 
 def test_env_tilde_uses_the_given_home(tmp_path: pathlib.Path) -> None:

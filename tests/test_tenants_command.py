@@ -15,11 +15,11 @@ import pytest
 from router_servers import free_port
 from tenant_helpers import settings_for
 
-from gpulock.core import events
-from gpulock.residents import eviction
 from gpulock import status as status_mod
-from gpulock.lock.queuedir import QueueDir
+from gpulock.core import events
 from gpulock.core.settings import Settings
+from gpulock.lock.queuedir import QueueDir
+from gpulock.residents import eviction
 from gpulock.tenants import survey
 from gpulock.tenants.command import CommandAdapter
 from gpulock.tenants.http import TenantError

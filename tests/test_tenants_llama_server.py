@@ -21,11 +21,11 @@ from tenant_helpers import settings_for
 
 from governor.daemon import Governor
 from governor.model import GovernorConfig
-from gpulock.core import events
-from gpulock.residents import eviction
-from gpulock.core import identity as procs
 from gpulock import status as status_mod
+from gpulock.core import events
+from gpulock.core import identity as procs
 from gpulock.core.settings import Settings
+from gpulock.residents import eviction
 from gpulock.tenants import survey
 
 pytestmark = pytest.mark.slow
@@ -79,7 +79,7 @@ def test_router_mode_is_recognised_and_the_loaded_model_listed_with_its_size(
     # (what NVML's per-process figure is looked up by on a real GPU).
     (li,) = survey.survey(settings, deadline_s=5.0, timeout_s=4.0)
     (m,) = li.models
-    child = survey._child_pid(li, m)
+    child = survey.child_pid(li, m)
     assert child is not None and child != server.proc.pid  # type: ignore[union-attr]
     assert server.proc.pid in procs.ancestors(child)  # type: ignore[union-attr]
 

@@ -23,6 +23,7 @@ from gpulock.core import settings as settings_mod
 from gpulock.core.config import load_config
 from gpulock.core.errors import ConfigError
 from gpulock.lock.queuedir import QueueDir
+from gpulock.residents import registry
 from gpulock.tenants import survey
 from router.routes import load_table
 
@@ -79,7 +80,7 @@ def test_persistent_call_passes_the_routes_keep_alive_and_is_warm_when_held(
         assert again.choice.chosen is not None and again.choice.chosen.warm
         assert again.choice.chosen.need_bytes == 5 * GiB
         again.complete("again")
-        rec = survey.to_records(settings, survey.survey(settings), track=False)
+        rec = registry.to_records(settings, survey.survey(settings), track=False)
         assert rec[0].idle_known  # the routed calls are recorded as uses
     finally:
         s.stop()

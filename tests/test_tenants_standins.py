@@ -27,10 +27,9 @@ from standins.vllm import Vllm
 from tenant_helpers import settings_for
 
 import gpulock
-from gpulock.core import events
-from gpulock.residents import eviction, registry
 from gpulock import status as status_mod
-from gpulock.tenants import evict as tenant_evict
+from gpulock.core import events
+from gpulock.residents import eviction, registry, tenant_evict
 from gpulock.tenants import survey
 
 GiB = 1024**3

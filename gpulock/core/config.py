@@ -44,6 +44,10 @@ Keys owned by gpulock (the defaults live in ``DEFAULTS``, written as they would 
 ``exclusive_clears_tenants`` (boolean, default ``true``)
     Before an exclusive grant (``gpulock run`` without ``--need``), unload the idle, unpinned
     models of the tenants on that GPU.
+``exclusive_clears_residents`` (boolean, default ``true``)
+    Before an exclusive grant, ask the idle, unpinned library residents on that GPU (a
+    ``gpulock.resident``, ``gpulock serve``'s models) to unload too, and verify the memory
+    came back; in-use and pinned ones stay and are named in the grant event.
 ``tenants`` (list, default none)
     Model servers gpulock sees, evicts and verifies: validated by ``gpulock.core.tenantspec``
     (imported only when the section is there) into ``Config.tenants``.
@@ -66,7 +70,7 @@ import math
 import os
 import pathlib
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -114,6 +118,7 @@ DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
         "exit_wait": "10s",
         "events_max_bytes": "10MiB",
         "exclusive_clears_tenants": True,
+        "exclusive_clears_residents": True,
     }
 )
 
@@ -153,6 +158,7 @@ class Config:
     exit_wait_s: float = parse_duration(DEFAULTS["exit_wait"])
     events_max_bytes: int = parse_size(DEFAULTS["events_max_bytes"])
     exclusive_clears_tenants: bool = DEFAULTS["exclusive_clears_tenants"]
+    exclusive_clears_residents: bool = DEFAULTS["exclusive_clears_residents"]
     tenants: tuple[TenantSpec, ...] = ()  # the ``tenants:`` section, validated
     sections: Mapping[str, Any] = field(default_factory=_empty)
     lines: Mapping[str, int] = field(default_factory=_empty)
@@ -696,12 +702,13 @@ def _check_events_max_bytes(base: Config, value: Any, file: str) -> tuple[str, A
     return "events_max_bytes", _positive_size(base, "events_max_bytes", value, "10MiB")
 
 
-def _check_exclusive_clears_tenants(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    if not isinstance(value, bool):
-        raise base.error(
-            "exclusive_clears_tenants", f"expected true or false, got {show_value(value)}"
-        )
-    return "exclusive_clears_tenants", value
+def _boolean(key: str) -> Callable[[Config, Any, str], tuple[str, Any]]:
+    def check(base: Config, value: Any, file: str) -> tuple[str, Any]:
+        if not isinstance(value, bool):
+            raise base.error(key, f"expected true or false, got {show_value(value)}")
+        return key, value
+
+    return check
 
 
 _CHECKS: Final = {
@@ -714,5 +721,6 @@ _CHECKS: Final = {
     "hung_grace": _check_hung_grace,
     "exit_wait": _check_exit_wait,
     "events_max_bytes": _check_events_max_bytes,
-    "exclusive_clears_tenants": _check_exclusive_clears_tenants,
+    "exclusive_clears_tenants": _boolean("exclusive_clears_tenants"),
+    "exclusive_clears_residents": _boolean("exclusive_clears_residents"),
 }

@@ -1,9 +1,10 @@
 """Who owns a ticket, and safe ways to signal that owner.
 
 Liveness itself is not decided here: a ticket is alive while the kernel still holds its FIFO
-open (see ``gpulock.lock.lease``).  What this module adds is identity for humans and for the cases the
-kernel cannot answer: pid + start time (+ boot id, + pid namespace) name one process uniquely, so
-a pid that was reused by another program never counts as the owner and is never signalled.
+open (see ``gpulock.lock.lease``).  What this module adds is identity for humans and for the
+cases the kernel cannot answer: pid + start time (+ boot id, + pid namespace) name one process
+uniquely, so a pid that was reused by another program never counts as the owner and is never
+signalled.
 
 Start times are read from ``/proc/<pid>/stat`` (field 22, clock ticks since boot), the same
 number psutil reads, without psutil's 20 ms import on the path of every ``gpulock run``.

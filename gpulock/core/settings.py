@@ -45,5 +45,9 @@ def load(
 ) -> Settings:
     """Resolve the config (a Config, a path, or the usual lookup) and check the state folder."""
     cfg = config if isinstance(config, Config) else load_config(config)
-    path = Path(state_dir).expanduser().absolute() if state_dir else state.resolve_state_dir(cfg)
+    path = (
+        Path(state_dir).expanduser().absolute()
+        if state_dir
+        else state.resolve_state_dir(cfg.state_dir)
+    )
     return Settings(cfg, state.ensure_state_dir(path, group=cfg.group))

@@ -23,12 +23,9 @@ import pathlib
 import pwd
 import stat
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from gpulock.core.errors import StateDirError
-
-if TYPE_CHECKING:
-    from gpulock.core.config import Config
 
 __all__ = [
     "ENV_STATE_DIR",
@@ -116,7 +113,7 @@ def expand_path(value: str, environ: Mapping[str, str] | None = None) -> pathlib
 
 
 def resolve_state_dir(
-    config: Config | None = None, environ: Mapping[str, str] | None = None
+    configured: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> pathlib.Path:
     """The state folder's absolute path: ``$GPULOCK_STATE_DIR``, config, then the default.
 
@@ -126,8 +123,8 @@ def resolve_state_dir(
     named = env.get(ENV_STATE_DIR)
     if named:
         path = expand_path(named, env)
-    elif config is not None and config.state_dir is not None:
-        path = expand_path(str(config.state_dir), env)
+    elif configured is not None:  # the config's ``state_dir``
+        path = expand_path(str(configured), env)
     else:
         path = home_dir(env) / DEFAULT_STATE_DIR
     return path.absolute()

@@ -23,12 +23,19 @@ from __future__ import annotations
 
 import urllib.parse
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from gpulock.core.errors import ConfigError
 from gpulock.core.units import parse_duration, parse_size
 
-if TYPE_CHECKING:
-    from gpulock.core.config import Config
+
+class ConfigErrors(Protocol):
+    """What this module needs of ``gpulock.core.config.Config``: errors that name the file,
+    line and key.  A protocol, so that the config (which parses its ``tenants:`` list here)
+    and this module do not import each other."""
+
+    def error(self, key: str, problem: str, hint: str | None = None) -> ConfigError: ...
+
 
 KINDS = ("ollama", "llama-server", "llama-swap", "vllm", "comfyui", "localai", "command")
 KEYS = (
@@ -67,7 +74,7 @@ class TenantSpec:
         return (self.url or "").rstrip("/") + "/" + self.health.lstrip("/")
 
 
-def parse_tenants(cfg: Config, raw: Any, default_gpu: int) -> tuple[TenantSpec, ...]:
+def parse_tenants(cfg: ConfigErrors, raw: Any, default_gpu: int) -> tuple[TenantSpec, ...]:
     """The validated list; ``raw`` is the section as read (None: no tenants)."""
     if raw is None:
         return ()
@@ -89,7 +96,7 @@ def parse_tenants(cfg: Config, raw: Any, default_gpu: int) -> tuple[TenantSpec, 
     return tuple(out)
 
 
-def _tenant(cfg: Config, key: str, item: Any, default_gpu: int) -> TenantSpec:
+def _tenant(cfg: ConfigErrors, key: str, item: Any, default_gpu: int) -> TenantSpec:
     if not isinstance(item, dict):
         raise cfg.error(key, "expected a mapping with name, kind and url")
     for k in item:
@@ -171,7 +178,7 @@ def _tenant(cfg: Config, key: str, item: Any, default_gpu: int) -> TenantSpec:
     )
 
 
-def _url(cfg: Config, key: str, value: Any, *, required: bool) -> str | None:
+def _url(cfg: ConfigErrors, key: str, value: Any, *, required: bool) -> str | None:
     if value is None and not required:
         return None
     if not isinstance(value, str) or not value.strip():
@@ -186,7 +193,7 @@ def _url(cfg: Config, key: str, value: Any, *, required: bool) -> str | None:
     return value.rstrip("/")
 
 
-def _api_key_env(cfg: Config, key: str, value: Any) -> str | None:
+def _api_key_env(cfg: ConfigErrors, key: str, value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value:
@@ -213,13 +220,13 @@ def _env_name(text: str) -> bool:
     return not (len(text) >= 24 and digits >= 4 and not text.isupper())
 
 
-def _names(cfg: Config, key: str, value: Any) -> tuple[str, ...]:
+def _names(cfg: ConfigErrors, key: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise cfg.error(key, "expected a list of model names")
     return tuple(value)
 
 
-def _duration(cfg: Config, key: str, value: Any) -> float:
+def _duration(cfg: ConfigErrors, key: str, value: Any) -> float:
     try:
         return parse_duration(value)
     except (ValueError, TypeError) as exc:

@@ -6,11 +6,12 @@
         ...  # the GPU is yours
 
 The ticket, the queue's rules and every decision are those of ``acquire``: one ``Waiter``
-(``gpulock.lock.waiter``) takes each step; only the sleep between steps differs.  Instead of blocking
-in ``poll()``, the waiter's descriptors (the FIFOs it watches, its own doorbell) are registered
-on the event loop with ``add_reader``, so the kernel's ``POLLERR`` on a watched claim wakes the
-task as it wakes a blocking waiter.  (A write end of a FIFO never reads: the selector reports
-its error as readable, which is all the waiter needs.)  No thread per waiter, no polling.
+(``gpulock.lock.waiter``) takes each step; only the sleep between steps differs.  Instead of
+blocking in ``poll()``, the waiter's descriptors (the FIFOs it watches, its own doorbell) are
+registered on the event loop with ``add_reader``, so the kernel's ``POLLERR`` on a watched claim
+wakes the task as it wakes a blocking waiter.  (A write end of a FIFO never reads: the selector
+reports its error as readable, which is all the waiter needs.)  No thread per waiter, no
+polling.
 
 Cancelling the task (a client that hung up, ``asyncio.timeout``) leaves the line at once: the
 ticket and its FIFO are removed and the successor wakes, exactly as on a timeout.
@@ -26,6 +27,7 @@ from typing import Any
 
 from gpulock.core.config import Config
 from gpulock.lock.lease import Lease, Queued, enqueue
+from gpulock.lock.room import Room, require
 
 
 class _LoopPoller:
@@ -127,8 +129,12 @@ def acquire_async(
     state_dir: str | None = None,
     command: Sequence[str] | None = None,
     prefetch: Sequence[str] | None = None,
+    room: Room,
 ) -> AsyncAcquire:
     """``acquire`` for asyncio: ``async with acquire_async(...) as lease`` or ``await``.
+
+    The lock's own entry point (``room``: see ``gpulock.lock.room``); users call
+    ``gpulock.acquire_async``, which passes the residents' room.
 
     Arguments as ``gpulock.acquire``.  Each call takes its own ticket (tasks of one event loop
     are not nested calls, so there is no re-entrancy by thread); a lease inherited from
@@ -140,5 +146,6 @@ def acquire_async(
         "state_dir": state_dir,
         "command": command,
         "prefetch": prefetch,
+        "room": require(room),
     }
     return AsyncAcquire((gpu, need, timeout, name, lease), kwargs)

@@ -39,7 +39,7 @@ NVML_MAX_S = 1.0  # ...but a loaded machine may take longer: back off to once a 
 
 
 class Poller(Protocol):
-    """What a waiter sleeps on: ``select.poll``, or an event loop's stand-in (gpulock.lock.aiolock)."""
+    """What a waiter sleeps on: ``select.poll``, or an event loop's (``gpulock.lock.aiolock``)."""
 
     def register(self, fd: int, eventmask: int = ..., /) -> None: ...
 

@@ -29,32 +29,28 @@ tickets it watches still exist every ``SAFETY_RECHECK_S`` seconds: nothing polls
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
 
 from gpulock.core import devices, identity
-from gpulock.lock import prefetch as prefetch_mod
 from gpulock.core.config import Config
 from gpulock.core.errors import LockError, LockTimeout, NeedTooLarge
-from gpulock.lock.exitwait import Poller
-from gpulock.lock.queuedir import QueueDir, owner_fds, unlink_quietly
 from gpulock.core.settings import Settings, load
 from gpulock.core.state import atomic_write
-from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
 from gpulock.core.units import parse_duration, parse_size
+from gpulock.lock import prefetch as prefetch_mod
+from gpulock.lock.exitwait import Poller
+from gpulock.lock.queuedir import QueueDir, owner_fds, unlink_quietly
+from gpulock.lock.room import Room, require
+from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
 from gpulock.lock.waiter import Waiter
 
 ENV_TICKET = "GPULOCK_TICKET"  # set by `gpulock run` for its command: "<gpu>:<seq>"
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
 _held = threading.local()  # gpu -> Lease held by this thread, for re-entrancy
@@ -124,6 +120,23 @@ class Lease:
         if self.claim_fd is None:
             raise ValueError("this lease holds no descriptor (released, or inherited without one)")
         return self.claim_fd
+
+    def waiting_behind(self) -> bool:
+        """Whether a live ticket waits behind this one in the GPU's line (not yet granted).
+
+        A holder that shares its grant between requests (``gpulock serve``) asks this before
+        taking another one in: fairness says it must not once someone waits.
+        """
+        for seq in self._qdir.seqs():
+            if seq <= self._ticket.seq:
+                continue
+            try:
+                tf = self._qdir.read(seq)
+            except TicketFormatError:
+                continue  # garbage in the folder waits for nobody
+            if tf is not None and not tf.ticket.holding and self._qdir.alive(seq):
+                return True
+        return False
 
     def heartbeat(self) -> None:
         """Show that the holder is alive and working: renews the lease (touches the ticket)."""
@@ -195,8 +208,12 @@ def acquire(
     state_dir: str | os.PathLike[str] | None = None,
     command: Sequence[str] | None = None,
     prefetch: Sequence[str | os.PathLike[str]] | None = None,
+    room: Room,
 ) -> Lease:
     """Wait in line for a GPU and return the granted Lease (also a context manager).
+
+    The lock's own entry point: ``room`` makes room before the grant (``gpulock.lock.room``);
+    users call ``gpulock.acquire``, which passes the residents' room.
 
     gpu: index (default: the config's ``default_gpu``, else 0).  need: VRAM this holder will
     use, e.g. ``"6GiB"``; None means the whole GPU, exclusively.  timeout: seconds (or
@@ -216,6 +233,7 @@ def acquire(
         state_dir=state_dir,
         command=command,
         prefetch=prefetch,
+        room=room,
     )
     if isinstance(got, Lease):
         return got
@@ -244,6 +262,7 @@ class Queued:
     budget: int | None
     deadline: float | None
     start: float
+    room: Room  # makes room before the grant
     warm: prefetch_mod.Prefetch | None = None  # warms the job's files while it waits
 
     def waiter(self, poller: Poller | None = None) -> Waiter:
@@ -256,6 +275,7 @@ class Queued:
             self.budget,
             self.deadline,
             self.start,
+            room=self.room,
             poller=poller,
             prefetch=self.warm,
         )
@@ -279,12 +299,14 @@ def enqueue(
     command: Sequence[str] | None = None,
     prefetch: Sequence[str | os.PathLike[str]] | None = None,
     nested: bool = True,
+    room: Room,
 ) -> Lease | Queued:
     """Check the arguments and take a ticket; a Lease when this process already holds the GPU.
 
     ``nested``: a thread that holds the GPU gets its own Lease again (re-entrancy); the event
     loop's tasks share one thread, so ``acquire_async`` passes False.
     """
+    room = require(room)
     settings = load(config, state_dir)
     cfg = settings.config
     gpu_i = cfg.default_gpu if gpu is None else gpu
@@ -366,41 +388,13 @@ def enqueue(
             reason="no ticket yet: the sequence mutex stayed busy",
         )
         raise
-    return Queued(settings, qdir, ticket, fd, budget, deadline, start, warm)
+    return Queued(settings, qdir, ticket, fd, budget, deadline, start, room, warm)
 
 
 def leases_held() -> list[Lease]:
     """The leases this thread holds now (``gpulock run`` releases them if a signal cuts in
     just as ``acquire`` returns)."""
     return [lease for lease in getattr(_held, "leases", {}).values() if lease.held]
-
-
-def locked(
-    gpu: int | None = None,
-    need: int | str | None = None,
-    timeout: float | str | None = None,
-    name: str | None = None,
-    lease: float | str | None = None,
-    **kwargs: Any,
-) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Decorator form of ``acquire``: the function runs holding the GPU.
-
-    ::
-
-        @gpulock.locked(gpu=0, need="6GiB", timeout=600)
-        def render(batch): ...
-    """
-
-    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
-        @functools.wraps(fn)
-        def wrapper(*args: P.args, **kw: P.kwargs) -> R:
-            label = name or getattr(fn, "__qualname__", None) or "function"
-            with acquire(gpu, need, timeout, label, lease, **kwargs):
-                return fn(*args, **kw)
-
-        return wrapper
-
-    return decorate
 
 
 def _own_command() -> tuple[str, ...]:

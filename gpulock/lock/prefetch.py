@@ -37,20 +37,28 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from gpulock.core.config import Config, show_value
 from gpulock.core.errors import GpulockError
 from gpulock.core.pagecache import be_idle, chunk_residency, mem_available_bytes
-from gpulock.lock.prefetch_progress import FORMAT, progress_name
 from gpulock.core.state import atomic_write
-from gpulock.lock.ticket import Ticket, TicketFormatError, event_fields
 from gpulock.core.units import parse_size
+from gpulock.lock.prefetch_progress import FORMAT, progress_name
+from gpulock.lock.ticket import Ticket, TicketFormatError, event_fields
 
 if TYPE_CHECKING:
-    from gpulock.lock.queuedir import QueueDir, TicketFile
     from gpulock.core.settings import Settings
-    from gpulock.lock.waiter import Waiter
+    from gpulock.lock.queuedir import QueueDir, TicketFile
+
+
+class InLine(Protocol):
+    """What warming reads of the ticket's ``gpulock.lock.waiter.Waiter``: its place in line."""
+
+    qdir: QueueDir
+    me: Ticket
+    ahead_seqs: list[int] | None
+
 
 CHUNK_BYTES: Final = 8 << 20  # read and memory-check unit: stop latency is one chunk's read
 PUBLISH_EVERY_BYTES: Final = 64 << 20
@@ -205,7 +213,7 @@ class Prefetch:
         self._published_at = 0.0
         self._published_bytes = 0
 
-    def on_rescan(self, waiter: Waiter, ahead: Sequence[TicketFile]) -> None:
+    def on_rescan(self, waiter: InLine, ahead: Sequence[TicketFile]) -> None:
         """After a look at the queue that did not grant: note the position, pass the news on,
         start warming once within ``ahead``.  Never raises for the queue's sake."""
         if self._stop.is_set():
@@ -220,7 +228,7 @@ class Prefetch:
         except OSError:
             pass  # warming is a nicety: the lock goes on without it
 
-    def _position(self, waiter: Waiter, ahead: Sequence[TicketFile]) -> int:
+    def _position(self, waiter: InLine, ahead: Sequence[TicketFile]) -> int:
         """1 for the next in line; at most ``ahead + 1`` (farther back is all the same)."""
         if all(tf.ticket.holding for tf in ahead):
             return 1

@@ -1,7 +1,7 @@
 """A waiting ticket's warming progress on disk: ``<queue>/<seq>.prefetch``, for ``gpulock status``.
 
-Written by the waiter's warming thread (``gpulock.lock.prefetch``), atomically, with the state folder's
-file mode; removed with the ticket.  Format ``gpulock.prefetch/1``::
+Written by the waiter's warming thread (``gpulock.lock.prefetch``), atomically, with the state
+folder's file mode; removed with the ticket.  Format ``gpulock.prefetch/1``::
 
     {"format": "gpulock.prefetch/1", "ticket": 12, "pid": 4711, "state": "warming",
      "reason": null, "updated_wall": 1795214087.1,

@@ -1,8 +1,8 @@
 """The queue's rules, as pure functions: who may hold the GPU, whom a waiter watches, who is hung.
 
 Everything here takes the world as arguments (live tickets, budgets, the time) and returns data
-with a reason, so the rules are table-tested without processes or a GPU.  ``gpulock.lock.lease`` does
-the I/O around them.
+with a reason, so the rules are table-tested without processes or a GPU.  ``gpulock.lock.lease``
+does the I/O around them.
 
 The rules:
 

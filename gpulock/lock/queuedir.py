@@ -29,7 +29,15 @@ from gpulock.core import claim
 from gpulock.core.errors import LockTimeout, StateDirError
 from gpulock.core.settings import Settings
 from gpulock.core.state import atomic_write, open_regular
-from gpulock.lock.ticket import Ticket, TicketFormatError, encode, fifo_name, file_name, parse, seq_of
+from gpulock.lock.ticket import (
+    Ticket,
+    TicketFormatError,
+    encode,
+    fifo_name,
+    file_name,
+    parse,
+    seq_of,
+)
 
 RING_PROBES = 64  # successors probed by number before the folder is listed
 

@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass
 
 from gpulock.core import claim, identity, proof
-from gpulock.lock import queue
 from gpulock.core.errors import LockError, NotPermitted
-from gpulock.lock.queuedir import QueueDir, TicketFile, queue_gpus
 from gpulock.core.settings import Settings
+from gpulock.lock import queue
+from gpulock.lock.queuedir import QueueDir, TicketFile, queue_gpus
 from gpulock.lock.ticket import TicketFormatError
 from gpulock.lock.waiter import signal_holder, ticket_evidence
 

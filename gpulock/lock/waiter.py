@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpulock.core import claim, devices, identity, level, proof
-from gpulock.lock import exitwait, queue, sigwake
 from gpulock.core.errors import LockTimeout
-from gpulock.lock.exitwait import Poller
-from gpulock.lock.queuedir import QueueDir, TicketFile
 from gpulock.core.settings import Settings
 from gpulock.core.state import atomic_write
+from gpulock.lock import exitwait, queue, sigwake
+from gpulock.lock.exitwait import Poller
+from gpulock.lock.queuedir import QueueDir, TicketFile
+from gpulock.lock.room import Kept, Request, Room, calls_of, require
 from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
 
 if TYPE_CHECKING:
@@ -52,10 +53,12 @@ class Waiter:
         deadline: float | None,
         start: float,
         *,
+        room: Room,
         poller: Poller | None = None,
         prefetch: Prefetch | None = None,
     ) -> None:
         self.settings = settings
+        self.room = require(room)  # makes room before the grant (gpulock.lock.room)
         self.qdir = qdir
         self.me = me
         self.fd = fd
@@ -76,7 +79,7 @@ class Waiter:
         self.safety_s = self.safety_first_s
         self.freeze_ends: float | None = None  # monotonic time the governor's freeze goes stale
         self.ahead_seqs: list[int] | None = None
-        self.tenants_kept: list[dict[str, str]] | None = None  # after an exclusive clear
+        self.kept: Kept | None = None  # what stayed after an exclusive clear
         self.cleared_early = False  # command tenants stopped while this exclusive one waits
         # Dead holders ahead whose processes have not finished exiting (gpulock.lock.exitwait).
         self.exits = exitwait.ExitWatch(
@@ -151,7 +154,11 @@ class Waiter:
                 # A command tenant's server holds its ticket for as long as it runs: an
                 # exclusive waiter would wait for ever behind it.  Stop it (if idle) now.
                 self.cleared_early = True
-                self._clear_tenants()
+                kept = self.room.unblock(
+                    self.settings, self._room_request("exclusive ticket", 30.0)
+                )
+                if kept is not None:
+                    self.kept = kept
             self._rewatch(d.watch, fds)
             self.freeze_ends = None
             if frozen is not None:
@@ -280,66 +287,38 @@ class Waiter:
             os.close(fd)
         self.watched.clear()
 
-    def _make_room(self) -> None:
-        """A holder with a ``need`` asks idle models of other processes to leave first.
+    def _room_request(self, reason: str, cap_s: float) -> Request:
+        left = None if self.deadline is None else self.deadline - time.monotonic()
+        me = self.me
+        return Request(
+            gpu=me.gpu,
+            need_bytes=me.need_bytes,
+            seq=me.seq,
+            name=me.name,
+            pid=me.pid,
+            calls=calls_of(me.command),
+            timeout_s=cap_s if left is None else max(min(left, cap_s), 0.5),
+            reason=f"{reason} {me.seq} ({me.name})",
+        )
 
-        Models kept in VRAM between calls (by processes that do not hold the lock) would
-        otherwise make a granted load fail with a CUDA OOM.
+    def _make_room(self) -> None:
+        """Before the grant: idle models of other processes leave first (``self.room``).
+
+        Models kept in GPU memory between calls (by processes that do not hold the lock) would
+        otherwise make a granted load fail with a CUDA OOM; an exclusive holder gets the GPU to
+        itself.  What stays (pinned, busy, an unload that failed) is named in the grant event.
         """
         if self.me.need_bytes is None:
-            self._clear_tenants()
+            kept = self.room.make(self.settings, self._room_request("exclusive ticket", 30.0))
+            if kept is not None:
+                self.kept = kept
             return
-        if (
-            not self.settings.config.tenants
-            and not (self.settings.state_dir / "residents").is_dir()
-        ):
-            return  # nobody ever registered a model: nothing to ask
-        from gpulock.residents import eviction
-
-        left = None if self.deadline is None else self.deadline - time.monotonic()
-        eviction.make_room(
-            self.settings,
-            self.me.gpu,
-            self.me.need_bytes,
-            exclude_pid=self.me.pid,
-            timeout_s=10.0 if left is None else max(min(left, 10.0), 0.5),
-            reason=f"room for ticket {self.me.seq} ({self.me.name})",
-            keep_ids=self._calls(),
-        )
-
-    def _clear_tenants(self) -> None:
-        """An exclusive holder gets the whole GPU: idle tenant models on it leave first.
-
-        What stays (pinned, busy, or an unload that failed) is named in the grant's event.
-        """
-        cfg = self.settings.config
-        if not cfg.tenants or not cfg.exclusive_clears_tenants:
-            return
-        if not any(t.gpu == self.me.gpu for t in cfg.tenants):
-            return
-        from gpulock.residents import eviction
-
-        left = None if self.deadline is None else self.deadline - time.monotonic()
-        _results, kept = eviction.clear_tenants(
-            self.settings,
-            self.me.gpu,
-            timeout_s=30.0 if left is None else max(min(left, 30.0), 0.5),
-            reason=f"exclusive ticket {self.me.seq} ({self.me.name})",
-            keep_ids=self._calls(),
-        )
-        self.tenants_kept = kept
+        self.room.make(self.settings, self._room_request("room for ticket", 10.0))
 
     def _command_tenant_holds(self, ahead: list[TicketFile]) -> bool:
         if self.me.need_bytes is not None or not self.settings.config.exclusive_clears_tenants:
             return False
         return any(tf.ticket.holding and tf.ticket.name.startswith("tenant:") for tf in ahead)
-
-    def _calls(self) -> frozenset[str]:
-        """The tenant model this ticket is a routed call to (never evicted to make room)."""
-        cmd = self.me.command
-        if len(cmd) == 2 and cmd[0] == "gpulock-tenant-call":  # eviction.TENANT_CALL
-            return frozenset({cmd[1]})
-        return frozenset()
 
     def _grant(self) -> Ticket:
         granted = self.me.granted(time.time())
@@ -347,8 +326,10 @@ class Waiter:
             self.qdir.ticket_path(granted.seq), encode(granted), mode=self.settings.file_mode
         )
         extra: dict[str, Any] = {}
-        if self.tenants_kept is not None:
-            extra["tenants_kept"] = self.tenants_kept
+        if self.kept is not None:  # after an exclusive clear: the models that stayed on its GPU
+            extra["tenants_kept"] = [_kept(k) for k in self.kept if k.get("tenant")]
+            if residents := [_kept(k) for k in self.kept if not k.get("tenant")]:
+                extra["residents_kept"] = residents
         self.settings.emit(
             "acquire",
             **event_fields(granted),
@@ -439,6 +420,10 @@ class Waiter:
             self.kills[t.seq] = (at, True)
             self.settings.emit("kill", **evidence, signal="SIGKILL")
         return now + SAFETY_RECHECK_S
+
+
+def _kept(entry: dict[str, str]) -> dict[str, str]:
+    return {"id": entry["id"], "why": entry["why"]}
 
 
 def safety_recheck_s() -> float:

@@ -50,9 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    from gpulock.core.settings import load
     from gpulock.metrics import config as mconfig
     from gpulock.metrics import require_client
-    from gpulock.core.settings import load
 
     textfile = None
     if args.textfile is not None:

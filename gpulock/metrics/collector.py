@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpulock.core.errors import GpulockError
+from gpulock.core.settings import Settings
 from gpulock.metrics.config import Listen
 from gpulock.metrics.cursor import EventCounters
 from gpulock.metrics.families import families
-from gpulock.core.settings import Settings
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer

@@ -32,8 +32,8 @@ from typing import Any
 
 from gpulock.core import events, state
 from gpulock.core.errors import StateDirError
-from gpulock.metrics.tally import KINDS, Tally, fold
 from gpulock.core.settings import Settings
+from gpulock.metrics.tally import KINDS, Tally, fold
 
 FORMAT = "gpulock.metrics/1"
 FOLDER = "metrics"

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from gpulock.core.errors import GpulockError
+from gpulock.core.settings import Settings
 from gpulock.metrics.collector import MetricsServer, StateCollector, exposition, write_textfile
 from gpulock.metrics.config import Listen, listen_keys
-from gpulock.core.settings import Settings
 
 if TYPE_CHECKING:
     from gpulock.metrics.keyed import KeyedMetricsServer

@@ -18,9 +18,9 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from gpulock.core.apikeys import bearer_ok
 from gpulock.core.errors import GpulockError
+from gpulock.core.settings import Settings
 from gpulock.metrics.collector import Listener, StateCollector, registry
 from gpulock.metrics.config import Listen
-from gpulock.core.settings import Settings
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 UNAUTHORIZED = b"401 Unauthorized: send the header Authorization: Bearer <key>\n"

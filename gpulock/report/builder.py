@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpulock.core.units import format_duration
 from gpulock.report.model import (
     AgentStats,
     Hold,
@@ -53,7 +54,6 @@ from gpulock.report.stats import (
     tier_stats,
 )
 from gpulock.report.values import as_int, as_num, as_span, as_text
-from gpulock.core.units import format_duration
 
 EVICTED = frozenset(
     {"freed", "unloaded", "owner-gone", "already-unloaded", "gone"}

@@ -10,9 +10,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from gpulock.core.units import format_size
 from gpulock.report.model import Point, ReportData
 from gpulock.report.svg import LEFT, PW, RIGHT, Scale, W, axis, esc, px
-from gpulock.core.units import format_size
 
 CHART_H = 150
 

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpulock.core.units import format_duration
 from gpulock.report.charts import gpu_charts
 from gpulock.report.model import ReportData
 from gpulock.report.svg import Scale, esc
 from gpulock.report.timeline import LEGEND, timeline
 from gpulock.report.values import clock
-from gpulock.core.units import format_duration
 
 
 def _cell(attr: str, v: Any) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from gpulock.core.units import format_duration
 from gpulock.report.model import ReportData
 from gpulock.report.values import clock
-from gpulock.core.units import format_duration
 
 FORMAT = "gpulock-report/1"
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from gpulock.core.units import format_duration, format_size
 from gpulock.report.model import Hold, Marker, ReportData, Residency, Row, Wait
 from gpulock.report.svg import LEFT, Scale, W, axis, esc, px
 from gpulock.report.values import clock
-from gpulock.core.units import format_duration, format_size
 
 LEVELS = ("normal", "reduce", "evict-idle", "force-evict", "freeze")  # as governor.model has them
 ROW_H, BAR_H, AXIS_H = 20, 12, 24

@@ -9,21 +9,19 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 
 from gpulock.core import claim, devices
-from gpulock.residents import control
 from gpulock.core import settings as settings_mod
 from gpulock.core.config import Config
-from gpulock.residents.registry import Record, Registry, all_records, probe_devices
-from gpulock.residents.owner import ResidentError
 from gpulock.core.settings import Settings
 from gpulock.core.units import format_size, parse_size
+from gpulock.lock.room import TENANT_CALL as TENANT_CALL  # routers reach it here, a door
+from gpulock.residents import control
+from gpulock.residents.outcome import EvictResult
+from gpulock.residents.owner import ResidentError
+from gpulock.residents.registry import Record, Registry, all_records, probe_devices
 
 MIN_ADMIT_RESERVE_BYTES = 800 * 1024**2  # CUDA context, driver and fragmentation headroom
-# A ticket whose command is [TENANT_CALL, "TENANT/MODEL"] is a routed call to that tenant model:
-# making room for it (or clearing tenants for it) never evicts the model it is about to call.
-TENANT_CALL = "gpulock-tenant-call"
 VERIFY_S = 5.0  # how long a requester waits for freed memory to show (Ollama waits as long)
 
 
@@ -41,23 +39,6 @@ class AdmissionRefused(ResidentError):
             f"{format_size(reserve_bytes)} reserve",
             hint="gpulock status shows what holds the memory; gpulock evict NAME frees idle models",
         )
-
-
-@dataclass(frozen=True, slots=True)
-class EvictResult:
-    id: str
-    name: str
-    gpu: int
-    pid: int
-    outcome: str  # freed | unloaded | not-freed | refused | busy | no-answer | owner-gone | gone
-    # gone: a tenant model that was no longer loaded when asked
-    detail: str
-    freed_bytes: int | None
-    elapsed_s: float
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome in ("freed", "unloaded", "owner-gone", "already-unloaded", "gone")
 
 
 def find(
@@ -95,7 +76,7 @@ def evict(
     owner's own deadline, then time to unload).
     """
     if record.tenant is not None:
-        from gpulock.tenants import evict as tenant_evict
+        from gpulock.residents import tenant_evict
 
         return tenant_evict.evict(
             settings, record, force=force, timeout_s=timeout_s, reason=reason,
@@ -247,42 +228,52 @@ def _tenant_records(settings: Settings) -> list[Record]:
     return tenant_records(settings)
 
 
-def clear_tenants(
+def clear_gpu(
     settings: Settings,
     gpu: int,
     *,
+    tenants: bool = True,
+    residents: bool = True,
+    exclude_pid: int | None = None,
     timeout_s: float = 10.0,
     reason: str = "exclusive grant",
     keep_ids: frozenset[str] = frozenset(),
 ) -> tuple[list[EvictResult], list[dict[str, str]]]:
-    """Unload every idle, unpinned tenant model on ``gpu``: an exclusive holder's GPU is its own.
+    """Unload every idle, unpinned model on ``gpu``: an exclusive holder's GPU is its own.
 
-    Returns what was tried and what stays (``{"id", "why"}``: pinned, busy, or the failed
-    outcome), for the grant's event.
+    ``tenants``: the servers' models; ``residents``: library residents (a ``gpulock.resident``,
+    ``gpulock serve``'s models), except those of ``exclude_pid``'s own process.  Each unload
+    is verified (``evict``).  Returns what was tried and what stays (``{"id", "why"}``:
+    pinned, busy, or the failed outcome; ``tenant``: its tenant's name, "" for a library
+    resident), for the grant's event.
     """
     results: list[EvictResult] = []
     kept: list[dict[str, str]] = []
     deadline = time.monotonic() + timeout_s
-    for r in _tenant_records(settings):
-        if r.gpu != gpu:
+    records = (_tenant_records(settings) if tenants else []) + (
+        Registry(settings, create=False).records() if residents else []
+    )
+    for r in records:
+        if r.gpu != gpu or (r.tenant is None and r.pid == exclude_pid):
             continue
         if r.id in keep_ids:
-            kept.append({"id": r.id, "why": "called by this ticket"})
+            kept.append({"id": r.id, "tenant": r.tenant or "", "why": "called by this ticket"})
             continue
         if r.policy == "pinned":
-            kept.append({"id": r.id, "why": "pinned"})
+            kept.append({"id": r.id, "tenant": r.tenant or "", "why": "pinned"})
             continue
         if r.in_use:
-            kept.append({"id": r.id, "why": "busy"})
+            kept.append({"id": r.id, "tenant": r.tenant or "", "why": "busy"})
             continue
         left = deadline - time.monotonic()
         if left <= 0:
-            kept.append({"id": r.id, "why": "no time left"})
+            kept.append({"id": r.id, "tenant": r.tenant or "", "why": "no time left"})
             continue
-        res = evict(settings, r, timeout_s=left, verify_s=left, reason=reason)
+        verify_s = left if r.tenant is not None else min(VERIFY_S, left)
+        res = evict(settings, r, timeout_s=left, verify_s=verify_s, reason=reason)
         results.append(res)
         if not res.ok:
-            kept.append({"id": r.id, "why": res.outcome})
+            kept.append({"id": r.id, "tenant": r.tenant or "", "why": res.outcome})
     return results, kept
 
 

@@ -39,14 +39,14 @@ from dataclasses import replace
 from typing import Any
 
 from gpulock.core import claim, devices, identity, safejson
-from gpulock.residents import control
 from gpulock.core import settings as settings_mod
 from gpulock.core.config import Config
 from gpulock.core.errors import GpulockError
-from gpulock.residents.registry import POLICIES, Record, Registry, encode
 from gpulock.core.settings import Settings
 from gpulock.core.state import atomic_write
 from gpulock.core.units import parse_size
+from gpulock.residents import control
+from gpulock.residents.registry import POLICIES, Record, Registry, encode
 
 
 class ResidentError(GpulockError):

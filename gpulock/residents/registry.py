@@ -13,13 +13,19 @@ import json
 import os
 import re
 import stat
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gpulock.core import claim, devices, identity, safejson
 from gpulock.core.errors import StateDirError
 from gpulock.core.settings import Settings
 from gpulock.core.state import ensure_subdir, read_record
+
+if TYPE_CHECKING:  # the tenants package is imported only when tenants are configured
+    from gpulock.tenants import survey, usage
+    from gpulock.tenants.base import TenantModel
 
 FORMAT = "gpulock.resident/1"
 POLICIES = ("persistent", "cold-start", "pinned")
@@ -206,9 +212,9 @@ def tenant_records(
     """
     if not settings.config.tenants:
         return []  # the tenants package is never imported without tenants configured
-    from gpulock.tenants.survey import survey, to_records
+    from gpulock.tenants import survey
 
-    return to_records(settings, survey(settings), report=report, track=track)
+    return to_records(settings, survey.survey(settings), report=report, track=track)
 
 
 def all_records(
@@ -268,3 +274,114 @@ def probe_devices(
         return used_bytes(settings, gpu, tenants=cache[0])
 
     return devices.probe(settings.config, used_by=used)
+
+
+# --- tenants' models as residents (the tenants package knows nothing of records) ------------
+
+
+def to_records(
+    settings: Settings,
+    listings: list[survey.Listing],
+    *,
+    report: devices.DeviceReport | None = None,
+    now_wall: float | None = None,
+    track: bool = True,
+) -> list[Record]:
+    """Each listed model holding memory, as a resident record (``tenant`` set).
+
+    ``report``: an NVML report gives each model the memory of its process (a llama-server
+    router child, a LocalAI backend, a command server) or, for a one-process server, of the
+    server's processes; a simulated GPU leaves ``measured_bytes`` None (the server's own
+    figure is ``declared_bytes``).  ``track``: update the usage file (last use).
+    """
+    from gpulock.tenants import survey, usage
+
+    now = time.time() if now_wall is None else now_wall
+    specs = {s.name: s for s in settings.config.tenants}
+    rows: list[tuple[survey.Listing, TenantModel]] = [
+        (li, m) for li in listings for m in li.models if m.state != "sleeping"
+    ]
+    last: dict[str, float | None] = {}
+    if not track and rows:
+        last = usage.peek(settings)
+    elif track:
+        asked = frozenset(li.tenant for li in listings if li.reachable)
+        seen = {f"{li.tenant}/{m.name}": m.fingerprint for li, m in rows}
+        obs = usage.observe(settings, seen, now, asked=asked)
+        last = obs.last_used
+        _residency_events(settings, rows, obs)
+    nvml = report is not None and report.source == "nvml"
+    if nvml:
+        listings = [survey.with_pids(li) for li in listings]
+        rows = [(li, m) for li in listings for m in li.models if m.state != "sleeping"]
+    out = []
+    for li, m in rows:
+        spec = specs.get(li.tenant)
+        rid = f"{li.tenant}/{m.name}"
+        child = survey.child_pid(li, m) if nvml else None
+        pid = m.pid or child or (li.pids[0] if li.pids else 0)
+        measured = survey.measured_bytes(report, li, m, pid, child)
+        used = last.get(rid)
+        pinned = spec is not None and m.name in spec.pinned
+        out.append(
+            Record(
+                id=rid,
+                name=m.name,
+                gpu=li.gpu,
+                owner=f"tenant:{li.tenant}",
+                pid=pid,
+                uid=os.getuid(),
+                user=li.tenant,
+                program=li.actual_kind or li.kind,
+                policy="pinned" if pinned else "persistent",
+                loaded_wall=now,
+                last_used_wall=used if used is not None else now,
+                declared_bytes=m.size_bytes,
+                measured_bytes=measured,
+                in_use=bool(m.in_use),
+                tenant=li.tenant,
+                tenant_state=m.state,
+                idle_known=used is not None,
+            )
+        )
+    return out
+
+
+def _residency_events(
+    settings: Settings, rows: list[tuple[survey.Listing, TenantModel]], obs: usage.Observed
+) -> None:
+    """A ``resident`` event when a tenant model first shows, an ``unload`` when it is gone
+    from an answering tenant's listing: the report draws tenant residencies like others."""
+    by_id = {f"{li.tenant}/{m.name}": (li, m) for li, m in rows}
+    for rid in obs.appeared:
+        li, m = by_id[rid]
+        settings.emit(
+            "resident", resident=rid, name=m.name, gpu=li.gpu, tenant=li.tenant,
+            declared_bytes=m.size_bytes, state=m.state,
+        )  # fmt: skip
+    for rid in obs.vanished:
+        tenant, _, name = rid.partition("/")
+        spec = next((s for s in settings.config.tenants if s.name == tenant), None)
+        settings.emit(
+            "unload", resident=rid, name=name, gpu=spec.gpu if spec else None, tenant=tenant,
+            reason="no longer in the tenant's listing",
+        )  # fmt: skip
+
+
+def tenant_entries(settings: Settings, *, now_wall: float | None = None) -> list[dict[str, Any]]:
+    """``gpulock tenants --json``'s entries: each listing with pids, last use and idle time."""
+    from gpulock.tenants import survey
+
+    now = time.time() if now_wall is None else now_wall
+    listings = [survey.with_pids(li) for li in survey.survey(settings)]
+    last = {r.id: r for r in to_records(settings, listings, now_wall=now)}
+    out = []
+    for li in listings:
+        e = survey.summary(li)
+        for m in e["models"]:
+            r = last.get(m["id"])
+            known = r is not None and r.idle_known
+            m["last_used_wall"] = r.last_used_wall if known and r is not None else None
+            m["idle_s"] = round(now - r.last_used_wall, 3) if known and r is not None else None
+        out.append(e)
+    return out

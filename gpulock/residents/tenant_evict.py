@@ -1,6 +1,6 @@
 """Evicting a tenant's model: ask its server, then verify that the memory came back.
 
-Same outcomes as a library resident (``gpulock.residents.eviction.EvictResult``): ``freed``,
+Same outcomes as a library resident (``gpulock.residents.outcome.EvictResult``): ``freed``,
 ``not-freed``, ``no-answer`` (the server did not answer the listing or the request),
 ``refused`` (pinned without force; a server that cannot unload), ``busy`` (serving a request:
 the server's listing, llama-server's ``/slots``, ComfyUI's queue; or an Ollama model still
@@ -15,13 +15,13 @@ from __future__ import annotations
 import time
 
 from gpulock.core import devices
-from gpulock.residents.eviction import EvictResult
-from gpulock.residents.registry import Record, probe_devices
 from gpulock.core.settings import Settings
+from gpulock.core.units import format_size
+from gpulock.residents.outcome import EvictResult
+from gpulock.residents.registry import Record, probe_devices
 from gpulock.tenants.base import Adapter, TenantModel
 from gpulock.tenants.http import TenantBusy, TenantError, TenantUnreachable
 from gpulock.tenants.survey import adapter_for
-from gpulock.core.units import format_size
 
 VERIFY_S = 15.0  # a llama-server child and ComfyUI's worker free a little after answering
 

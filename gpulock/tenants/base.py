@@ -8,10 +8,10 @@ An adapter speaks to one model server (``TenantSpec.kind``) over its own HTTP AP
     a.load("qwen2.5:7b")             # bring one in (not every kind can)
     a.health()                       # None when healthy, else why not
 
-``unload`` is only a request: the caller (``gpulock.residents.tenant_evict``) verifies that the memory
-came back by listing again (and by NVML per process on a real GPU).  ``force`` lets an adapter
-do what it otherwise refuses (ComfyUI's ``/free`` with a job queued).  Every method raises
-``TenantError`` (``gpulock.tenants.http``) and nothing else for what a server does wrong.
+``unload`` is only a request: the caller (``gpulock.residents.tenant_evict``) verifies that the
+memory came back by listing again (and by NVML per process on a real GPU).  ``force`` lets an
+adapter do what it otherwise refuses (ComfyUI's ``/free`` with a job queued).  Every method
+raises ``TenantError`` (``gpulock.tenants.http``) and nothing else for what a server does wrong.
 
 The ``TENANT/MODEL`` name (``ollama/qwen2.5:7b``) is a tenant model's resident id everywhere:
 ``gpulock status``, ``gpulock evict``, events, the router.
@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from gpulock.tenants.http import Client
 from gpulock.core.tenantspec import TenantSpec
+from gpulock.tenants.http import Client
 
 STATES = ("loading", "loaded", "sleeping", "unloading")
 # States whose memory is on the GPU (a sleeping vLLM has offloaded its weights to the CPU).

@@ -26,13 +26,13 @@ import time
 from collections.abc import Sequence
 
 from gpulock.core import identity
-from gpulock.lock.queuedir import QueueDir
 from gpulock.core.settings import Settings
 from gpulock.core.state import ensure_subdir
+from gpulock.core.tenantspec import TenantSpec
+from gpulock.lock.queuedir import QueueDir
+from gpulock.lock.ticket import Ticket
 from gpulock.tenants.base import Adapter, Seen, TenantModel
 from gpulock.tenants.http import Client, TenantError
-from gpulock.core.tenantspec import TenantSpec
-from gpulock.lock.ticket import Ticket
 
 TICKET_PREFIX = "tenant:"
 

@@ -1,30 +1,26 @@
-"""Asking every tenant at once what it holds, and turning the answers into resident records.
+"""Asking every tenant at once what it holds.
 
 ``survey(settings)`` lists every configured tenant in parallel (one thread each, a short
 timeout each, one deadline for all): a tenant that is down, hangs, answers a 500 or garbage
 makes its own ``Listing`` say so (``reachable`` false, ``error`` in words) and never delays
-the others past the deadline or raises.  ``to_records`` makes each listed model a
-``gpulock.residents.registry.Record`` whose ``tenant`` is the tenant's name and whose id is
-``TENANT/MODEL``: from there on it is a resident like any other (status, the governor,
-room-for-a-waiter, ``gpulock evict``).
+the others past the deadline or raises.  What the tenants hold becomes residents in
+``gpulock.residents.registry`` (``to_records``): this package sees nothing of the records.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from gpulock.core import devices
-from gpulock.residents.registry import Record
 from gpulock.core.settings import Settings
-from gpulock.tenants import procs, usage
+from gpulock.core.tenantspec import TenantSpec
+from gpulock.tenants import procs
 from gpulock.tenants.base import Adapter, TenantModel
 from gpulock.tenants.http import TenantError
-from gpulock.core.tenantspec import TenantSpec
 
 LIST_TIMEOUT_S = 0.6  # per request: a local server answers in milliseconds
 DEADLINE_S = 0.8  # for the whole survey: `gpulock status` answers within 1 s
@@ -142,94 +138,7 @@ def survey(
     return out
 
 
-def to_records(
-    settings: Settings,
-    listings: list[Listing],
-    *,
-    report: devices.DeviceReport | None = None,
-    now_wall: float | None = None,
-    track: bool = True,
-) -> list[Record]:
-    """Each listed model holding memory, as a resident record (``tenant`` set).
-
-    ``report``: an NVML report gives each model the memory of its process (a llama-server
-    router child, a LocalAI backend, a command server) or, for a one-process server, of the
-    server's processes; a simulated GPU leaves ``measured_bytes`` None (the server's own
-    figure is ``declared_bytes``).  ``track``: update the usage file (last use).
-    """
-    now = time.time() if now_wall is None else now_wall
-    specs = {s.name: s for s in settings.config.tenants}
-    rows: list[tuple[Listing, TenantModel]] = [
-        (li, m) for li in listings for m in li.models if m.state != "sleeping"
-    ]
-    last: dict[str, float | None] = {}
-    if not track and rows:
-        last = usage.peek(settings)
-    elif track:
-        asked = frozenset(li.tenant for li in listings if li.reachable)
-        seen = {f"{li.tenant}/{m.name}": m.fingerprint for li, m in rows}
-        obs = usage.observe(settings, seen, now, asked=asked)
-        last = obs.last_used
-        _residency_events(settings, rows, obs)
-    nvml = report is not None and report.source == "nvml"
-    if nvml:
-        listings = [with_pids(li) for li in listings]
-        rows = [(li, m) for li in listings for m in li.models if m.state != "sleeping"]
-    out = []
-    for li, m in rows:
-        spec = specs.get(li.tenant)
-        rid = f"{li.tenant}/{m.name}"
-        child = _child_pid(li, m) if nvml else None
-        pid = m.pid or child or (li.pids[0] if li.pids else 0)
-        measured = _measured(report, li, m, pid, child)
-        used = last.get(rid)
-        pinned = spec is not None and m.name in spec.pinned
-        out.append(
-            Record(
-                id=rid,
-                name=m.name,
-                gpu=li.gpu,
-                owner=f"tenant:{li.tenant}",
-                pid=pid,
-                uid=os.getuid(),
-                user=li.tenant,
-                program=li.actual_kind or li.kind,
-                policy="pinned" if pinned else "persistent",
-                loaded_wall=now,
-                last_used_wall=used if used is not None else now,
-                declared_bytes=m.size_bytes,
-                measured_bytes=measured,
-                in_use=bool(m.in_use),
-                tenant=li.tenant,
-                tenant_state=m.state,
-                idle_known=used is not None,
-            )
-        )
-    return out
-
-
-def _residency_events(
-    settings: Settings, rows: list[tuple[Listing, TenantModel]], obs: usage.Observed
-) -> None:
-    """A ``resident`` event when a tenant model first shows, an ``unload`` when it is gone
-    from an answering tenant's listing: the report draws tenant residencies like others."""
-    by_id = {f"{li.tenant}/{m.name}": (li, m) for li, m in rows}
-    for rid in obs.appeared:
-        li, m = by_id[rid]
-        settings.emit(
-            "resident", resident=rid, name=m.name, gpu=li.gpu, tenant=li.tenant,
-            declared_bytes=m.size_bytes, state=m.state,
-        )  # fmt: skip
-    for rid in obs.vanished:
-        tenant, _, name = rid.partition("/")
-        spec = next((s for s in settings.config.tenants if s.name == tenant), None)
-        settings.emit(
-            "unload", resident=rid, name=name, gpu=spec.gpu if spec else None, tenant=tenant,
-            reason="no longer in the tenant's listing",
-        )  # fmt: skip
-
-
-def _child_pid(li: Listing, m: TenantModel) -> int | None:
+def child_pid(li: Listing, m: TenantModel) -> int | None:
     """A llama-server router child's pid, from the port in its arguments."""
     if m.detail and m.detail.startswith("child port "):
         try:
@@ -240,7 +149,7 @@ def _child_pid(li: Listing, m: TenantModel) -> int | None:
     return None
 
 
-def _measured(
+def measured_bytes(
     report: devices.DeviceReport | None, li: Listing, m: TenantModel, pid: int, child: int | None
 ) -> int | None:
     if report is None or pid <= 0:
@@ -279,23 +188,6 @@ def summary(li: Listing) -> dict[str, Any]:
             for m in li.models
         ],
     }
-
-
-def entries(settings: Settings, *, now_wall: float | None = None) -> list[dict[str, Any]]:
-    """``gpulock tenants --json``'s entries: each listing with pids, last use and idle time."""
-    now = time.time() if now_wall is None else now_wall
-    listings = [with_pids(li) for li in survey(settings)]
-    last = {r.id: r for r in to_records(settings, listings, now_wall=now)}
-    out = []
-    for li in listings:
-        e = summary(li)
-        for m in e["models"]:
-            r = last.get(m["id"])
-            known = r is not None and r.idle_known
-            m["last_used_wall"] = r.last_used_wall if known and r is not None else None
-            m["idle_s"] = round(now - r.last_used_wall, 3) if known and r is not None else None
-        out.append(e)
-    return out
 
 
 def render(rows: list[dict[str, Any]]) -> str:

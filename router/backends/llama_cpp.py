@@ -22,11 +22,11 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from gpulock import acquire
 from gpulock.core import devices
-from gpulock.residents.adapters import unload_llama
 from gpulock.core.errors import GpulockError, LockTimeout
-from gpulock.lock.lease import acquire
 from gpulock.core.settings import Settings
+from gpulock.residents.adapters import unload_llama
 from router.backends import BackendError, Result
 from router.routes import Candidate
 

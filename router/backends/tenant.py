@@ -24,8 +24,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from gpulock.residents.eviction import TENANT_CALL
 from gpulock.core.settings import Settings
+from gpulock.residents.eviction import TENANT_CALL
 from router.backends import BackendError, Result
 from router.routes import Candidate
 
@@ -169,7 +169,7 @@ class TenantBackend:
             with self._awake():
                 yield
             return
-        from gpulock.lock.lease import acquire
+        from gpulock import acquire
 
         try:
             lease = acquire(

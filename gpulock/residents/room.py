@@ -1,0 +1,73 @@
+"""The residents' side of ``gpulock.lock.room``: room before a grant, by asking models to leave.
+
+``gpulock.acquire`` and ``gpulock.acquire_async`` hand ``ROOM`` to the lock.  Nothing here is
+imported by ``import gpulock`` beyond this small module: eviction (sockets, the tenants'
+survey) loads only when a grant actually has residents or tenants to ask.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gpulock.lock.room import Kept, Request, Room
+
+if TYPE_CHECKING:
+    from gpulock.core.settings import Settings
+
+
+class _EvictingRoom:
+    """Idle, unpinned models of other processes leave before a grant; pinned and busy stay."""
+
+    def make(self, settings: Settings, request: Request) -> Kept | None:
+        if request.need_bytes is None:
+            return self._clear(settings, request, residents=True)
+        if not _anyone(settings):
+            return None  # nobody ever registered a model: nothing to ask
+        from gpulock.residents import eviction
+
+        eviction.make_room(
+            settings,
+            request.gpu,
+            request.need_bytes,
+            exclude_pid=request.pid,
+            timeout_s=request.timeout_s,
+            reason=request.reason,
+            keep_ids=request.calls,
+        )
+        return None
+
+    def unblock(self, settings: Settings, request: Request) -> Kept | None:
+        return self._clear(settings, request, residents=False)
+
+    def _clear(self, settings: Settings, request: Request, *, residents: bool) -> Kept | None:
+        """An exclusive grant: the tenants' models (``exclusive_clears_tenants``) and the
+        library residents (``exclusive_clears_residents``) on its GPU are asked to leave."""
+        cfg = settings.config
+        tenants = cfg.exclusive_clears_tenants and any(t.gpu == request.gpu for t in cfg.tenants)
+        residents = (
+            residents
+            and cfg.exclusive_clears_residents
+            and (settings.state_dir / "residents").is_dir()
+        )
+        if not tenants and not residents:
+            return None
+        from gpulock.residents import eviction
+
+        _results, kept = eviction.clear_gpu(
+            settings,
+            request.gpu,
+            tenants=tenants,
+            residents=residents,
+            exclude_pid=request.pid,
+            timeout_s=request.timeout_s,
+            reason=request.reason,
+            keep_ids=request.calls,
+        )
+        return kept
+
+
+def _anyone(settings: Settings) -> bool:
+    return bool(settings.config.tenants) or (settings.state_dir / "residents").is_dir()
+
+
+ROOM: Room = _EvictingRoom()
