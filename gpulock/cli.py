@@ -241,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help='print {"tenants": [...]}')
     _common(p)
 
+    sub.add_parser(  # listed here; parsed by gpulock.pool.cli
+        "pool", help="run as many workers of a command as the GPU's memory admits", add_help=False
+    )
     sub.add_parser("help", help="list every command, including those of installed packages")
     return parser
 
@@ -349,7 +352,11 @@ def _say(kind: str, text: str) -> None:
 
 
 def _dispatch(argv: list[str]) -> int:
-    builtin = {"run", "status", "break", "history", "heartbeat", "evict", "tenants", "help"}
+    builtin = {"run", "status", "break", "history", "heartbeat", "evict", "tenants", "help", "pool"}
+    if argv and argv[0] == "pool":
+        from gpulock.pool.cli import main as pool_main
+
+        return pool_main(argv[1:])
     if argv and not argv[0].startswith("-") and argv[0] not in builtin:
         plugins = _plugins()
         plugin = plugins.get(argv[0])
