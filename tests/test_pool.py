@@ -11,7 +11,6 @@ import functools
 import os
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -260,13 +259,9 @@ def test_a_worker_killed_mid_item_is_replaced_and_the_item_done_once(pool_cli: C
     )
     victim = int(claim.name.rpartition(".")[2])
     os.kill(victim, signal.SIGKILL)
-    wait_until(
-        lambda: len(batch.ready()) == 2, lambda: f"a replacement worker\n{cli.describe()}"
-    )
+    wait_until(lambda: len(batch.ready()) == 2, lambda: f"a replacement worker\n{cli.describe()}")
     batch.touch("go")
-    wait_until(
-        lambda: len(batch.done_items()) == 6, lambda: f"every item done\n{cli.describe()}"
-    )
+    wait_until(lambda: len(batch.done_items()) == 6, lambda: f"every item done\n{cli.describe()}")
     batch.touch("release")
     assert pool.wait() == 0, pool.output()
     done = batch.done_items()

@@ -172,10 +172,7 @@ class Pool:
         if kind == "granted":
             self.ask = None
             await self._granted(ev[1])
-        elif kind == "timeout":
-            self.ask = None
-            raise ev[1]
-        elif kind == "error":
+        elif kind == "timeout" or kind == "error":
             self.ask = None
             raise ev[1]
         elif kind == "exit":
