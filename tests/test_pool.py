@@ -321,7 +321,7 @@ def test_timeout_without_a_worker_exits_75_and_leaves_the_line(pool_cli: Cli) ->
         (["--need", "8.9GiB"], "missing command"),
         (["--need", "8GiB", "--max", "0", "--", "true"], "--max"),
         (["--need", "8GiB", "--min", "3", "--max", "2", "--", "true"], "--min 3 is above --max 2"),
-        (["--need", "8.9GiB", "--min", "3", "--", "true"], "can never fit together"),
+        (["--need", "8.9GiB", "--min", "3", "--", "true"], "workers of 8.9 GiB fit"),
     ],
 )
 def test_usage_errors_are_clean(pool_cli: Cli, args: list[str], message: str) -> None:
