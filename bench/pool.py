@@ -143,18 +143,27 @@ def run_one(
     log = state / "events.jsonl"
     if log.exists():
         events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    worker_tickets = {
-        e["ticket"] for e in events if e["event"] == "acquire" and e.get("name") == "worker"
+    granted = {
+        e["ticket"]: e["ts"]
+        for e in events
+        if e["event"] == "acquire" and e.get("name") == "worker"
     }
-    if strategy == "auto":  # the pool's tickets that had a worker on them
-        worker_tickets = {
-            e["ticket"] for e in events if e["event"] == "pool-worker" and e["action"] == "start"
-        }
-    waited = {e["ticket"] for e in events if e["event"] == "wait" and e.get("name") == "worker"}
+    if strategy == "auto":
+        # A worker process starts once its ticket is granted: an over-commit would be one
+        # that started before its grant.
+        starts = [e for e in events if e["event"] == "pool-worker" and e["action"] == "start"]
+        workers = len(starts)
+        over = sum(1 for e in starts if e["ts"] < granted.get(e["ticket"], float("inf")))
+    else:
+        # `gpulock run` starts with the worker's process: one that had to wait in line was
+        # started without room on the GPU.
+        workers = len(granted)
+        waited = {e["ticket"] for e in events if e["event"] == "wait" and e.get("name") == "worker"}
+        over = len(set(granted) & waited)
     if any(codes):
         raise SystemExit(f"{strategy}/{scenario}: exit codes {codes}")
     shutil.rmtree(work, ignore_errors=True)
-    return Outcome(items / wall * 60, wall, len(worker_tickets & waited), len(worker_tickets), done)
+    return Outcome(items / wall * 60, wall, over, workers, done)
 
 
 def main() -> int:
