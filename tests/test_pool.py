@@ -345,3 +345,17 @@ def test_min_starts_workers_only_together(pool_cli: Cli) -> None:
     batch.wait_running(2)
     batch.touch("release")
     assert pool.wait() == 0, pool.output()
+
+
+def test_a_need_that_never_fits_is_a_clean_error(pool_cli: Cli) -> None:
+    r = pool_cli.run("pool", "--need", "30GiB", "--", "true")
+    assert_clean_error(r, 1)
+    assert "30" in r.stderr and pool_cli.queue_files() == [], r.describe()
+
+
+def test_a_pool_inside_gpulock_run_refuses_to_share_one_ticket(pool_cli: Cli) -> None:
+    cli = pool_cli
+    r = cli.run("run", "--", *GPULOCK, "pool", "--need", "1GiB", "--", "true")
+    assert r.code == 1, r.describe()
+    assert "error: gpulock pool runs inside a lease on gpu0" in r.stderr, r.describe()
+    assert cli.events("pool-worker") == []

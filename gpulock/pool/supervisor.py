@@ -199,6 +199,9 @@ class Pool:
         except GpulockError as e:
             self.events.put_nowait(("error", e))
         else:
+            if lease.inherited:  # inside `gpulock run`: every ask would get that one lease
+                self.events.put_nowait(("error", _nested(lease)))
+                return
             self.events.put_nowait(("granted", lease))
 
     async def _granted(self, lease: Lease) -> None:
@@ -379,6 +382,14 @@ def run_pool(settings: Settings, spec: PoolSpec) -> int:
     """Run the pool to its end: 0 when the work is done, 128+N after signal N; raises
     ``LockTimeout`` (no worker granted within ``timeout_s``) or ``PoolFailed``."""
     return asyncio.run(Pool(settings, spec).run())
+
+
+def _nested(lease: Lease) -> GpulockError:
+    return GpulockError(
+        f"gpulock pool runs inside a lease on gpu{lease.gpu} (ticket {lease.ticket}, from "
+        f"${ENV_TICKET}): its workers would all share that one ticket",
+        hint="start gpulock pool outside 'gpulock run', so each worker holds its own ticket",
+    )
 
 
 def _terminal_delivers() -> bool:
