@@ -257,7 +257,6 @@ class Pool:
     def _exited(self, index: int, rc: int) -> None:
         w = self.running.pop(index)
         ran_s = self.clock() - w.started_at
-        w.lease.release()
         self._emit(
             "pool-worker",
             action="exit",
@@ -268,6 +267,7 @@ class Pool:
             reason=policy.exit_reason(rc),
             ran_s=round(ran_s, 6),
         )
+        w.lease.release()  # after the event: history reads "exit", then "release"
         if rc == 0:
             if not self.done:
                 self.done = True
