@@ -255,3 +255,29 @@ def test_the_llama_server_of_the_tenants_guide(tmp_path: Path) -> None:
 WAIT_UP = (
     "for _ in $(seq 600); do curl -sf 127.0.0.1:$PORT/models >/dev/null && break; sleep 0.1; done"
 )
+
+
+def test_the_serve_example_answers(tmp_path: Path) -> None:
+    """The front page's serve example: `gpulock serve --config examples/tiny.yaml` (with the
+    tiny model the router example writes), then its curl line, as written but for the port."""
+    pytest.importorskip("starlette", reason="the serve extra is not installed")
+    from serve_server import GatewayProc
+
+    work, home = checkout(tmp_path)
+    block = block_with("console", "gpulock serve")
+    lines = block.replace("\\\n", " ").splitlines()
+    serve = shlex.split(lines[0][2:], comments=True)
+    assert serve == ["gpulock", "serve", "--config", "examples/tiny.yaml"]
+    sh = Shell(work, home)
+    sh.run("$ python -m router.tiny_model examples/models/tiny-llama.gguf\n")
+    env = {"GPULOCK_STATE_DIR": str(tmp_path / "state"), "HOME": str(home)}
+    config = ("--config", str(work / serve[3]))  # the checkout's examples/tiny.yaml
+    gateway = GatewayProc(tmp_path / "serve.log", env=env, args=config).start()
+    try:
+        (curl,) = [ln[2:] for ln in lines[1:] if ln.startswith("$ curl")]
+        words = shlex.split(curl.replace("localhost:11435", f"127.0.0.1:{gateway.port}"))
+        r = subprocess.run(words, capture_output=True, text=True, timeout=120, check=True)
+        answer = json.loads(r.stdout)
+        assert answer["object"] == "chat.completion" and answer["choices"], r.stdout
+    finally:
+        gateway.stop()
