@@ -75,9 +75,14 @@ def _plugin_parser(target: str) -> argparse.ArgumentParser | None:
     return build() if build is not None else None
 
 
-def _fixed_width(parser: argparse.ArgumentParser) -> None:
-    base = parser.formatter_class
-    parser.formatter_class = functools.partial(base, width=WIDTH)  # type: ignore[assignment]
+def _fixed_width(parser: argparse.ArgumentParser) -> bool:
+    """Format at WIDTH columns, whatever the terminal; whether the author's line breaks count
+    (a RawDescriptionHelpFormatter)."""
+    base: Any = parser.formatter_class
+    if isinstance(base, functools.partial):  # done already
+        base = base.func
+    parser.formatter_class = functools.partial(base, width=WIDTH)
+    return base is not argparse.HelpFormatter
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str, Any]]:
@@ -118,8 +123,7 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[tuple[str, str]]:
 
 
 def _command(path: str, summary: str, parser: argparse.ArgumentParser, level: int) -> list[str]:
-    _fixed_width(parser)
-    raw = parser.formatter_class.func is not argparse.HelpFormatter  # type: ignore[attr-defined]
+    raw = _fixed_width(parser)
     out = [f"{'#' * level} `{path}`", ""]
     if summary:
         out += [_md(summary[0].upper() + summary[1:]) + ".", ""]
