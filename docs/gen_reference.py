@@ -134,7 +134,7 @@ def _command(path: str, summary: str, parser: argparse.ArgumentParser, level: in
     rows = _option_rows(parser)
     if rows:
         out += ["| argument | meaning |", "| --- | --- |"]
-        out += [f"| `{_md_code(a)}` | {_md(b)} |" for a, b in rows]
+        out += [f"| {_md_code(a)} | {_md(b)} |" for a, b in rows]
         out.append("")
     if parser.epilog:
         out += [_paragraphs(parser.epilog, raw)]
@@ -147,7 +147,14 @@ def _command(path: str, summary: str, parser: argparse.ArgumentParser, level: in
 
 
 def _md_code(text: str) -> str:
-    return text.replace("|", "\\|")
+    """Code in a table cell: a pipe in it must not end the cell, here or on GitHub."""
+    if "|" not in text:
+        return f"`{text}`"
+    return (
+        "<code>"
+        + text.replace("&", "&amp;").replace("<", "&lt;").replace("|", "&#124;")
+        + "</code>"
+    )
 
 
 def _title(page: str) -> str:
