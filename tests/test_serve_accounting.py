@@ -13,6 +13,7 @@ and the metrics (``gpulock_router_cost_usd_total``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -26,10 +27,13 @@ import ollama
 import openai
 import pytest
 from metrics_helpers import parse, promtool_check, value
+from procs import wait_until
 from router_servers import OK_TOKENS_IN, OK_TOKENS_OUT, FaultServer
 from serve_server import GatewayProc
 
 import router
+from gpulock.core.settings import load
+from router import ledger
 from router.tiny_model import ensure_tiny_llama
 
 KEY_ENV = "GPULOCK_TEST_ACCOUNTING_KEY"
@@ -79,6 +83,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
                 {budgeted}
               plain:
                 {plain}
+              burst:
+                {burst}
               limited:
                 {limited}
               ollama-limited:
@@ -90,6 +96,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         ).format(
             budgeted=cloud("paid", u, "m-budget", ", daily_budget: 0.05"),
             plain=cloud("plain", u, "m-plain", ""),
+            burst=cloud("burst", u, "m-burst", ", rate_limit: 2"),
             limited=cloud("capped", u, "m-rate", ", rate_limit: 2"),
             ollama_limited=cloud("capped-ollama", u, "m-rate-ollama", ", rate_limit: 2"),
             spills=cloud("small-budget", u, "m-spill", ", daily_budget: 0.01"),
@@ -157,6 +164,49 @@ def test_a_rate_limit_holds_for_serve_and_the_refusal_is_openais_429(setup: Setu
         assert 0 < retry <= 60
 
 
+def test_a_burst_of_requests_at_once_gets_no_more_than_the_rate_limit(setup: Setup) -> None:
+    # Judged and counted in one locked change: six requests in flight at once cannot all read
+    # "0 requests in the last minute" before any is counted.
+    async def burst() -> list[int]:
+        c = openai.AsyncOpenAI(base_url=f"{setup.gateway.url}/v1", api_key="x", max_retries=0)
+
+        async def one() -> int:
+            try:
+                await c.chat.completions.create(model="burst", messages=MSG)  # type: ignore[arg-type]
+            except openai.RateLimitError:
+                return 429
+            return 200
+
+        try:
+            return list(await asyncio.gather(*(one() for _ in range(6))))
+        finally:
+            await c.close()
+
+    codes = asyncio.run(burst())
+    assert sorted(codes) == [200, 200, 429, 429, 429, 429]
+    assert hits(setup.upstream, "m-burst") == 2
+
+
+def test_a_streamed_answer_is_counted_with_the_upstreams_usage(setup: Setup) -> None:
+    c = oa(setup.gateway)
+    before = hits(setup.upstream, "m-plain")
+    stream = c.chat.completions.create(model="plain", messages=MSG, stream=True)  # type: ignore[arg-type]
+    assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == "fine"
+    assert hits(setup.upstream, "m-plain") == before + 1
+
+    def counted() -> dict[str, float] | None:  # the stream's end is counted after its last byte
+        row = ledger.read(settings).usage.get("task", {}).get("plain")
+        return row if row is not None and row["calls"] == before + 1 else None
+
+    settings = load(str(setup.config), str(setup.state))
+    wait_until(counted, 30.0, "the streamed call in the ledger")
+    out = setup.cli("status", "--json")
+    row = json.loads(out.stdout)["usage"]["by_task"]["plain"]
+    assert row["calls"] == before + 1
+    assert row["tokens_in"] == OK_TOKENS_IN * (before + 1)
+    assert row["cost_usd"] == pytest.approx(CALL_USD * (before + 1))
+
+
 def test_the_ollama_api_refuses_in_its_own_shape(setup: Setup) -> None:
     c = ollama.Client(host=setup.gateway.url)
     for _ in range(2):
@@ -195,7 +245,7 @@ def test_serves_calls_reach_status_explain_report_and_metrics(setup: Setup) -> N
     c = oa(setup.gateway)
     c.chat.completions.create(model="plain", messages=MSG)  # type: ignore[arg-type]
     # What the earlier tests spent, whatever order they ran in: each cloud model's hits.
-    models = ("m-plain", "m-budget", "m-rate", "m-rate-ollama", "m-spill")
+    models = ("m-plain", "m-budget", "m-rate", "m-rate-ollama", "m-spill", "m-burst")
     paid = {m: hits(setup.upstream, m) for m in models}
     total = sum(paid.values()) * CALL_USD
 
