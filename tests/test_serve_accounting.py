@@ -143,6 +143,7 @@ def test_a_daily_budget_holds_for_serve_and_the_refusal_is_openais_429(setup: Se
         assert e.status_code == 429
         assert (e.type, e.code) == ("insufficient_quota", "insufficient_quota")
         assert "daily budget spent: $0.0560 of $0.05 today" in e.message
+        assert e.response.headers["x-should-retry"] == "false"  # no use retrying until tomorrow
         assert SECRET not in e.message
 
 
