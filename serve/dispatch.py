@@ -272,9 +272,11 @@ class Dispatcher:
         limit = None if timed else accounting.refusal(self.settings, choice, refused)
         if limit is not None:  # a budget or a rate limit: OpenAI's 429s
             kind = "insufficient_quota" if limit.kind == "budget" else "rate_limit_exceeded"
-            headers = {"x-should-retry": "false"}  # the openai client: no retry until tomorrow
+            headers = {"X-Gpulock-Refused": limit.kind}
             if limit.retry_after_s is not None:
-                headers = {"Retry-After": str(max(1, math.ceil(limit.retry_after_s)))}
+                headers["Retry-After"] = str(max(1, math.ceil(limit.retry_after_s)))
+            else:
+                headers["x-should-retry"] = "false"  # the openai client: no retry until tomorrow
             return ApiError(429, limit.message, type=kind, code=kind, headers=headers)
         if timed:
             return ApiError(

@@ -126,6 +126,17 @@ def hits(f: FaultServer, model: str) -> int:
     return sum(1 for h in f.hits if h.body.get("model") == model)
 
 
+def gateway_count(g: GatewayProc, outcome: str) -> float:
+    r = g.request("GET", "/metrics")
+    assert r.status == 200
+    return sum(
+        v
+        for (name, labels), v in parse(r.body.decode()).items()
+        if name == "gpulock_gateway_request_duration_seconds_count"
+        and ("outcome", outcome) in labels
+    )
+
+
 def test_a_daily_budget_holds_for_serve_and_the_refusal_is_openais_429(setup: Setup) -> None:
     c = oa(setup.gateway)
     served, refused = 0, []
@@ -144,7 +155,10 @@ def test_a_daily_budget_holds_for_serve_and_the_refusal_is_openais_429(setup: Se
         assert (e.type, e.code) == ("insufficient_quota", "insufficient_quota")
         assert "daily budget spent: $0.0560 of $0.05 today" in e.message
         assert e.response.headers["x-should-retry"] == "false"  # no use retrying until tomorrow
+        assert e.response.headers["x-gpulock-refused"] == "budget"
         assert SECRET not in e.message
+    # The gateway's request histogram says why, not "queue-full".
+    assert gateway_count(setup.gateway, "over-budget") == 2
 
 
 def test_a_rate_limit_holds_for_serve_and_the_refusal_is_openais_429(setup: Setup) -> None:
@@ -163,6 +177,8 @@ def test_a_rate_limit_holds_for_serve_and_the_refusal_is_openais_429(setup: Setu
         assert "rate limit: 2 requests in the last minute (of 2)" in e.message
         retry = float(e.response.headers["retry-after"])
         assert 0 < retry <= 60
+        assert e.response.headers["x-gpulock-refused"] == "rate"
+    assert gateway_count(setup.gateway, "rate-limited") >= 3
 
 
 def test_a_burst_of_requests_at_once_gets_no_more_than_the_rate_limit(setup: Setup) -> None:
