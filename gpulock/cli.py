@@ -376,6 +376,13 @@ def _settings(args: argparse.Namespace) -> Any:
     return load(args.config, args.state_dir)
 
 
+def _check_gpu(settings: Any, gpu: int) -> None:
+    """A ``--gpu`` this machine does not have is a usage error naming the GPUs it has."""
+    from gpulock.core.devices import check_gpu
+
+    check_gpu(gpu, settings.config)
+
+
 # --- run -----------------------------------------------------------------------------------
 
 
@@ -486,9 +493,12 @@ def cmd_history(args: argparse.Namespace) -> int:
     settings = _settings(args)
     since = parse_since(args.since, time.time()) if args.since else None
     kinds = set(args.event or ())
+    logged = list(events.read(settings.state_dir, since_wall=since))
+    if args.gpu is not None and all(e.get("gpu") != args.gpu for e in logged):
+        _check_gpu(settings, args.gpu)  # a GPU of the past may be asked about, a typo not
     selected = [
         e
-        for e in events.read(settings.state_dir, since_wall=since)
+        for e in logged
         if (args.gpu is None or e.get("gpu") == args.gpu) and (not kinds or e["event"] in kinds)
     ]
     if args.limit is not None:
@@ -584,6 +594,8 @@ def cmd_evict(args: argparse.Namespace) -> int:
     from gpulock.residents import eviction, registry
 
     settings = _settings(args)
+    if args.gpu is not None:
+        _check_gpu(settings, args.gpu)
     matches = eviction.find(settings, args.target, gpu=args.gpu, tenant=args.tenant)
     if not matches:
         known = sorted({r.id if r.tenant else r.name for r in registry.all_records(settings)})

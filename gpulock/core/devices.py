@@ -28,10 +28,13 @@ from functools import cache
 from typing import Any, TypeVar
 
 from gpulock.core.config import Config
-from gpulock.core.errors import ConfigError
+from gpulock.core.errors import ConfigError, NoSuchGpu
 from gpulock.core.units import parse_size
 
 SIMULATE_ENV = "GPULOCK_SIMULATE"
+# One folder per GPU the NVIDIA driver drives: a count without importing pynvml, which
+# `gpulock run` must not pay for (see known_gpus).
+DRIVER_GPUS = "/proc/driver/nvidia/gpus"
 
 NO_PACKAGE = (
     "no NVIDIA driver information: nvidia-ml-py is not installed (pip install 'gpulock[nvml]')"
@@ -145,6 +148,43 @@ def _simulated(index: int, size: int, used_by: Callable[[int], int] | None) -> D
     # Declared bytes can add up to more than the GPU; a real GPU never shows less than 0 free.
     free = max(size - used, 0) if used is not None else None
     return Device(index, f"simulated GPU {index}", "simulated", size, used, free)
+
+
+def known_gpus(
+    config: Config | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    driver_dir: str = DRIVER_GPUS,
+) -> tuple[tuple[int, ...], str] | None:
+    """The GPU indices this machine has and where that came from; None when it cannot tell.
+
+    Simulated GPUs are exact.  Real ones are counted in the driver's ``/proc`` folder (one
+    entry per GPU), never through NVML: importing pynvml is what every ``gpulock run`` must
+    not pay for.  Inside a container the driver may list GPUs the container cannot see, so
+    the count can only be too high: a GPU refused here surely does not exist.  No driver
+    folder (no NVIDIA driver, another vendor) is "cannot tell", never "no GPU".
+    """
+    sizes = simulated_sizes(config, environ)
+    if sizes is not None:
+        return tuple(range(len(sizes))), "simulated"
+    try:
+        count = len(os.listdir(driver_dir))
+    except OSError:
+        return None
+    return (tuple(range(count)), "NVIDIA") if count else None
+
+
+def check_gpu(
+    gpu: int,
+    config: Config | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    driver_dir: str = DRIVER_GPUS,
+) -> None:
+    """``NoSuchGpu`` (naming the GPUs there are) for an index this machine does not have."""
+    known = known_gpus(config, environ, driver_dir=driver_dir)
+    if known is not None and gpu not in known[0]:
+        raise NoSuchGpu(gpu, *known)
 
 
 def total_bytes(
