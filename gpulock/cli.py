@@ -521,6 +521,8 @@ def _history_line(e: dict[str, Any]) -> str:
     # Agents' and the fleet's events name their agent; the lock's name their holder.
     label_key = "name" if "name" in e else "agent"
     who = f"{e.get(label_key, '')}[{e.get('pid', '')}]" if "pid" in e else ""
+    if not who and isinstance(e.get("name"), str):
+        who = e["name"]  # no pid to show (a tenant's model): the name all the same
     details: list[str] = []
     for k, v in e.items():
         if k in _SHOWN or v is None or (who and k == label_key):
@@ -612,7 +614,8 @@ def cmd_evict(args: argparse.Namespace) -> int:
         print(json.dumps({"results": [asdict(r) for r in results]}, indent=2))
     else:
         for r in results:
-            print(f"{r.name} ({r.id}, pid {r.pid}, gpu{r.gpu}): {r.outcome}: {r.detail}")
+            pid = f", pid {r.pid}" if r.pid is not None else ""  # a tenant's server: unknown
+            print(f"{r.name} ({r.id}{pid}, gpu{r.gpu}): {r.outcome}: {r.detail}")
     return EX_OK if all(r.ok for r in results) else EX_ERROR
 
 
