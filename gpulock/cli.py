@@ -91,14 +91,25 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _CommandsFormatter(argparse.HelpFormatter):
+    """Room for the longest command name (``heartbeat``), so that every summary starts on
+    its command's line."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=16)
+        self._action_max_length = 14
+
+
+def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentParser:
+    """The built-in commands' parser; ``commands`` (name -> summary) lists the installed
+    packages' too, for ``--help`` (they parse their own arguments)."""
     parser = Parser(
         prog="gpulock",
         description="A fair, crash-safe line in front of each GPU for fleets of small agents.",
+        formatter_class=_CommandsFormatter,
         epilog=(
             "exit codes: 0 ok, 1 error, 2 usage, 75 GPU busy past --timeout (try again later); "
-            "'run' returns its command's code.  More commands may come from installed "
-            "packages: 'gpulock help' lists them."
+            "'run' returns its command's code.  'gpulock COMMAND --help' tells more of each."
         ),
     )
     parser.add_argument("--version", action="version", version=f"gpulock {_version()}")
@@ -242,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
 
     sub.add_parser("help", help="list every command, including those of installed packages")
+    for name, summary in (commands or {}).items():
+        if name not in sub.choices:  # a package may not shadow a built-in command
+            sub.add_parser(name, help=summary, add_help=False)
     return parser
 
 
@@ -252,9 +266,9 @@ def _version() -> str:
 
 
 def _plugins() -> dict[str, Any]:
-    from importlib.metadata import entry_points
+    from gpulock.commands import plugins
 
-    return {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)}
+    return plugins()
 
 
 def report(e: UsageError | GpulockError, *, as_json: bool = False) -> int:
@@ -358,13 +372,16 @@ def _dispatch(argv: list[str]) -> int:
             raise UsageError(f"unknown command {argv[0]!r}", hint="commands: " + ", ".join(known))
         func: Callable[[list[str]], int] = plugin.load()
         return func(argv[1:])
-    parser = build_parser()
+    listing = not argv or argv[0] in ("help", "-h", "--help")
+    if listing:  # only then: reading the packages' summaries is no cost for `gpulock run`
+        from gpulock.commands import summaries
+
+        parser = build_parser(summaries())
+    else:
+        parser = build_parser()
     args = parser.parse_args(argv)
     if args.cmd is None or args.cmd == "help":
         parser.print_help()
-        names = sorted(_plugins())
-        if names:
-            print("\ncommands from installed packages: " + ", ".join(names))
         return EX_OK if args.cmd == "help" else EX_USAGE
     handler: Callable[[argparse.Namespace], int] = _HANDLERS[args.cmd]
     return handler(args)
