@@ -36,9 +36,7 @@ SIMULATE_ENV = "GPULOCK_SIMULATE"
 # `gpulock run` must not pay for (see known_gpus).
 DRIVER_GPUS = "/proc/driver/nvidia/gpus"
 
-NO_PACKAGE = (
-    "no NVIDIA driver information: nvidia-ml-py is not installed (pip install 'gpulock[nvml]')"
-)
+NO_PACKAGE = "no NVIDIA driver information: nvidia-ml-py is not installed"
 
 T = TypeVar("T")
 
@@ -282,7 +280,9 @@ def _nvml_module() -> tuple[Any, str | None]:
     try:
         import pynvml
     except ImportError:
-        return None, NO_PACKAGE
+        from gpulock.core.extras import install_hint  # here: only when the package is missing
+
+        return None, f"{NO_PACKAGE} ({install_hint('nvml')})"
     return _nvml_init(pynvml)
 
 
