@@ -129,17 +129,13 @@ def _main(argv: list[str]) -> int:
 
     signals: list[int] = []
     with governor:
-        if not args.once:  # a service says when it starts and stops (the journal keeps it)
-            _say(f"started for {settings.state_dir} (pid {os.getpid()}, a pass every "
-                 f"{config.interval_s:g} s{', dry run' if args.dry_run else ''})")  # fmt: skip
         try:
             if exporter is not None:
                 exporter.start()
+            if not args.once:  # a service says when it starts and stops (for its journal)
+                _say(f"started for {settings.state_dir} (pid {os.getpid()}, a pass every "
+                     f"{config.interval_s:g} s{', dry run' if args.dry_run else ''})")  # fmt: skip
             _in_worker(work, stop, signals)
-        except BaseException as e:
-            if not args.once:
-                _say(f"stopped: {e}")
-            raise
         finally:
             if exporter is not None:
                 exporter.close()
