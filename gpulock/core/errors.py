@@ -147,8 +147,11 @@ class NoSuchGpu(LockError, ValueError):
         count = f"{len(self.known)} {source} GPU" + ("" if len(self.known) == 1 else "s")
         super().__init__(
             f"gpu{gpu} does not exist: this machine has {count}: {have}",
-            hint="check --gpu and the config's default_gpu"
-            + (" and simulate / GPULOCK_SIMULATE" if source == "simulated" else ""),
+            hint=(
+                "check --gpu, the config's default_gpu, and simulate: or $GPULOCK_SIMULATE"
+                if source == "simulated"
+                else "check --gpu and the config's default_gpu; nvidia-smi -L lists the GPUs"
+            ),
         )
 
 
