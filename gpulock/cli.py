@@ -95,8 +95,8 @@ class _CommandsFormatter(argparse.HelpFormatter):
     """Room for the longest command name (``heartbeat``), so that every summary starts on
     its command's line."""
 
-    def __init__(self, prog: str) -> None:
-        super().__init__(prog, max_help_position=16)
+    def __init__(self, prog: str, width: int | None = None) -> None:
+        super().__init__(prog, max_help_position=16, width=width)
         self._action_max_length = 14
 
 
