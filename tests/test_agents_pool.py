@@ -9,11 +9,14 @@ another worker, and every item exactly once in the batch's output.
 from __future__ import annotations
 
 import functools
+import json
+import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import REPO, Cli
+from cli_helpers import REPO, Cli, pid_alive, wait_until
 
 from agents import agent
 
@@ -118,3 +121,35 @@ def test_a_fixed_number_of_workers(agent_cli: Cli) -> None:
 def test_bad_workers_name_the_field(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         agent("bad-workers", **kwargs)  # type: ignore[arg-type]
+
+
+def test_sigterm_to_the_leader_stops_every_worker_and_keeps_the_checkpoint(
+    agent_cli: Cli,
+) -> None:
+    cli = agent_cli
+    module, _, _ = write_agent(cli)
+    block = cli.root / "block"
+    module.write_text(
+        module.read_text().replace(
+            "        time.sleep(0.02)",
+            f"        while item == 5 and not os.path.exists({str(cli.root / 'never')!r}):\n"
+            f"            open({str(block)!r}, 'a').close()\n"
+            "            time.sleep(0.01)\n"
+            "        time.sleep(0.02)",
+        )
+    )
+    leader = cli.start([*AGENTS, "run", "tts", "10", "--module", str(module)], "leader")
+    wait_until(block.exists, lambda: f"a worker at item 5\n{leader.output()}")
+    workers = [e["worker_pid"] for e in cli.events("pool-worker", action="start")]
+    os.kill(leader.pid, signal.SIGTERM)
+    assert leader.wait() == 128 + signal.SIGTERM, leader.output()
+    wait_until(lambda: not any(pid_alive(p) for p in workers), "the workers to end")
+    folder = cli.state / "agents" / "tts"
+    assert (folder / "checkpoint.json").exists()  # the next run resumes
+    assert [f for f in cli.queue_files() if f.endswith(".ticket")] == []
+    ends = [
+        json.loads(line)
+        for line in (folder / "log.jsonl").read_text().splitlines()
+        if '"end"' in line
+    ]
+    assert ends[-1]["outcome"] == "killed" and ends[-1]["reason"] == "SIGTERM", ends

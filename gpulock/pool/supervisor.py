@@ -113,6 +113,7 @@ class Pool:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
+        previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
         self._emit("pool-start", command=list(self.spec.command))
@@ -126,7 +127,8 @@ class Pool:
             for w in list(self.running.values()):  # only after an unexpected error
                 self._signal(w, signal.SIGTERM)
             for sig in STOP_SIGNALS:
-                loop.remove_signal_handler(sig)
+                loop.remove_signal_handler(sig)  # leaves the default: put the caller's back
+                signal.signal(sig, previous[sig])
             record.remove(self.settings)
             self._emit("pool-end", rc=rc, workers_started=self.workers_started)
 
