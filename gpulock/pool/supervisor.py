@@ -91,6 +91,7 @@ class Pool:
     held: list[Lease] = field(default_factory=list)  # granted, waiting for --min to start
     ask: asyncio.Task[None] | None = None
     leaving: set[asyncio.Task[None]] = field(default_factory=set)  # cancelled asks
+    watching: set[asyncio.Task[None]] = field(default_factory=set)  # one per running worker
     events: asyncio.Queue[tuple[Any, ...]] = field(default_factory=asyncio.Queue)
     started_any: bool = False
     done: bool = False  # a worker exited 0
@@ -198,7 +199,7 @@ class Pool:
             )
         except LockTimeout as e:
             self.events.put_nowait(("timeout", e))
-        except GpulockError as e:
+        except Exception as e:  # NeedTooLarge, an unusable state folder...: the loop raises it
             self.events.put_nowait(("error", e))
         else:
             if lease.inherited:  # inside `gpulock run`: every ask would get that one lease
@@ -248,7 +249,9 @@ class Pool:
             size=size,
             waited_s=round(lease.waited_s, 6),
         )
-        asyncio.get_running_loop().create_task(self._watch(w))
+        watch = asyncio.get_running_loop().create_task(self._watch(w))
+        self.watching.add(watch)  # a task nobody references may be collected mid-wait
+        watch.add_done_callback(self.watching.discard)
         if self.stop_signal is not None:  # came while it started: it gets it now
             self._signal(w, self.stop_signal)
 
