@@ -54,6 +54,7 @@ class Context:
         log: logging.Logger | None = None,
         stderr: TextIO | None = None,
         clock: Callable[[], float] = time.monotonic,
+        pool_worker: int | None = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -72,6 +73,8 @@ class Context:
         self._models: dict[tuple[str, str | None], Model] = {}
         self._flush_hooks: list[Callable[[], object]] = []
         self._bars: list[ProgressBar] = []
+        # This run's index among the workers of a pooled agent (@agent(workers=...)), or None.
+        self.pool_worker = pool_worker
 
     @property
     def checkpoint_path(self) -> Path:
@@ -156,6 +159,22 @@ class Context:
             if not isinstance(k, str):
                 raise TypeError(f"batch key must be text, got {k!r} from key={key!r}")
         path = self.checkpoint_path
+        every = self.spec.flush_every
+        if self.pool_worker is not None:  # one of a pool's workers: share the items
+            from agents import poolbatch
+
+            def flushed(count: int) -> None:
+                if every and count % every == 0:
+                    self.flush()
+
+            return poolbatch.pooled(
+                listed,
+                keys,
+                checkpoint.resumed(path, keys),
+                path=path,
+                mode=self.settings.file_mode,
+                finished=flushed,
+            )
         try:
             resumed = checkpoint.resumed(path, keys)
         except checkpoint.CheckpointError as e:
@@ -181,7 +200,6 @@ class Context:
             self._stderr, self.name, len(listed), skipped, enabled=wanted(self._stderr)
         )
         self._bars.append(bar)
-        every = self.spec.flush_every
 
         def finished(count: int) -> None:
             bar.update(skipped + count)

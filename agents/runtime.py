@@ -64,6 +64,8 @@ LOCK_NAME: Final = "run.lock"
 # the run, so that an agent calling router.get_model() itself, or a program it starts, is
 # counted under the agent's name rather than "python".
 AGENT_ENV: Final = "GPULOCK_AGENT"
+# Set by the leader of a pooled agent (@agent(workers=...)) for its workers: the agent's name.
+POOL_ENV: Final = "GPULOCK_AGENT_POOL"
 
 # Errors that mean "not now" rather than "broken", by (top package, class name): matched by
 # name so that catching them does not import the router (or gpulock's resident machinery).
@@ -169,6 +171,7 @@ def run_agent(
     started = time.monotonic()
     signals = _Signals()
     lock_fd: int | None = None
+    worker = pool_worker(spec)
     ctx: Context | None = None
     failure: BaseException | None = None
     outcome: tuple[str, str | None, int]
@@ -184,13 +187,17 @@ def run_agent(
                     "timeout_s": limit_s,
                 },
             )
-            lock_fd = take_instance_lock(
-                folder / LOCK_NAME,
-                settings.file_mode,
-                f"{os.getpid()}\n".encode(),  # for the skip's "already running (pid N)"
-                what="the run lock",
+            lock_fd = (
+                None
+                if worker is not None  # the pool's leader holds the run lock for its workers
+                else take_instance_lock(
+                    folder / LOCK_NAME,
+                    settings.file_mode,
+                    f"{os.getpid()}\n".encode(),  # for the skip's "already running (pid N)"
+                    what="the run lock",
+                )
             )
-            if lock_fd is None:
+            if lock_fd is None and worker is None:
                 pid = _holder_pid(folder / LOCK_NAME)
                 outcome = ("skip", f"already running (pid {pid or '?'})", EX_SKIP)
             else:
@@ -202,11 +209,15 @@ def run_agent(
                     timeout_s=limit_s,
                     log=log,
                     stderr=err,
+                    pool_worker=worker,
                 )
                 previous_agent = os.environ.get(AGENT_ENV)
                 os.environ[AGENT_ENV] = spec.name
                 try:
-                    spec.func(ctx)
+                    if spec.workers is not None and worker is None:
+                        _lead_pool(spec, ctx, limit_s)
+                    else:
+                        spec.func(ctx)
                 except BaseException as e:  # every ending is logged and made an exit code
                     failure = e
                 finally:
@@ -229,6 +240,45 @@ def run_agent(
             log.removeHandler(h)
             h.close()
     return outcome[2]
+
+
+def pool_worker(spec: AgentSpec) -> int | None:
+    """This process's index among the workers of ``spec``'s pool, or None (not one of them)."""
+    from gpulock.pool.supervisor import ENV_WORKER
+
+    index = os.environ.get(ENV_WORKER, "")
+    if os.environ.get(POOL_ENV) != spec.name or not index.isdigit():
+        return None
+    return int(index)
+
+
+def _lead_pool(spec: AgentSpec, ctx: Context, limit_s: float | None) -> None:
+    """Run the agent's batch in ``spec.workers`` processes: this same command line, each a
+    worker of a ``gpulock pool`` holding the GPU with the agent's ``need``."""
+    from agents import poolbatch
+    from gpulock.pool import supervisor
+
+    assert spec.need_bytes is not None  # the decorator requires need= with workers=
+    settings = ctx.settings
+    poolbatch.prepare(ctx.checkpoint_path, spec.name, mode=settings.file_mode)
+    most = spec.workers if isinstance(spec.workers, int) else None
+    pool = supervisor.PoolSpec(
+        command=(sys.executable, *sys.orig_argv[1:]),  # the run again, as a worker
+        need_bytes=spec.need_bytes,
+        max_workers=most or supervisor.max_for(settings, spec.gpu, spec.need_bytes),
+        gpu=spec.gpu,
+        name=spec.name,
+        timeout_s=limit_s,
+    )
+    previous = os.environ.get(POOL_ENV)
+    os.environ[POOL_ENV] = spec.name
+    try:
+        rc = supervisor.run_pool(settings, pool)
+    finally:
+        _restore_env(POOL_ENV, previous)
+    if rc != 0:  # the pool returns non-zero only when stopped by a signal: 128 + N
+        raise Stopped(rc - 128)
+    poolbatch.finish(ctx.checkpoint_path)
 
 
 def _finish(

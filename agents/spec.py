@@ -70,6 +70,8 @@ class AgentSpec:
     gpu: int | None = None  # None: the config's default_gpu
     flush_every: int | None = None  # ctx.flush() after every N batch items
     description: str = ""
+    # "auto" or N: the batch runs in that many worker processes (gpulock pool); None: in-process
+    workers: int | str | None = None
     module: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -82,6 +84,7 @@ class AgentSpec:
             "need_bytes": self.need_bytes,
             "gpu": self.gpu,
             "flush_every": self.flush_every,
+            "workers": self.workers,
             "description": self.description,
             "module": self.module,
         }
@@ -101,13 +104,19 @@ def agent(
     gpu: int | None = None,
     flush_every: int | None = None,
     description: str = "",
+    workers: int | str | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated function as agent ``name``; the function is returned unchanged.
 
-    Raises ValueError, naming the field, for a bad name, schedule, timeout, need, gpu or
-    flush_every, and for a name already registered in this process.
+    ``workers="auto"`` (or a number) runs the agent's batch in that many processes, each
+    holding the GPU with ``need`` (``gpulock pool``): ``ctx.batch()`` splits the items between
+    them so that each is done once (see ``agents.poolbatch``).
+
+    Raises ValueError, naming the field, for a bad name, schedule, timeout, need, gpu,
+    flush_every or workers, and for a name already registered in this process.
     """
     spec_fields = _checked(name, task, schedule, timeout, need, gpu, flush_every, description)
+    spec_fields["workers"] = _checked_workers(workers, spec_fields["need_bytes"])
 
     def register(func: F) -> F:
         if not callable(func):
@@ -172,6 +181,21 @@ def _checked(
         "flush_every": flush_every,
         "description": description.strip(),
     }
+
+
+def _checked_workers(workers: int | str | None, need_bytes: int | None) -> int | str | None:
+    if workers is None:
+        return None
+    if workers != "auto" and (
+        isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
+    ):
+        raise ValueError(f"workers: expected 'auto' or a whole number >= 1, got {workers!r}")
+    if need_bytes is None:
+        raise ValueError(
+            "workers: needs need= too (each worker's VRAM decides how many fit), "
+            "e.g. @agent(..., workers='auto', need='8.9GiB')"
+        )
+    return workers
 
 
 def _is_example(module: str) -> bool:

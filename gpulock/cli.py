@@ -252,6 +252,7 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
     p.add_argument("--json", action="store_true", help='print {"tenants": [...]}')
     _common(p)
 
+    _pool_parser(sub)
     sub.add_parser("help", help="list every command, including those of installed packages")
     for name, summary in (commands or {}).items():
         if name not in sub.choices:  # a package may not shadow a built-in command
@@ -363,7 +364,7 @@ def _say(kind: str, text: str) -> None:
 
 
 def _dispatch(argv: list[str]) -> int:
-    builtin = {"run", "status", "break", "history", "heartbeat", "evict", "tenants", "help"}
+    builtin = {"run", "status", "break", "history", "heartbeat", "evict", "tenants", "help", "pool"}
     if argv and not argv[0].startswith("-") and argv[0] not in builtin:
         plugins = _plugins()
         plugin = plugins.get(argv[0])
@@ -655,7 +656,87 @@ def cmd_tenants(args: argparse.Namespace) -> int:
     return EX_OK
 
 
+# --- pool (gpulock.pool) --------------------------------------------------------------------
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of 1 or more, got {text!r}")
+    return int(text)
+
+
+def _retries(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of 0 or more, got {text!r}")
+    return int(text)
+
+
+def _pool_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "pool",
+        help="run as many workers of a command as the GPU's memory admits",
+        description=(
+            "Run as many workers of CMD as the GPU's line admits, each holding its own ticket "
+            "with --need SIZE: while fewer than --max run, one more ticket waits in line and a "
+            "worker starts when it is granted.  A worker that exits 0 has done its share: no "
+            "new worker starts and the pool ends when the others have.  A failed worker is "
+            "replaced (with back-off) up to --retries failures in a row.  Workers get "
+            "GPULOCK_POOL_WORKER (index) and GPULOCK_POOL_SIZE besides what 'run' sets."
+        ),
+        usage="gpulock pool --need SIZE [options] -- CMD [ARG...]",
+        epilog="exit codes as 'gpulock run': 75 when no worker was granted within --timeout",
+    )
+    p.add_argument("--need", type=_size, metavar="SIZE", help="VRAM each worker uses, e.g. 8.9GiB")
+    p.add_argument(
+        "--max", type=_count, metavar="N", help="at most N workers (default: all that fit)"
+    )
+    p.add_argument(
+        "--min", type=_count, default=1, metavar="N",
+        help="start the first workers only once N tickets are granted together (default 1)",
+    )  # fmt: skip
+    p.add_argument("--gpu", type=_index, help="GPU index (default: config default_gpu, else 0)")
+    p.add_argument(
+        "--retries", type=_retries, default=3, metavar="N",
+        help="replace up to N failed workers in a row, then stop (default 3)",
+    )  # fmt: skip
+    p.add_argument("--name", help="the pool's name in status and history (default: CMD's name)")
+    p.add_argument(
+        "--timeout", type=duration_arg, metavar="T",
+        help="give up (exit 75) if no worker is granted within T (30, 90s, 5m)",
+    )  # fmt: skip
+    _common(p)
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD [ARG...]")
+
+
+def cmd_pool(args: argparse.Namespace) -> int:
+    from gpulock.pool import supervisor
+    from gpulock.runner import resolve
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("missing command to run", hint="gpulock pool --need SIZE -- CMD [ARG...]")
+    if args.need is None:
+        raise UsageError("--need is required: each worker's VRAM decides how many fit")
+    if args.max is not None and args.min > args.max:
+        raise UsageError(f"--min {args.min} is above --max {args.max}")
+    settings = _settings(args)
+    resolve(command)  # 127/126 before queueing for nothing
+    max_workers = args.max or supervisor.max_for(settings, args.gpu, args.need)
+    if args.min > max_workers:
+        raise UsageError(
+            f"--min {args.min}: at most {max_workers} workers of {format_size(args.need)} fit"
+        )
+    spec = supervisor.PoolSpec(
+        tuple(command), args.need, max_workers, args.min, args.retries, args.gpu, args.name,
+        args.timeout,
+    )  # fmt: skip
+    return supervisor.run_pool(settings, spec)
+
+
 _HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "pool": cmd_pool,
     "evict": cmd_evict,
     "tenants": cmd_tenants,
     "run": cmd_run,

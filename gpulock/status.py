@@ -19,7 +19,9 @@
   ``child_pid``, ``prefetch`` (a waiter warming its files, see ``gpulock.lock.prefetch_progress``:
   ``state`` ``warming``/``done``/``skipped``, ``reason``, ``paths``, ``bytes_done``,
   ``bytes_total``, ``bytes_read``, ``updated_wall``; None when it warms nothing, and always for
-  holders).
+  holders), ``pool`` (a ticket of a ``gpulock pool``: ``name``, ``pid``, ``workers`` running,
+  ``max``, ``min``, ``need_bytes`` and ``worker``, the index of the worker on this ticket, None
+  for the pool's waiting ticket; None for any other ticket).
 * ``devices``: the probed GPUs; ``devices_problem``: why none could be probed, or None.
 * ``residents``: every resident model, library and tenant alike: ``id`` (a tenant model's is
   ``TENANT/MODEL``), ``tenant`` (the tenant's name, None for a library resident),
@@ -50,6 +52,7 @@ from gpulock.core.settings import Settings
 from gpulock.core.units import format_duration, format_size, format_usd
 from gpulock.lock import prefetch_progress, queue
 from gpulock.lock.queuedir import QueueDir, TicketFile, queue_gpus
+from gpulock.pool import record as pool_record
 from gpulock.residents import registry
 
 VERSION = 1
@@ -136,6 +139,7 @@ def entry(qdir: QueueDir, tf: TicketFile, position: int, now_w: float) -> dict[s
             round(now_w - queue.heartbeat_wall(t, tf.mtime_wall), 3) if t.holding else None
         ),
         "child_pid": t.child_pid,
+        "pool": None,  # a gpulock pool's ticket: filled in by snapshot()
         "prefetch": None if t.holding else prefetch_progress.read_progress(qdir, tf),
     }
 
@@ -271,6 +275,7 @@ def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, 
         trecs = registry.to_records(settings, listings, report=report, now_wall=now_w, track=False)
     recs = registry.Registry(settings, create=False).records(clean=False) + trecs
     gpus = [gpu_snapshot(settings, i, report.get(i), now_w) for i in gpu_indices(settings, report)]
+    _mark_pools(gpus, pool_record.live(settings))
     registered: dict[int, str] = {
         r.pid: f"tenant {r.tenant}" if r.tenant else f"resident {r.name}" for r in recs if r.pid
     }
@@ -291,6 +296,34 @@ def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, 
         "tenants": tenants,
         "usage": usage_entry(settings, now_w),
     }
+
+
+def _mark_pools(gpus: list[dict[str, Any]], pools: list[dict[str, Any]]) -> None:
+    """Give each ticket of a running ``gpulock pool`` its ``pool`` object (others: None)."""
+    by_pid = {(p.get("gpu"), p["pid"]): p for p in pools}
+    for g in gpus:
+        for e in g["holders"] + g["waiters"]:
+            p = by_pid.get((g["gpu"], e["pid"]))
+            if p is None:
+                e["pool"] = None
+                continue
+            workers = [w for w in p.get("workers", []) if isinstance(w, dict)]
+            worker = next((w.get("index") for w in workers if w.get("ticket") == e["ticket"]), None)
+            e["pool"] = {
+                "name": p.get("name"),
+                "pid": p["pid"],
+                "workers": len(workers),
+                "max": p.get("max"),
+                "min": p.get("min"),
+                "need_bytes": p.get("need_bytes"),
+                "worker": worker,
+            }
+
+
+def _pool_line(p: dict[str, Any]) -> str:
+    need = format_size(p["need_bytes"]) if isinstance(p.get("need_bytes"), int) else "?"
+    n = p["workers"]
+    return f"  pool {p['name']} ({n} worker{'s' if n != 1 else ''}, max {p['max']}, need {need})"
 
 
 LEDGER_FORMAT = "gpulock.ledger/1"  # written by router/ledger.py; read here without the router
@@ -414,7 +447,12 @@ def render(snap: dict[str, Any]) -> str:
                     )
                 )
             widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-            for r in rows:
+            shown: set[int] = set()
+            for i, r in enumerate(rows):
+                p = entries[i - 1].get("pool") if i else None
+                if p is not None and p["pid"] not in shown:  # the pool, over its first ticket
+                    shown.add(p["pid"])
+                    lines.append(_pool_line(p))
                 cells = [c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)]
                 lines.append("  " + "  ".join(cells) + "  " + r[-1])
         for ig in g["ignored"]:

@@ -26,7 +26,8 @@ DOORS = {
     "router": ("gpulock.residents.", "gpulock.tenants.", "gpulock.status"),
     "serve": ("gpulock.residents.", "gpulock.tenants.", "gpulock.status", "gpulock.metrics."),
     "governor": ("gpulock.arbiter", "gpulock.metrics."),
-    "agents": ("gpulock.report.",),
+    # agents: gpulock.pool runs a pooled agent's workers (@agent(workers=...), issue 21)
+    "agents": ("gpulock.report.", "gpulock.pool."),
 }
 
 

@@ -1,0 +1,155 @@
+"""``@agent(..., workers="auto", need=...)``: an agent's batch split between a pool's workers.
+
+Real runs of ``python -m agents run`` on a simulated 24 GiB GPU: the run leads a ``gpulock
+pool`` whose workers are the same command line, and ``ctx.batch()`` gives each item to one of
+them.  A worker SIGKILLs itself in the middle of an item: the item must be done again by
+another worker, and every item exactly once in the batch's output.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from cli_helpers import REPO, Cli, pid_alive, wait_until
+
+from agents import agent
+
+AGENTS = (sys.executable, "-m", "agents")
+
+# The agent: argv [COUNT]; appends "<item> <pid>" to OUT once an item's work is over.  With
+# the file KILL present, the first worker to reach item 3 removes it and SIGKILLs itself in
+# the middle of that item.
+AGENT_PY = """\
+import os, signal, time
+from agents import agent
+
+OUT = {out!r}
+KILL = {kill!r}
+
+@agent("tts", workers={workers!r}, need="8.9GiB", timeout="60s")
+def tts(ctx):
+    count = int(ctx.args[0]) if ctx.args else 8
+    seen = 0
+    for item in ctx.batch(range(count)):
+        if item == 3:
+            try:
+                os.unlink(KILL)
+            except FileNotFoundError:
+                pass
+            else:
+                os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.02)  # the item's work: long enough for the other worker to take some
+        fd = os.open(OUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.write(fd, f"{{item}} {{os.getpid()}} {{os.environ['GPULOCK_POOL_WORKER']}}\\n".encode())
+        os.close(fd)
+"""
+
+
+@pytest.fixture
+def agent_cli(cli: Cli) -> Cli:
+    cli.env = functools.partial(Cli.env, cli, PYTHONPATH=str(REPO))  # type: ignore[method-assign]
+    return cli
+
+
+def write_agent(cli: Cli, workers: object = "auto") -> tuple[Path, Path, Path]:
+    out = cli.root / "out.txt"
+    kill = cli.root / "kill"
+    module = cli.root / "tts_agent.py"
+    module.write_text(AGENT_PY.format(out=str(out), kill=str(kill), workers=workers))
+    return module, out, kill
+
+
+def done(out: Path) -> list[tuple[int, int, int]]:
+    if not out.exists():
+        return []
+    return [tuple(map(int, line.split())) for line in out.read_text().splitlines()]  # type: ignore[misc]
+
+
+def test_the_batch_is_split_between_workers_each_item_once(agent_cli: Cli) -> None:
+    cli = agent_cli
+    module, out, _ = write_agent(cli)
+    r = cli.run("run", "tts", "12", "--module", str(module), argv0=AGENTS, timeout_s=60)
+    assert r.code == 0, r.describe()
+    items = sorted(i for i, _, _ in done(out))
+    assert items == list(range(12)), out.read_text()
+    starts = cli.events("pool-worker", action="start")
+    assert len(starts) == 2, cli.describe()  # 24 GiB holds two of 8.9 GiB
+    folder = cli.state / "agents" / "tts"
+    assert not (folder / "checkpoint.json").exists() and not (folder / "claims").exists()
+
+
+def test_a_worker_killed_mid_item_leaves_it_to_another_and_nothing_is_done_twice(
+    agent_cli: Cli,
+) -> None:
+    cli = agent_cli
+    module, out, kill = write_agent(cli)
+    kill.touch()
+    r = cli.run("run", "tts", "10", "--module", str(module), argv0=AGENTS, timeout_s=60)
+    assert r.code == 0, r.describe()
+    assert not kill.exists()  # a worker did die at item 3
+    items = [i for i, _, _ in done(out)]
+    assert sorted(items) == list(range(10)), out.read_text()  # each exactly once, 3 included
+    exits = cli.events("pool-worker", action="exit")
+    assert "killed by SIGKILL" in [e["reason"] for e in exits], cli.describe()
+    killed = next(e for e in exits if e["reason"] == "killed by SIGKILL")
+    assert all(pid != killed["worker_pid"] for i, pid, _ in done(out) if i == 3)
+
+
+def test_a_fixed_number_of_workers(agent_cli: Cli) -> None:
+    cli = agent_cli
+    module, out, _ = write_agent(cli, workers=1)
+    r = cli.run("run", "tts", "4", "--module", str(module), argv0=AGENTS, timeout_s=60)
+    assert r.code == 0, r.describe()
+    assert sorted(i for i, _, _ in done(out)) == [0, 1, 2, 3]
+    assert len(cli.events("pool-worker", action="start")) == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"workers": "auto"}, "workers: needs need="),
+        ({"workers": 0, "need": "1GiB"}, "workers: expected 'auto' or a whole number"),
+        ({"workers": "many", "need": "1GiB"}, "workers: expected 'auto'"),
+    ],
+)
+def test_bad_workers_name_the_field(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        agent("bad-workers", **kwargs)  # type: ignore[arg-type]
+
+
+def test_sigterm_to_the_leader_stops_every_worker_and_keeps_the_checkpoint(
+    agent_cli: Cli,
+) -> None:
+    cli = agent_cli
+    module, _, _ = write_agent(cli)
+    block = cli.root / "block"
+    module.write_text(
+        module.read_text().replace(
+            "        time.sleep(0.02)",
+            f"        while item == 5 and not os.path.exists({str(cli.root / 'never')!r}):\n"
+            f"            open({str(block)!r}, 'a').close()\n"
+            "            time.sleep(0.01)\n"
+            "        time.sleep(0.02)",
+        )
+    )
+    leader = cli.start([*AGENTS, "run", "tts", "10", "--module", str(module)], "leader")
+    wait_until(block.exists, lambda: f"a worker at item 5\n{leader.output()}")
+    workers = [e["worker_pid"] for e in cli.events("pool-worker", action="start")]
+    os.kill(leader.pid, signal.SIGTERM)
+    assert leader.wait() == 128 + signal.SIGTERM, leader.output()
+    wait_until(lambda: not any(pid_alive(p) for p in workers), "the workers to end")
+    folder = cli.state / "agents" / "tts"
+    assert (folder / "checkpoint.json").exists()  # the next run resumes
+    assert [f for f in cli.queue_files() if f.endswith(".ticket")] == []
+    ends = [
+        json.loads(line)
+        for line in (folder / "log.jsonl").read_text().splitlines()
+        if '"end"' in line
+    ]
+    assert ends[-1]["outcome"] == "killed" and ends[-1]["reason"] == "SIGTERM", ends
