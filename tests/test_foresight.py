@@ -3,6 +3,7 @@ the victim order they give (``gpulock.core.foresight``, pure)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -16,7 +17,13 @@ DAY = 86400.0
 NOW = 20 * DAY + 6 * 3600.0  # a day at 06:00 UTC
 
 
-def one(model: str, planned=(), history=(), now: float = NOW, **kw: float) -> fs.NextUse:
+def one(
+    model: str,
+    planned: Sequence[fs.Planned] = (),
+    history: Sequence[fs.Use] = (),
+    now: float = NOW,
+    **kw: float,
+) -> fs.NextUse:
     return fs.next_uses([model], planned, history, now, **kw)[model]
 
 
@@ -84,7 +91,7 @@ def test_a_cron_fire_beats_a_weaker_guess_and_an_earlier_rhythm_beats_a_later_fi
     assert one("m", planned=[fire], history=past).source == "cron"
     past = uses("m", *(NOW - 300 - 900 * k for k in range(6)))
     nu = one("m", planned=[fire], history=past)
-    assert (nu.source, nu.at_wall) == ("rhythm", pytest.approx(NOW + 600))
+    assert nu.source == "rhythm" and nu.at_wall == pytest.approx(NOW + 600)
 
 
 def test_past_fires_and_future_uses_are_ignored() -> None:

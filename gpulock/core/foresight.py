@@ -31,6 +31,7 @@ order under ``lru``, by the caller's own key ("today's order").
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -239,7 +240,7 @@ def _from_history(
     if len(starts) < 2:
         return []
     out: list[NextUse] = []
-    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     last = starts[-1]
     if len(gaps) >= 2:
         period = statistics.median(gaps)
