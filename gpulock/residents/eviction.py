@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from gpulock.core import claim, devices
 from gpulock.core import settings as settings_mod
@@ -69,18 +70,20 @@ def evict(
     verify_s: float = VERIFY_S,
     reason: str = "requested",
     answer_s: float | None = None,
+    why: dict[str, Any] | None = None,
 ) -> EvictResult:
     """Ask the owner to unload ``record``; then check the GPU's memory came back.
 
     ``answer_s``: how long to wait for the owner's answer (default ``timeout_s`` + 5 s: the
-    owner's own deadline, then time to unload).
+    owner's own deadline, then time to unload).  ``why``: why this victim (foresight's next
+    use, reload cost, the runner-up), recorded in the ``evict`` event.
     """
     if record.tenant is not None:
         from gpulock.residents import tenant_evict
 
         return tenant_evict.evict(
             settings, record, force=force, timeout_s=timeout_s, reason=reason,
-            verify_s=max(verify_s, min(tenant_evict.VERIFY_S, timeout_s)),
+            verify_s=max(verify_s, min(tenant_evict.VERIFY_S, timeout_s)), why=why,
         )  # fmt: skip
     start = time.monotonic()
     reg = Registry(settings)
@@ -93,7 +96,7 @@ def evict(
         settings.emit(
             "evict", resident=record.id, name=record.name, gpu=record.gpu, pid=record.pid,
             outcome=outcome, detail=detail, freed_bytes=freed, elapsed_s=res.elapsed_s,
-            force=force, reason=reason,
+            force=force, reason=reason, **(why or {}),
         )  # fmt: skip
         return res
 
@@ -187,22 +190,16 @@ def make_room(
     short = need_bytes - dev.free_bytes - own
     if short <= 0:
         return []
-    victims = sorted(
-        (
-            r
-            for r in records
-            if r.gpu == gpu
-            and (r.pid != exclude_pid or r.tenant is not None)
-            and r.policy != "pinned"
-            and not r.in_use
-            and r.id not in keep_ids
-        ),
-        key=lambda r: (r.policy != "cold-start", r.last_used_wall),
-    )
+    cands = [
+        r
+        for r in records
+        if r.gpu == gpu and (r.pid != exclude_pid or r.tenant is not None) and r.id not in keep_ids
+    ]
+    victims, whys = victim_order(settings, cands, gpu)
     deadline = time.monotonic() + timeout_s  # for all of them: the waiter has a deadline
     silent: set[str] = set()  # owners that did not answer are not asked again
     results = []
-    for r in victims:
+    for i, r in enumerate(victims):
         left = deadline - time.monotonic()
         if short <= 0 or left <= 0:
             break
@@ -210,7 +207,7 @@ def make_room(
             continue
         res = evict(
             settings, r, timeout_s=left / 2, answer_s=left, verify_s=min(VERIFY_S, left),
-            reason=reason,
+            reason=reason, why=whys[i],
         )  # fmt: skip
         results.append(res)
         if res.outcome == "no-answer":
@@ -218,6 +215,41 @@ def make_room(
         if res.ok:
             short -= res.freed_bytes or r.bytes or 0
     return results
+
+
+def today_key(r: Record) -> tuple[bool, float]:
+    """The order before foresight, and its tie-break: cold-start first, then least recently
+    used."""
+    return (r.policy != "cold-start", r.last_used_wall)
+
+
+def victim_order(
+    settings: Settings, records: list[Record], gpu: int
+) -> tuple[list[Record], list[dict[str, Any]]]:
+    """Idle, unpinned ``records`` in the order to evict them (``eviction.policy``: by foresight,
+    ``gpulock.core.foresight``, or least recently used), each with why it is there: the
+    ``evict`` event's ``policy``, ``next_use_s``, ``next_use_source``, ``reload_s`` and the
+    ``runner_up``."""
+    from gpulock.core import foresight
+
+    policy = foresight.policy_of(settings.config)
+    cands = [r for r in records if r.policy != "pinned" and not r.in_use]
+    fc = None
+    if policy == "foresight" and len(cands) > 1:
+        from gpulock.residents.foresight_inputs import gather, model_key
+
+        fc = gather(settings, cands, gpu)
+        order = foresight.order(cands, model=model_key, today=today_key, forecast=fc)
+    else:
+        order = sorted(cands, key=today_key)
+    whys: list[dict[str, Any]] = []
+    for i, r in enumerate(order):
+        why: dict[str, Any] = {"policy": policy}
+        if fc is not None:
+            why.update(fc.why(r.name))
+        why["runner_up"] = order[i + 1].id if i + 1 < len(order) else None
+        whys.append(why)
+    return order, whys
 
 
 def _tenant_records(settings: Settings) -> list[Record]:
