@@ -55,6 +55,8 @@ from governor.model import (
     Snapshot,
     State,
 )
+from gpulock.core import foresight
+from gpulock.core.foresight import Forecast
 
 GPU_SIGNALS = ("vram", "fragmentation", "unregistered")
 HOST_SIGNALS = ("psi_some", "psi_full", "swap", "oom", "oom_kill")
@@ -116,16 +118,18 @@ def readings(snapshot: Snapshot, config: GovernorConfig) -> list[Reading]:
     return out
 
 
-def victim_order(candidates: Iterable[ResidentView], now_wall: float) -> list[ResidentView]:
-    """Cheapest to evict first: cold-start, then longest idle, then largest."""
-    return sorted(
-        candidates,
-        key=lambda r: (
-            0 if r.policy == "cold-start" else 1,
-            -(now_wall - r.last_used_wall),
-            -(r.bytes or 0),
-        ),
-    )
+def victim_order(
+    candidates: Iterable[ResidentView], now_wall: float, forecast: Forecast | None = None
+) -> list[ResidentView]:
+    """Cheapest to evict first.  With a ``forecast`` (``eviction.policy: foresight``): the
+    model needed furthest ahead, weighted by its reload cost (``gpulock.core.foresight``);
+    ties, and without one, cold-start, then longest idle, then largest."""
+
+    def today(r: ResidentView) -> tuple[int, float, int]:
+        idle = now_wall - r.last_used_wall
+        return (0 if r.policy == "cold-start" else 1, -idle, -(r.bytes or 0))
+
+    return foresight.order(candidates, model=lambda r: r.name, today=today, forecast=forecast)
 
 
 def decide(
@@ -158,7 +162,16 @@ def decide(
             f"threshold in force"
         )
         actions += _evict_until(
-            g, target, idle, "evict", why, evidence, chosen, now_wall, projected
+            g,
+            target,
+            idle,
+            "evict",
+            why,
+            evidence,
+            chosen,
+            now_wall,
+            projected,
+            snapshot.forecast,
         )
 
     # The ladder's own evictions, from evict-idle up.
@@ -174,15 +187,24 @@ def decide(
             why = f"level {state.level}: gpu{g.index} signals over their thresholds"
             cands = _candidates(snapshot, g.index, force=force)
             actions += _evict_until(
-                g, target, cands, kind, why, evidence, chosen, now_wall, projected
+                g,
+                target,
+                cands,
+                kind,
+                why,
+                evidence,
+                chosen,
+                now_wall,
+                projected,
+                snapshot.forecast,
             )
         if any(x.over for x in reads if x.gpu is None):
             host = [r for r in _candidates(snapshot, None, force=force) if r.id not in chosen]
-            order = victim_order(host, now_wall)
+            order = victim_order(host, now_wall, snapshot.forecast)
             if order:
                 r = order[0]
                 why = f"level {state.level}: host memory pressure"
-                actions.append(_evict_action(r, kind, why, evidence))
+                actions.append(_evict_action(r, kind, why, evidence, snapshot.forecast))
                 chosen.add(r.id)
     return actions, state
 
@@ -208,6 +230,7 @@ def _evict_until(
     chosen: set[str],
     now_wall: float,
     projected: dict[int, float | None],
+    forecast: Forecast | None = None,
 ) -> list[Action]:
     """Victims in cost order until the GPU is projected under ``target_bytes``.
 
@@ -218,10 +241,10 @@ def _evict_until(
     out: list[Action] = []
     if used is None:
         return out
-    for r in victim_order((c for c in candidates if c.id not in chosen), now_wall):
+    for r in victim_order((c for c in candidates if c.id not in chosen), now_wall, forecast):
         if used <= target_bytes:
             break
-        out.append(_evict_action(r, kind, why, evidence))
+        out.append(_evict_action(r, kind, why, evidence, forecast))
         chosen.add(r.id)
         if r.bytes is None:
             projected[g.index] = None
@@ -232,8 +255,14 @@ def _evict_until(
 
 
 def _evict_action(
-    r: ResidentView, kind: str, why: str, evidence: dict[str, float | int | str | None]
+    r: ResidentView,
+    kind: str,
+    why: str,
+    evidence: dict[str, float | int | str | None],
+    forecast: Forecast | None = None,
 ) -> Action:
+    if forecast is not None:  # why this victim: its next use and reload cost
+        evidence = {**evidence, **forecast.why(r.name)}
     return Action(
         kind=kind,
         reason=why,

@@ -588,7 +588,12 @@ def _validate(
 
         gpu = changes.get("default_gpu", base.default_gpu)
         changes["tenants"] = parse_tenants(base, raw_tenants, gpu)
-    return dataclasses.replace(base, **changes)
+    config = dataclasses.replace(base, **changes)
+    if "eviction" in sections:  # checked now: a typo fails every command, not the first evict
+        from gpulock.core.foresight import policy_of
+
+        policy_of(config)
+    return config
 
 
 def _check_state_dir(base: Config, value: Any, file: str) -> tuple[str, Any]:

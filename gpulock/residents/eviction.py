@@ -238,7 +238,7 @@ def victim_order(
     if policy == "foresight" and len(cands) > 1:
         from gpulock.residents.foresight_inputs import gather, model_key
 
-        fc = gather(settings, cands, gpu)
+        fc = gather(settings, cands, [gpu])
         order = foresight.order(cands, model=model_key, today=today_key, forecast=fc)
     else:
         order = sorted(cands, key=today_key)

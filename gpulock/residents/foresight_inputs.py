@@ -54,16 +54,17 @@ def model_key(r: Record) -> str:
 def gather(
     settings: Settings,
     records: Sequence[Record],
-    gpu: int,
+    gpus: Iterable[int],
     *,
     now_wall: float | None = None,
     cron: bool = True,
 ) -> fs.Forecast:
-    """The forecast for ``records`` (one GPU's residents and tenant models) at ``now_wall``."""
+    """The forecast for ``records`` (residents and tenant models) at ``now_wall``; the
+    tickets waiting on ``gpus`` count as uses now."""
     now = time.time() if now_wall is None else now_wall
     past = read_past(settings.state_dir)
     uses = past.uses + [fs.Use(model_key(r), r.last_used_wall) for r in records if r.idle_known]
-    planned = waiters(settings, gpu, past.models_of, now)
+    planned = [p for gpu in gpus for p in waiters(settings, gpu, past.models_of, now)]
     if cron:
         planned += cron_plans(past.models_of, now)
     models = {model_key(r): r.bytes for r in records}

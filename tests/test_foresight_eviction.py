@@ -1,0 +1,118 @@
+"""Live eviction by foresight: real owner processes on a simulated GPU, a real ``gpulock run``
+that needs room, and the event log's history telling which model is needed soon."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from cli_helpers import REPO, Result
+from test_residents import GiB, Lab, lab  # noqa: F401 (the fixture)
+
+from gpulock.core import foresight as fs
+from gpulock.residents import foresight_inputs as fi
+
+# Registered in this order: "soon" is the least recently used, so LRU evicts it first.
+TWO = (
+    {"name": "soon", "bytes": "8GiB", "policy": "persistent"},
+    {"name": "later", "bytes": "8GiB", "policy": "persistent"},
+)
+
+
+def write_history(lab: Lab) -> None:
+    """The tagger called "soon" every 15 minutes for two hours; "later" was never called."""
+    now = time.time()
+    lines = [
+        {"ts": now - 60 - 900 * k, "event": "call", "agent": "tagger", "model": "soon"}
+        for k in range(8)
+    ]
+    lab.world.state.mkdir(parents=True, exist_ok=True)
+    with open(lab.world.state / "events.jsonl", "a") as f:
+        f.writelines(json.dumps(e) + "\n" for e in sorted(lines, key=lambda e: e["ts"]))
+
+
+@pytest.mark.parametrize(("policy", "victim"), [("foresight", "later"), ("lru", "soon")])
+def test_room_for_a_waiter_evicts_the_model_needed_last(
+    lab: Lab, policy: str, victim: str
+) -> None:
+    lab.world.config.write_text(f"eviction:\n  policy: {policy}\n")
+    lab.simulate("24GiB")
+    write_history(lab)
+    o = lab.owner("owner", *TWO)
+    assert lab.used() == 16 * GiB
+
+    r = run(lab, "run", "--need", "12GiB", "--name", "job", "--", "true")
+
+    assert r.code == 0, r.describe()
+    (e,) = lab.events("evict")  # 8 GiB free, 12 needed: one model leaves
+    assert e["name"] == victim and e["outcome"] == "freed", e
+    assert e["policy"] == policy
+    assert e["runner_up"] is not None
+    if policy == "foresight":
+        assert e["next_use_source"] == "unknown" and e["next_use_s"] is None
+        assert e["reload_s"] == pytest.approx(8.0)  # 8 GiB at 1 GiB/s: nothing measured
+    assert o.has("unloaded", victim)
+
+
+def test_a_bad_eviction_policy_is_a_clear_error_not_a_traceback(lab: Lab) -> None:
+    lab.world.config.write_text("eviction:\n  policy: belady\n")
+    r = run(lab, "run", "--need", "12GiB", "--name", "job", "--", "true")
+    assert r.code == 1
+    assert "eviction.policy" in r.stderr and "foresight, lru" in r.stderr
+    assert "gpulock.yaml:2" in r.stderr and "Traceback" not in r.stderr
+
+
+def run(lab: Lab, *args: str) -> Result:
+    # this checkout's gpulock, also where the shared environment installed another
+    return lab.cli.run(*args, env=lab.cli.env(PYTHONPATH=str(REPO)))
+
+
+# --- gathering ---------------------------------------------------------------------------------
+
+
+def test_the_past_maps_agents_to_models_and_reads_load_times() -> None:
+    past = fi.past_of(
+        [
+            {"ts": 10, "event": "call", "agent": "digest", "model": "qwen", "tier": "gpu"},
+            {"ts": 11, "event": "call", "agent": "digest", "model": "gpt", "tier": "cloud"},
+            {"ts": 12, "event": "model-load", "model": "qwen", "load_s": 4.5, "need_bytes": 9},
+            {"ts": 13, "event": "resident", "name": "tts"},
+            {"ts": "x", "event": "call", "model": "bad"},
+        ]
+    )
+    assert past.models_of == {"digest": {"qwen"}}
+    assert [u.model for u in past.uses] == ["qwen", "qwen", "tts"]
+    assert past.loads == [fs.Load("qwen", 4.5, 9)]
+
+
+CRONTAB = r"""
+SHELL=/bin/sh
+# m h dom mon dow command
+*/15 * * * * /opt/gpulock/.venv/bin/gpulock agent run tagger >> /tmp/t.log 2>&1
+0 7 * * * /opt/gpulock/.venv/bin/gpulock run --name digest --need 6GiB -- python digest.py
+30 2 * * * gpulock run --timeout 1h -- /usr/local/bin/backup-embeddings
+@hourly gpulock run --name=hourly -- true
+0 3 * * * echo not ours
+bad line gpulock
+"""
+
+
+def test_crontab_lines_that_call_gpulock_name_their_agents() -> None:
+    jobs = fi.crontab_jobs(CRONTAB)
+    assert [name for name, _ in jobs] == ["tagger", "digest", "backup-embeddings", "hourly"]
+    system = "0 7 * * * alice gpulock agent run digest\n"
+    assert [n for n, _ in fi.crontab_jobs(system, system=True)] == ["digest"]
+
+
+def test_cron_plans_map_the_next_fire_to_the_agents_models() -> None:
+    fi._cron_cache["jobs"] = (1e18, fi.crontab_jobs(CRONTAB))  # no `crontab -l` in a test
+    try:
+        now = time.mktime((2026, 3, 2, 6, 50, 0, 0, 0, -1))
+        plans = fi.cron_plans({"digest": {"qwen"}, "tagger": {"small"}}, now)
+    finally:
+        fi._cron_cache.clear()
+    got = {(p.model, p.label): p.at_wall - now for p in plans}
+    assert got == {("qwen", "digest"): 600.0, ("small", "tagger"): 600.0}
+    assert {p.source for p in plans} == {"cron"}
+
