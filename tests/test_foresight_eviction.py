@@ -7,11 +7,17 @@ import json
 import time
 
 import pytest
-from cli_helpers import REPO, Result
-from test_residents import GiB, Lab, lab  # noqa: F401 (the fixture)
+from cli_helpers import REPO, Cli, Result
+from procs import World
+from test_residents import GiB, Lab
 
 from gpulock.core import foresight as fs
 from gpulock.residents import foresight_inputs as fi
+
+@pytest.fixture
+def lab(world: World, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> Lab:
+    return Lab(world, cli, monkeypatch)
+
 
 # Registered in this order: "soon" is the least recently used, so LRU evicts it first.
 TWO = (
