@@ -14,6 +14,7 @@ from test_residents import GiB, Lab
 from gpulock.core import foresight as fs
 from gpulock.residents import foresight_inputs as fi
 
+
 @pytest.fixture
 def lab(world: World, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> Lab:
     return Lab(world, cli, monkeypatch)
@@ -39,9 +40,7 @@ def write_history(lab: Lab) -> None:
 
 
 @pytest.mark.parametrize(("policy", "victim"), [("foresight", "later"), ("lru", "soon")])
-def test_room_for_a_waiter_evicts_the_model_needed_last(
-    lab: Lab, policy: str, victim: str
-) -> None:
+def test_room_for_a_waiter_evicts_the_model_needed_last(lab: Lab, policy: str, victim: str) -> None:
     lab.world.config.write_text(f"eviction:\n  policy: {policy}\n")
     lab.simulate("24GiB")
     write_history(lab)
@@ -121,4 +120,3 @@ def test_cron_plans_map_the_next_fire_to_the_agents_models() -> None:
     got = {(p.model, p.label): p.at_wall - now for p in plans}
     assert got == {("qwen", "digest"): 600.0, ("small", "tagger"): 600.0}
     assert {p.source for p in plans} == {"cron"}
-
