@@ -285,9 +285,13 @@ def clear_gpu(
     records = (_tenant_records(settings) if tenants else []) + (
         Registry(settings, create=False).records() if residents else []
     )
+    mine = exclude_pid
+    records = [r for r in records if r.gpu == gpu and (r.tenant is not None or r.pid != mine)]
+    # All of them leave, but the deadline may cut the list: the most expendable go first.
+    order, whys = victim_order(settings, [r for r in records if r.id not in keep_ids], gpu)
+    rank = {r.id: i for i, r in enumerate(order)}
+    records.sort(key=lambda r: rank.get(r.id, -1))
     for r in records:
-        if r.gpu != gpu or (r.tenant is None and r.pid == exclude_pid):
-            continue
         if r.id in keep_ids:
             kept.append({"id": r.id, "tenant": r.tenant or "", "why": "called by this ticket"})
             continue
@@ -302,7 +306,9 @@ def clear_gpu(
             kept.append({"id": r.id, "tenant": r.tenant or "", "why": "no time left"})
             continue
         verify_s = left if r.tenant is not None else min(VERIFY_S, left)
-        res = evict(settings, r, timeout_s=left, verify_s=verify_s, reason=reason)
+        res = evict(
+            settings, r, timeout_s=left, verify_s=verify_s, reason=reason, why=whys[rank[r.id]]
+        )
         results.append(res)
         if not res.ok:
             kept.append({"id": r.id, "tenant": r.tenant or "", "why": res.outcome})
