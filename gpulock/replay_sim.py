@@ -36,7 +36,7 @@ from gpulock.lock.ticket import Ticket
 POLICIES: Final = ("lru", "keepalive", "foresight", "belady")
 LOAD_BYTES_PER_S: Final = float(fs.DISK_BYTES_PER_S)
 KEEPALIVE_S: Final = 300.0  # Ollama's default keep_alive
-HISTORY_PER_MODEL: Final = 64  # uses foresight is shown per model (the live log tail is bounded)
+HISTORY_PER_USER: Final = 64  # uses foresight is shown per (model, agent): the live log is bounded
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +101,7 @@ class _Sim:
     line: list[tuple[Ticket, Arrival]] = field(default_factory=list)  # tickets in seq order
     ends: list[tuple[float, int]] = field(default_factory=list)  # heap: (end time, seq)
     resident: dict[str, _Model] = field(default_factory=dict)
-    history: dict[str, deque[float]] = field(default_factory=dict)
+    history: dict[str, dict[str, deque[float]]] = field(default_factory=dict)  # model, agent
     future: dict[str, deque[float]] = field(default_factory=dict)  # belady: arrival times
     loads: int = 0
     loaded_bytes: int = 0
@@ -182,7 +182,8 @@ class _Sim:
             m.last_used_s = self.now
             if self.policy == "belady":  # FIFO: this is the model's earliest unstarted arrival
                 self.future[a.model].popleft()
-            self.history.setdefault(a.model, deque(maxlen=HISTORY_PER_MODEL)).append(self.now)
+            mine = self.history.setdefault(a.model, {})
+            mine.setdefault(a.name, deque(maxlen=HISTORY_PER_USER)).append(self.now)
         elif exclusive:
             self._evict_all(keep="")
         wait = self.now + load - a.time_s
@@ -257,7 +258,12 @@ class _Sim:
             for t, a in self.line
             if not t.holding and a.model and t.seq != waiting
         ]
-        uses = [fs.Use(n, at) for n in names for at in self.history.get(n, ())]
+        uses = [
+            fs.Use(n, at, by)
+            for n in names
+            for by, times in self.history.get(n, {}).items()
+            for at in times
+        ]
         sizes = {n: self.resident[n].bytes for n in names}
         loads = [fs.Load(n, s) for n, s in self.load_s_of.items() if n in sizes]
         return fs.forecast(sizes, planned, uses, loads, self.now)

@@ -74,10 +74,13 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Use:
-    """One past use of ``model`` (a call, a load, a ticket that asked for it)."""
+    """One past use of ``model`` (a call, a load, a ticket that asked for it), by ``by`` (the
+    agent or ticket name; ``""``: unknown).  Rhythms are an agent's: a model shared by a
+    15-minute tagger and an hourly digest has no rhythm of its own, but each user has one."""
 
     model: str
     at_wall: float
+    by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,19 +196,19 @@ def next_uses(
     for p in planned:
         if p.model in wanted and p.at_wall >= now_wall - BURST_S:
             plans.setdefault(p.model, []).append(p)
-    past: dict[str, list[float]] = {}
+    past: dict[str, dict[str, list[float]]] = {}
     for u in history:
         if u.model in wanted and u.at_wall <= now_wall:
-            past.setdefault(u.model, []).append(u.at_wall)
+            past.setdefault(u.model, {}).setdefault(u.by, []).append(u.at_wall)
     return {
-        m: _next_use(m, plans.get(m, ()), past.get(m, ()), now_wall, utc_offset_s) for m in wanted
+        m: _next_use(m, plans.get(m, ()), past.get(m, {}), now_wall, utc_offset_s) for m in wanted
     }
 
 
 def _next_use(
     model: str,
     plans: Sequence[Planned],
-    past: Sequence[float],
+    past: Mapping[str, Sequence[float]],
     now: float,
     utc_offset_s: float,
 ) -> NextUse:
@@ -213,7 +216,11 @@ def _next_use(
         NextUse(model, max(p.at_wall, now), min(max(p.confidence, 0.0), 1.0), p.source, p.label)
         for p in plans
     ]
-    found += _from_history(model, past, now, utc_offset_s)
+    for by, times in past.items():  # each user's rhythm
+        found += _from_history(model, times, now, utc_offset_s, by)
+    if len(past) > 1 and not any(f.confidence >= SURE for f in found):
+        merged = [t for times in past.values() for t in times]
+        found += _from_history(model, merged, now, utc_offset_s)
     if not found:
         return NextUse(model, None, 0.0, UNKNOWN_SOURCE)
     sure = [f for f in found if f.confidence >= SURE]
@@ -234,7 +241,7 @@ def sessions(times: Iterable[float]) -> list[float]:
 
 
 def _from_history(
-    model: str, past: Sequence[float], now: float, utc_offset_s: float
+    model: str, past: Sequence[float], now: float, utc_offset_s: float, by: str = ""
 ) -> list[NextUse]:
     starts = sessions(past)
     if len(starts) < 2:
@@ -255,38 +262,53 @@ def _from_history(
                 at = now
             else:
                 at = last + period * math.ceil(late / period)
-            out.append(NextUse(model, at, 0.9 - 3 * spread, "rhythm"))
+            out.append(NextUse(model, at, 0.9 - 3 * spread, "rhythm", by))
     tod = _time_of_day(starts, now, utc_offset_s)
     if tod is not None:
-        out.append(NextUse(model, tod, 0.6, "time-of-day"))
+        out.append(NextUse(model, tod, 0.6, "time-of-day", by))
     mean_gap = (last - starts[0]) / (len(starts) - 1)
     at = last + mean_gap
     if at < now:
         at = now + mean_gap
-    out.append(NextUse(model, at, 0.2, "history"))
+    out.append(NextUse(model, at, 0.2, "history", by))
     return out
 
 
 def _time_of_day(starts: Sequence[float], now: float, utc_offset_s: float) -> float | None:
-    """The next local time of day at which sessions began on two or more distinct days."""
-    local = [(t + utc_offset_s) for t in starts]
-    days = [int(t // DAY_S) for t in local]
-    tods = [t % DAY_S for t in local]
-    best: float | None = None
+    """The next local time of day at which sessions began on two or more distinct days.
+
+    Linear: sessions fall into ``TOD_WINDOW_S`` slots of the day; a slot counts the days of
+    its own sessions and of its two neighbours (so "within 15 minutes" is at most 30 apart).
+    """
+    slots = int(DAY_S // TOD_WINDOW_S)
+    days: dict[int, set[int]] = {}
+    first: dict[int, float] = {}  # slot -> the earliest time of day seen in it
+    for t in starts:
+        day, tod = divmod(t + utc_offset_s, DAY_S)
+        slot = int(tod // TOD_WINDOW_S)
+        if slot in days:
+            days[slot].add(int(day))
+            if tod < first[slot]:
+                first[slot] = tod
+        else:
+            days[slot] = {int(day)}
+            first[slot] = tod
     now_local = now + utc_offset_s
     today = math.floor(now_local / DAY_S) * DAY_S
-    for tod in tods:
-        near = {
-            days[j]
-            for j, other in enumerate(tods)
-            if min(abs(other - tod), DAY_S - abs(other - tod)) <= TOD_WINDOW_S
-        }
-        if len(near) < 2:
-            continue
+    best: float | None = None
+    empty: set[int] = set()
+    for slot, tod in first.items():
+        own = days[slot]
+        if len(own) < 2:
+            before = days.get((slot - 1) % slots, empty)
+            after = days.get((slot + 1) % slots, empty)
+            if not (before or after) or len(own | before | after) < 2:
+                continue
         at = today + tod
         if at < now_local - BURST_S:
             at += DAY_S
-        at = max(at, now_local)
+        if at < now_local:
+            at = now_local
         if best is None or at < best:
             best = at
     return None if best is None else best - utc_offset_s

@@ -92,8 +92,9 @@ def past_of(events: Iterable[dict[str, Any]]) -> Past:
         if not isinstance(ts, int | float):
             continue
         if kind == "call" and isinstance(e.get("model"), str) and e.get("tier") != "cloud":
-            uses.append(fs.Use(e["model"], float(ts)))
-            if isinstance(e.get("agent"), str) and e["agent"]:
+            by = e["agent"] if isinstance(e.get("agent"), str) else ""
+            uses.append(fs.Use(e["model"], float(ts), by))
+            if by:
                 models_of.setdefault(e["agent"], set()).add(e["model"])
         elif kind == "resident" and isinstance(e.get("name"), str):
             uses.append(fs.Use(e["name"], float(ts)))
