@@ -233,3 +233,56 @@ def test_a_bad_eviction_policy_names_the_file_line_and_key(text: str, key: str, 
     assert e.value.key == key
     assert e.value.line in (1, 2)
     assert words in str(e.value) and "config.yaml" in str(e.value)
+
+
+def test_each_agent_keeps_its_own_rhythm_on_a_shared_model() -> None:
+    # the tagger every 15 minutes (last 10 min ago), the digest every 50 (last 47 min ago)
+    past = [fs.Use("m", NOW - 600 - 900 * k, "tagger") for k in range(6)]
+    past += [fs.Use("m", NOW - 2820 - 3000 * k, "digest") for k in range(4)]
+    nu = one("m", history=past)
+    assert (nu.source, nu.label) == ("rhythm", "digest")  # due in 3 min, the tagger in 5
+    assert nu.at_wall == pytest.approx(NOW + 180)
+    merged = one("m", history=[fs.Use(u.model, u.at_wall) for u in past])
+    assert merged.source != "rhythm"  # together they have none
+
+
+# --- crontab schedules ----------------------------------------------------------------------
+
+
+def local(y: int, mo: int, d: int, h: int, mi: int) -> float:
+    import time
+
+    return time.mktime((y, mo, d, h, mi, 0, 0, 0, -1))
+
+
+@pytest.mark.parametrize(
+    ("expr", "after", "fire"),
+    [
+        ("*/15 * * * *", (2026, 3, 2, 6, 50), (2026, 3, 2, 7, 0)),
+        ("0 7 * * *", (2026, 3, 2, 7, 0), (2026, 3, 3, 7, 0)),  # strictly after
+        ("30 2 * * 1-5", (2026, 3, 6, 3, 0), (2026, 3, 9, 2, 30)),  # Friday -> Monday
+        ("0 9 1 * mon", (2026, 3, 2, 10, 0), (2026, 3, 9, 9, 0)),  # day OR weekday
+        ("@daily", (2026, 12, 31, 23, 59), (2027, 1, 1, 0, 0)),
+        ("0 0 29 feb *", (2026, 3, 1, 0, 0), (2028, 2, 29, 0, 0)),
+        ("0 12 * * 7", (2026, 3, 2, 0, 0), (2026, 3, 8, 12, 0)),  # 7 is Sunday too
+    ],
+)
+def test_cron_next_fire(expr: str, after: tuple[int, ...], fire: tuple[int, ...]) -> None:
+    from gpulock.core import cronexpr
+
+    got = cronexpr.parse(expr).next_fire(local(*after))
+    if fire[0] == 2028:
+        assert got is None  # beyond a year: as good as never
+    else:
+        assert got == local(*fire)
+
+
+@pytest.mark.parametrize(
+    ("expr", "words"),
+    [("* * * *", "five fields"), ("61 * * * *", "minute"), ("* * * foo *", "month")],
+)
+def test_a_bad_cron_expression_names_the_field(expr: str, words: str) -> None:
+    from gpulock.core import cronexpr
+
+    with pytest.raises(ValueError, match=words):
+        cronexpr.parse(expr)
