@@ -120,3 +120,20 @@ def test_cron_plans_map_the_next_fire_to_the_agents_models() -> None:
     got = {(p.model, p.label): p.at_wall - now for p in plans}
     assert got == {("qwen", "digest"): 600.0, ("small", "tagger"): 600.0}
     assert {p.source for p in plans} == {"cron"}
+
+
+def test_status_shows_each_residents_predicted_next_use(lab: Lab) -> None:
+    lab.simulate("24GiB")
+    write_history(lab)
+    lab.owner("owner", *TWO)
+    r = run(lab, "status", "--json")
+    assert r.code == 0, r.describe()
+    got = {x["name"]: x for x in json.loads(r.stdout)["residents"]}
+    assert got["soon"]["next_use_source"] == "rhythm" and got["soon"]["next_use_by"] == "tagger"
+    assert got["soon"]["next_use"] > time.time()
+    assert got["later"]["next_use"] is None and got["later"]["next_use_source"] == "unknown"
+    r = run(lab, "status")
+    assert r.code == 0, r.describe()
+    line = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("soon"))
+    assert line.endswith("(tagger, rhythm)") and " ~" in line
+    assert "NEXT USE" in r.stdout
