@@ -350,15 +350,11 @@ def _say(kind: str, text: str) -> None:
 
 def _dispatch(argv: list[str]) -> int:
     builtin = {"run", "status", "break", "history", "heartbeat", "evict", "tenants", "help"}
-    if argv and argv[0] == "replay":  # its own module, loaded only when it runs
-        from gpulock.replay import main as replay_main
-
-        return replay_main(argv[1:])
-    if argv and not argv[0].startswith("-") and argv[0] not in builtin | {"replay"}:
+    if argv and not argv[0].startswith("-") and argv[0] not in builtin:
         plugins = _plugins()
         plugin = plugins.get(argv[0])
         if plugin is None:
-            known = sorted(builtin | {"replay"} | set(plugins))
+            known = sorted(builtin | set(plugins))
             raise UsageError(f"unknown command {argv[0]!r}", hint="commands: " + ", ".join(known))
         func: Callable[[list[str]], int] = plugin.load()
         return func(argv[1:])

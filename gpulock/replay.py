@@ -346,3 +346,7 @@ def _chart(rows: Sequence[Row], title: str, value: Any) -> str:
         out.append(f'<text x="{w - pad - 60}" y="{30 + 14 * i}" fill="{color}">{p}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+if __name__ == "__main__":  # python -m gpulock.replay: before the entry point is installed
+    raise SystemExit(main())

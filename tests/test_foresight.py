@@ -229,7 +229,7 @@ def test_eviction_policy_default_and_choices() -> None:
 )
 def test_a_bad_eviction_policy_names_the_file_line_and_key(text: str, key: str, words: str) -> None:
     with pytest.raises(ConfigError) as e:
-        parse_config(text, "/etc/gpulock/config.yaml")
+        fs.policy_of(parse_config(text, "/etc/gpulock/config.yaml"))
     assert e.value.key == key
     assert e.value.line in (1, 2)
     assert words in str(e.value) and "config.yaml" in str(e.value)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -128,8 +129,18 @@ def test_a_malformed_trace_line_names_the_file_line_and_field(text: str, where: 
 
 
 def run(cli: Cli, *args: str) -> tuple[int, str, str]:
-    r = cli.run("replay", *args, env=cli.env(PYTHONPATH=str(REPO)))
+    # `python -m gpulock.replay` is `gpulock replay` (an entry point of this checkout's
+    # pyproject.toml), run from this checkout also where another copy is installed
+    argv0 = (sys.executable, "-m", "gpulock.replay")
+    r = cli.run(*args, env=cli.env(PYTHONPATH=str(REPO)), argv0=argv0)
     return r.code, r.stdout, r.stderr
+
+
+def test_replay_is_a_gpulock_command() -> None:
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["gpulock.commands"]["replay"] == "gpulock.replay:main"
 
 
 def test_replay_a_trace_from_the_cli_json_and_html(cli: Cli, tmp_path: Path) -> None:

@@ -275,7 +275,12 @@ def load_config(explicit: str | None = None, environ: Mapping[str, str] | None =
         raise ConfigError(
             "is not UTF-8 text", file=str(path), line=raw[: exc.start].count(b"\n") + 1
         ) from None
-    return parse_config(text, str(path))
+    config = parse_config(text, str(path))
+    if config.section("eviction") is not None:  # a typo fails every command, not the first evict
+        from gpulock.core.foresight import policy_of
+
+        policy_of(config)
+    return config
 
 
 MAX_CONFIG_BYTES: Final = 16 * 1024 * 1024  # a config is a few KiB; past this it is a mistake
@@ -588,12 +593,7 @@ def _validate(
 
         gpu = changes.get("default_gpu", base.default_gpu)
         changes["tenants"] = parse_tenants(base, raw_tenants, gpu)
-    config = dataclasses.replace(base, **changes)
-    if "eviction" in sections:  # checked now: a typo fails every command, not the first evict
-        from gpulock.core.foresight import policy_of
-
-        policy_of(config)
-    return config
+    return dataclasses.replace(base, **changes)
 
 
 def _check_state_dir(base: Config, value: Any, file: str) -> tuple[str, Any]:

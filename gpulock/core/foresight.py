@@ -36,10 +36,17 @@ import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from gpulock.core.config import Config
+
+class ConfigLike(Protocol):
+    """What ``policy_of`` reads of ``gpulock.core.config.Config`` (which imports this module
+    to check the key when a file is loaded: no import back)."""
+
+    def section(self, name: str) -> Any: ...
+
+    def error(self, key: str, problem: str, hint: str | None = None) -> Exception: ...
+
 
 __all__ = [
     "POLICIES",
@@ -393,7 +400,7 @@ def order(
     return sorted(cands, key=lambda x: (-forecast.score(model(x)), today(x)))
 
 
-def policy_of(config: Config) -> str:
+def policy_of(config: ConfigLike) -> str:
     """``eviction.policy`` from the config (``foresight`` or ``lru``), validated."""
     section = config.section("eviction")
     if section is None:
