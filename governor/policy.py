@@ -204,7 +204,8 @@ def decide(
             if order:
                 r = order[0]
                 why = f"level {state.level}: host memory pressure"
-                actions.append(_evict_action(r, kind, why, evidence, snapshot.forecast))
+                runner_up = order[1].id if len(order) > 1 else None
+                actions.append(_evict_action(r, kind, why, evidence, snapshot.forecast, runner_up))
                 chosen.add(r.id)
     return actions, state
 
@@ -241,10 +242,12 @@ def _evict_until(
     out: list[Action] = []
     if used is None:
         return out
-    for r in victim_order((c for c in candidates if c.id not in chosen), now_wall, forecast):
+    order = victim_order((c for c in candidates if c.id not in chosen), now_wall, forecast)
+    for i, r in enumerate(order):
         if used <= target_bytes:
             break
-        out.append(_evict_action(r, kind, why, evidence, forecast))
+        runner_up = order[i + 1].id if i + 1 < len(order) else None
+        out.append(_evict_action(r, kind, why, evidence, forecast, runner_up))
         chosen.add(r.id)
         if r.bytes is None:
             projected[g.index] = None
@@ -260,9 +263,10 @@ def _evict_action(
     why: str,
     evidence: dict[str, float | int | str | None],
     forecast: Forecast | None = None,
+    runner_up: str | None = None,
 ) -> Action:
-    if forecast is not None:  # why this victim: its next use and reload cost
-        evidence = {**evidence, **forecast.why(r.name)}
+    if forecast is not None:  # why this victim: its next use and reload cost, and who was next
+        evidence = {**evidence, **forecast.why(r.name), "runner_up": runner_up}
     return Action(
         kind=kind,
         reason=why,
