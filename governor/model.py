@@ -87,6 +87,7 @@ class GovernorConfig:
     schedule: tuple[ScheduleWindow, ...] = ()
     min_idle_s: float = 600.0
     hysteresis: float = 0.05
+    evict_unneeded: bool = False  # tight memory: persistent models not needed for long leave
     # governor ladder
     samples: int = 3  # a signal over its threshold this many passes in a row climbs a step
     cooldown_s: float = 300.0  # every signal clear this long walks a step down

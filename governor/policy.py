@@ -174,6 +174,12 @@ def decide(
             snapshot.forecast,
         )
 
+    # Keep-alive the other way (watchdog.evict_unneeded): memory is tight (within the
+    # hysteresis under the threshold) and a persistent model is not expected for much longer
+    # than its reload takes: it leaves now, before the threshold forces a worse choice.
+    if config.evict_unneeded and snapshot.forecast is not None:
+        actions += _unneeded(snapshot, config, limit, evidence, chosen, now_wall, projected)
+
     # The ladder's own evictions, from evict-idle up.
     rank = LEVELS.index(state.level)
     if rank >= LEVELS.index("evict-idle"):
@@ -208,6 +214,43 @@ def decide(
                 actions.append(_evict_action(r, kind, why, evidence, snapshot.forecast, runner_up))
                 chosen.add(r.id)
     return actions, state
+
+
+def _unneeded(
+    snapshot: Snapshot,
+    config: GovernorConfig,
+    limit: float,
+    evidence: dict[str, float | int | str | None],
+    chosen: set[str],
+    now_wall: float,
+    projected: dict[int, float | None],
+) -> list[Action]:
+    fc = snapshot.forecast
+    assert fc is not None
+    out: list[Action] = []
+    for g in snapshot.gpus:
+        used = projected.get(g.index)
+        if used is None or not g.total_bytes:
+            continue
+        floor = (limit - config.hysteresis) * g.total_bytes
+        if not floor < used <= limit * g.total_bytes:
+            continue
+        cands = [
+            r
+            for r in _candidates(snapshot, g.index, force=False)
+            if r.policy == "persistent"
+            and now_wall - r.last_used_wall
+            >= (config.min_idle_s if r.min_idle_s is None else r.min_idle_s)
+            and fc.unneeded(r.name)
+        ]
+        why = (
+            f"gpu{g.index} {_pct(used / g.total_bytes)} used, within {_pct(config.hysteresis)} "
+            f"of the {_pct(limit)} threshold: no use expected for 10x its reload time"
+        )
+        out += _evict_until(
+            g, floor, cands, "evict", why, evidence, chosen, now_wall, projected, fc
+        )
+    return out
 
 
 def _candidates(snapshot: Snapshot, gpu: int | None, *, force: bool) -> list[ResidentView]:

@@ -51,3 +51,54 @@ def test_with_a_forecast_the_model_needed_last_goes_and_the_evidence_says_why() 
     assert name == "chat"
     assert evidence["next_use_source"] == "unknown" and evidence["next_use_s"] is None
     assert evidence["runner_up"] == "1-digest-model"
+
+
+def tight(forecast: fs.Forecast | None, *, evict_unneeded: bool) -> list[str | None]:
+    # 19 of 24 GiB: under the 80 % threshold, within its 5 % hysteresis
+    snap = Snapshot(
+        now_wall=NOW, local_minutes=600, gpus=(GpuSignals(0, 24 * GiB, 19 * GiB),),
+        residents=(view("digest-model", 3600), view("chat", 900)), forecast=forecast,
+    )  # fmt: skip
+    config = GovernorConfig(
+        threshold=0.8, min_idle_s=60, samples=100, evict_unneeded=evict_unneeded
+    )
+    actions, _ = decide(snap, State(), config, NOW)
+    return [a.name for a in actions if a.kind == "evict"]
+
+
+SOON_AND_NEVER = fs.Forecast(
+    NOW,
+    {
+        "digest-model": fs.NextUse("digest-model", NOW + 120, 0.95, "cron", "digest"),
+        "chat": fs.NextUse("chat", None, 0.0, "unknown"),
+    },
+    {"digest-model": fs.ReloadCost(30.0, "measured")},
+)
+
+
+def test_evict_unneeded_takes_a_model_no_one_expects_when_memory_is_tight() -> None:
+    assert tight(SOON_AND_NEVER, evict_unneeded=True) == ["chat"]
+    assert tight(SOON_AND_NEVER, evict_unneeded=False) == []  # the default
+    assert tight(None, evict_unneeded=True) == []  # no forecast (policy lru): no evidence
+
+
+def test_a_model_needed_within_ten_reloads_is_kept() -> None:
+    fc = fs.Forecast(
+        NOW,
+        {n: fs.NextUse(n, NOW + 200, 1.0, "rhythm") for n in ("digest-model", "chat")},
+        {n: fs.ReloadCost(30.0, "measured") for n in ("digest-model", "chat")},
+    )
+    assert tight(fc, evict_unneeded=True) == []
+
+
+def test_evict_unneeded_is_a_boolean_in_the_watchdog_section() -> None:
+    import pytest
+
+    from governor.config import load
+    from gpulock.core.config import parse_config
+    from gpulock.core.errors import ConfigError
+
+    assert load(parse_config("watchdog:\n  evict_unneeded: true\n", "c.yaml")).evict_unneeded
+    assert not load(parse_config("", "c.yaml")).evict_unneeded
+    with pytest.raises(ConfigError, match=r"watchdog\.evict_unneeded"):
+        load(parse_config("watchdog:\n  evict_unneeded: yes please\n", "c.yaml"))

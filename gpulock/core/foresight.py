@@ -75,6 +75,7 @@ DISK_BYTES_PER_S: Final = 1024**3  # a cold read and upload, when nothing was ev
 CACHED_BYTES_PER_S: Final = 8 * 1024**3  # from the page cache
 DEFAULT_RELOAD_S: Final = 10.0  # a model of unknown size
 MIN_RELOAD_S: Final = 0.1
+UNNEEDED_FACTOR: Final = 10.0  # "much longer than its reload time"
 
 T = TypeVar("T")
 
@@ -160,6 +161,17 @@ class Forecast:
         rc = self.reload.get(model)
         cost = rc.seconds if rc is not None else DEFAULT_RELOAD_S
         return distance / max(cost, MIN_RELOAD_S)
+
+    def unneeded(self, model: str, factor: float = UNNEEDED_FACTOR) -> bool:
+        """No use expected within ``factor`` times its reload time (or none at all): keeping
+        it loaded saves less than the memory it holds costs the others."""
+        nu = self.next.get(model)
+        if nu is None or nu.at_wall is None or nu.confidence <= 0:
+            return True
+        rc = self.reload.get(model)
+        cost = rc.seconds if rc is not None else DEFAULT_RELOAD_S
+        distance = max(nu.at_wall - self.now_wall, 0.0) / max(nu.confidence, 0.05)
+        return distance >= factor * max(cost, MIN_RELOAD_S)
 
     def why(self, model: str) -> dict[str, Any]:
         """The evidence for an ``evict`` event: next use, its source, the reload cost."""
