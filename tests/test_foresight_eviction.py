@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 from cli_helpers import REPO, Cli, Result
@@ -137,3 +138,44 @@ def test_status_shows_each_residents_predicted_next_use(lab: Lab) -> None:
     line = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("soon"))
     assert line.endswith("(tagger, rhythm)") and " ~" in line
     assert "NEXT USE" in r.stdout
+
+
+def call(ts: float, model: str, agent: str = "tagger") -> bytes:
+    return (json.dumps({"ts": ts, "event": "call", "agent": agent, "model": model}) + "\n").encode()
+
+
+def test_the_past_is_read_once_and_kept_in_a_digest(tmp_path: Path) -> None:
+    log = tmp_path / "events.jsonl"
+    log.write_bytes(call(100, "a") + call(200, "a") + b'{"ts": 250, "event": "call", "mo')
+    past = fi.read_past(tmp_path)
+    assert [u.at_wall for u in past.uses] == [100, 200]  # the half-written line waits
+    assert (tmp_path / fi.DIGEST_NAME).exists()
+    # Only what was written since is parsed: garbage in place of the old lines changes nothing
+    old = log.read_bytes()
+    cut = old.rfind(b"\n") + 1
+    log.write_bytes(b"x" * (cut - 1) + b"\n" + old[cut:] + b'del": "a"}\n' + call(300, "b"))
+    past = fi.read_past(tmp_path)
+    assert sorted((u.model, u.at_wall) for u in past.uses) == [
+        ("a", 100), ("a", 200), ("a", 250), ("b", 300),
+    ]  # fmt: skip
+    assert past.models_of == {"tagger": {"a", "b"}}
+    # the log rotates: the rest of the old generation, then the new one
+    with open(log, "ab") as f:
+        f.write(call(400, "b"))
+    log.rename(tmp_path / "events.jsonl.1")
+    log.write_bytes(call(500, "c"))
+    past = fi.read_past(tmp_path)
+    assert sorted(u.at_wall for u in past.uses) == [100, 200, 250, 300, 400, 500]
+
+
+def test_a_broken_digest_is_rebuilt_from_the_log(tmp_path: Path) -> None:
+    (tmp_path / "events.jsonl").write_bytes(call(100, "a") + call(200, "a"))
+    (tmp_path / fi.DIGEST_NAME).write_text('{"format": "gpulock.foresight-past/1", "uses": 3}')
+    assert len(fi.read_past(tmp_path).uses) == 2
+    assert len(fi.read_past(tmp_path).uses) == 2  # and again, from the rewritten digest
+
+
+def test_only_the_recent_past_is_kept_per_model_and_agent(tmp_path: Path) -> None:
+    (tmp_path / "events.jsonl").write_bytes(b"".join(call(t, "a") for t in range(500)))
+    past = fi.read_past(tmp_path)
+    assert [u.at_wall for u in past.uses] == list(range(500 - fi.KEEP_PER_USER, 500))

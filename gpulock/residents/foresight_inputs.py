@@ -18,6 +18,7 @@ Every source is optional: a part that cannot be read adds nothing, never an erro
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -27,13 +28,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from gpulock.core import cronexpr, safejson
+from gpulock.core import cronexpr, safejson, state
 from gpulock.core import foresight as fs
+from gpulock.core.errors import StateDirError
 from gpulock.core.events import LOG_NAME
 from gpulock.core.settings import Settings
 from gpulock.residents.registry import Record
 
-HISTORY_BYTES: Final = 4 * 1024**2  # the log's tail read per decision: bounded cost
+HISTORY_BYTES: Final = 4 * 1024**2  # the most of the log read at once: bounded cost
+DIGEST_NAME: Final = "foresight-past.json"
+DIGEST_FORMAT: Final = "gpulock.foresight-past/1"
+DIGEST_MAX_BYTES: Final = 8 * 1024**2
+KEEP_PER_USER: Final = 64  # uses kept per (model, agent): enough for a rhythm and a day's
+KEEP_LOADS: Final = 16  # load times kept per model
 CRON_D: Final = Path("/etc/cron.d")
 CRON_CACHE_S: Final = 60.0  # the crontab changes rarely; `crontab -l` is a process per read
 _cron_cache: dict[str, tuple[float, list[tuple[str, cronexpr.Cron]]]] = {}
@@ -62,7 +69,7 @@ def gather(
     """The forecast for ``records`` (residents and tenant models) at ``now_wall``; the
     tickets waiting on ``gpus`` count as uses now."""
     now = time.time() if now_wall is None else now_wall
-    past = read_past(settings.state_dir)
+    past = read_past(settings.state_dir, mode=settings.file_mode)
     uses = past.uses + [fs.Use(model_key(r), r.last_used_wall) for r in records if r.idle_known]
     planned = [p for gpu in gpus for p in waiters(settings, gpu, past.models_of, now)]
     if cron:
@@ -77,9 +84,63 @@ def local_offset_s(now_wall: float) -> int:
     return time.localtime(now_wall).tm_gmtoff
 
 
-def read_past(state_dir: Path) -> Past:
-    """Uses, loads and who-calls-what from the tail of the event log."""
-    return past_of(_tail_events(state_dir / LOG_NAME, HISTORY_BYTES))
+def read_past(state_dir: Path, *, mode: int = 0o600) -> Past:
+    """Uses, loads and who-calls-what from the event log, kept in a digest.
+
+    The digest (``foresight-past.json`` in the state folder) holds what the log said up to a
+    byte offset, trimmed to the recent past (``KEEP_PER_USER`` uses per model and agent);
+    each reader parses only the lines written since and writes the digest back.  So a
+    decision costs the same after a month as after an hour.  A digest that does not match
+    the log (rotated past it, truncated, unreadable) is rebuilt from the log's last
+    ``HISTORY_BYTES``.
+    """
+    log = state_dir / LOG_NAME
+    digest = _load_digest(state_dir / DIGEST_NAME)
+    try:
+        st = os.stat(log, follow_symlinks=False)
+    except OSError:
+        return digest[0] if digest is not None else Past([], [], {})
+    chunks: list[bytes] | None = None
+    past = Past([], [], {})
+    if digest is not None:
+        past, inode, offset = digest
+        if inode == st.st_ino and 0 <= st.st_size - offset <= HISTORY_BYTES:
+            chunks = [_read_range(log, offset, st.st_size)]
+        else:
+            rotated = log.with_name(LOG_NAME + ".1")
+            try:
+                old = os.stat(rotated, follow_symlinks=False)
+            except OSError:
+                old = None
+            fits = old is not None and old.st_size - offset + st.st_size <= HISTORY_BYTES
+            if old is not None and old.st_ino == inode and fits:
+                chunks = [
+                    _read_range(rotated, offset, old.st_size),
+                    _read_range(log, 0, st.st_size),
+                ]
+    if chunks is None:  # no digest, or one that does not match: the log's tail
+        past = Past([], [], {})
+        tail = b""
+        try:
+            tail = state.read_tail(log, HISTORY_BYTES) or b""
+        except (OSError, StateDirError):
+            pass
+        chunks = [tail]
+        start = st.st_size - len(tail)
+    else:
+        start = st.st_size - len(chunks[-1])
+    data = chunks[-1]
+    done = data.rfind(b"\n") + 1  # a line still being written is read next time
+    text = b"".join(chunks[:-1]) + data[:done]
+    new = past_of(_events(text))
+    both = {
+        a: past.models_of.get(a, set()) | new.models_of.get(a, set())
+        for a in {*past.models_of, *new.models_of}
+    }
+    merged = _trim(Past(past.uses + new.uses, past.loads + new.loads, both))
+    if text or digest is None:
+        _save_digest(state_dir / DIGEST_NAME, merged, st.st_ino, start + done, mode)
+    return merged
 
 
 def past_of(events: Iterable[dict[str, Any]]) -> Past:
@@ -107,30 +168,36 @@ def past_of(events: Iterable[dict[str, Any]]) -> Past:
     return Past(uses, loads, models_of)
 
 
-def _tail_events(path: Path, limit: int) -> list[dict[str, Any]]:
-    """The events in the last ``limit`` bytes of the log (and of its rotated generation)."""
-    out: list[dict[str, Any]] = []
-    left = limit
-    chunks: list[bytes] = []
-    for p in (path, path.with_name(path.name + ".1")):
-        if left <= 0:
-            break
-        try:
-            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
+def _read_range(path: Path, start: int, end: int) -> bytes:
+    """Bytes ``start:end`` of a log (b"" when it cannot be read: a symlink, a FIFO, gone)."""
+    try:
+        fd = state.open_regular(path, os.O_RDONLY)
+    except (OSError, StateDirError):
+        return b""
+    try:
+        chunks = []
+        while start < end:
+            chunk = os.pread(fd, min(end - start, 1 << 20), start)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            start += len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+_KINDS: Final = (b'"call"', b'"model-load"', b'"resident"')
+
+
+def _events(data: bytes) -> list[dict[str, Any]]:
+    """The events foresight reads among ``data``'s lines (the others are not even parsed)."""
+    out = []
+    for raw in data.splitlines():
+        if not any(k in raw for k in _KINDS):
             continue
-        try:
-            size = os.fstat(fd).st_size
-            start = max(size - left, 0)
-            os.lseek(fd, start, os.SEEK_SET)
-            data = os.read(fd, size - start)
-        finally:
-            os.close(fd)
-        if start > 0:
-            data = data.split(b"\n", 1)[1] if b"\n" in data else b""
-        chunks.insert(0, data)
-        left -= len(data)
-    for raw in b"".join(chunks).splitlines():
         try:
             rec = safejson.loads(raw)
         except ValueError:
@@ -138,6 +205,69 @@ def _tail_events(path: Path, limit: int) -> list[dict[str, Any]]:
         if isinstance(rec, dict):
             out.append(rec)
     return out
+
+
+def _trim(past: Past) -> Past:
+    """The recent past only: ``KEEP_PER_USER`` uses per (model, agent), ``KEEP_LOADS`` loads
+    per model."""
+    by_user: dict[tuple[str, str], list[fs.Use]] = {}
+    for u in past.uses:
+        by_user.setdefault((u.model, u.by), []).append(u)
+    uses = [
+        u for group in by_user.values()
+        for u in sorted(group, key=lambda u: u.at_wall)[-KEEP_PER_USER:]
+    ]  # fmt: skip
+    by_model: dict[str, list[fs.Load]] = {}
+    for ld in past.loads:
+        by_model.setdefault(ld.model, []).append(ld)
+    loads = [ld for group in by_model.values() for ld in group[-KEEP_LOADS:]]
+    return Past(uses, loads, past.models_of)
+
+
+def _load_digest(path: Path) -> tuple[Past, int, int] | None:
+    """(the past, the log's inode, the offset it covers), or None when missing or malformed."""
+    try:
+        raw = state.read_small(path, DIGEST_MAX_BYTES)
+        doc = safejson.loads(raw) if raw is not None else None
+    except (OSError, StateDirError, ValueError):
+        return None
+    try:
+        assert isinstance(doc, dict) and doc.get("format") == DIGEST_FORMAT
+        inode, offset = doc["inode"], doc["offset"]
+        assert isinstance(inode, int) and isinstance(offset, int) and offset >= 0
+        uses = [
+            fs.Use(str(m), float(t), str(b))
+            for m, users in doc["uses"].items()
+            for b, times in users.items()
+            for t in times
+        ]
+        loads = [
+            fs.Load(str(m), float(s), int(b) if b is not None else None) for m, s, b in doc["loads"]
+        ]
+        models_of = {str(a): {str(m) for m in ms} for a, ms in doc["models_of"].items()}
+    except (AssertionError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return Past(uses, loads, models_of), inode, offset
+
+
+def _save_digest(path: Path, past: Past, inode: int, offset: int, mode: int) -> None:
+    # Grouped, times in whole seconds: the digest is read before every decision, and a
+    # list of bare numbers is the cheapest JSON to check and parse.
+    uses: dict[str, dict[str, list[int]]] = {}
+    for u in past.uses:
+        uses.setdefault(u.model, {}).setdefault(u.by, []).append(round(u.at_wall))
+    doc = {
+        "format": DIGEST_FORMAT,
+        "inode": inode,
+        "offset": offset,
+        "uses": uses,
+        "loads": [[ld.model, ld.load_s, ld.bytes] for ld in past.loads],
+        "models_of": {a: sorted(ms) for a, ms in past.models_of.items()},
+    }
+    try:
+        state.atomic_write(path, json.dumps(doc, separators=(",", ":")).encode(), mode=mode)
+    except (OSError, StateDirError):
+        pass  # a reader that may not write (another user's folder) still decides
 
 
 def waiters(
