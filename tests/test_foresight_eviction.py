@@ -179,3 +179,25 @@ def test_only_the_recent_past_is_kept_per_model_and_agent(tmp_path: Path) -> Non
     (tmp_path / "events.jsonl").write_bytes(b"".join(call(t, "a") for t in range(500)))
     past = fi.read_past(tmp_path)
     assert [u.at_wall for u in past.uses] == list(range(500 - fi.KEEP_PER_USER, 500))
+
+
+@pytest.mark.parametrize("garbage", ["fifo", "folder", "deep", "symlink"])
+def test_garbage_in_place_of_the_digest_hangs_and_breaks_nothing(
+    tmp_path: Path, garbage: str
+) -> None:
+    import os
+
+    (tmp_path / "events.jsonl").write_bytes(call(100, "a") + call(200, "a"))
+    digest = tmp_path / fi.DIGEST_NAME
+    if garbage == "fifo":
+        os.mkfifo(digest)
+    elif garbage == "folder":
+        digest.mkdir()
+    elif garbage == "deep":
+        digest.write_text("[" * 100_000)
+    else:
+        (tmp_path / "elsewhere").write_text("{}")
+        digest.symlink_to(tmp_path / "elsewhere")
+    assert len(fi.read_past(tmp_path).uses) == 2
+    if garbage == "symlink":
+        assert (tmp_path / "elsewhere").read_text() == "{}"  # never written through the link
