@@ -201,3 +201,43 @@ def test_garbage_in_place_of_the_digest_hangs_and_breaks_nothing(
     assert len(fi.read_past(tmp_path).uses) == 2
     if garbage == "symlink":
         assert (tmp_path / "elsewhere").read_text() == "{}"  # never written through the link
+
+
+FLEET = """
+fleet: {jitter: 10s}
+agents:
+  - {name: digest, schedule: "*/30 * * * *", args: [~/notes]}
+  - {name: tagger, schedule: "0 17 * * * *"}     # seconds in front
+  - {name: pulse, every: 2m}                       # a rhythm: the history's business
+  - {name: off, schedule: "* * * * *", enabled: false}
+"""
+
+
+def test_a_running_fleets_schedules_are_planned_uses_of_its_agents_models(tmp_path: Path) -> None:
+    import os
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(FLEET)
+    start = {"ts": 10, "event": "fleet-start", "pid": os.getpid(), "file": str(fleet)}
+    log = tmp_path / "events.jsonl"
+    log.write_bytes(
+        (json.dumps(start) + "\n").encode()
+        + call(20, "qwen", "digest") + call(30, "small", "tagger") + call(40, "x", "off")
+    )  # fmt: skip
+    past = fi.read_past(tmp_path)
+    assert past.fleets == {os.getpid(): str(fleet)}
+    now = time.mktime((2026, 3, 2, 6, 50, 0, 0, 0, -1))
+    fi._cron_cache.clear()
+    plans = {(p.model, p.label, p.source): p.at_wall - now for p in fi.fleet_plans(
+        past.fleets, past.models_of, now)}  # fmt: skip
+    assert plans == {("qwen", "digest", "fleet"): 600.0, ("small", "tagger", "fleet"): 1620.0}
+    # the fleet stops: its schedule is no promise any more
+    with open(log, "ab") as f:
+        f.write((json.dumps({"ts": 50, "event": "fleet-stop", "pid": os.getpid()}) + "\n").encode())
+    assert fi.read_past(tmp_path).fleets == {}
+    # a fleet whose process died without a word
+    dead = {"ts": 60, "event": "fleet-start", "pid": 2**22 + 12345, "file": str(fleet)}
+    with open(log, "ab") as f:
+        f.write((json.dumps(dead) + "\n").encode())
+    past = fi.read_past(tmp_path)
+    assert fi.fleet_plans(past.fleets, past.models_of, now) == []

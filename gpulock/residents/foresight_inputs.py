@@ -24,7 +24,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -51,6 +51,8 @@ class Past:
     uses: list[fs.Use]
     loads: list[fs.Load]
     models_of: dict[str, set[str]]  # agent or ticket name -> models it called
+    # running fleets (``fleet-start`` events): pid -> fleet file; None once it stopped
+    fleets: dict[int, str | None] = field(default_factory=dict)
 
 
 def model_key(r: Record) -> str:
@@ -74,6 +76,7 @@ def gather(
     planned = [p for gpu in gpus for p in waiters(settings, gpu, past.models_of, now)]
     if cron:
         planned += cron_plans(past.models_of, now)
+        planned += fleet_plans(past.fleets, past.models_of, now)
     models = {model_key(r): r.bytes for r in records}
     return fs.forecast(
         models, planned, uses, past.loads, now, utc_offset_s=float(local_offset_s(now))
@@ -137,7 +140,9 @@ def read_past(state_dir: Path, *, mode: int = 0o600) -> Past:
         a: past.models_of.get(a, set()) | new.models_of.get(a, set())
         for a in {*past.models_of, *new.models_of}
     }
-    merged = _trim(Past(past.uses + new.uses, past.loads + new.loads, both))
+    merged = _trim(
+        Past(past.uses + new.uses, past.loads + new.loads, both, {**past.fleets, **new.fleets})
+    )
     if text or digest is None:
         _save_digest(state_dir / DIGEST_NAME, merged, st.st_ino, start + done, mode)
     return merged
@@ -148,10 +153,14 @@ def past_of(events: Iterable[dict[str, Any]]) -> Past:
     uses: list[fs.Use] = []
     loads: list[fs.Load] = []
     models_of: dict[str, set[str]] = {}
+    fleets: dict[int, str | None] = {}
     for e in events:
         kind, ts = e.get("event"), e.get("ts")
         if not isinstance(ts, int | float):
             continue
+        if kind in ("fleet-start", "fleet-stop") and isinstance(e.get("pid"), int):
+            file = e.get("file") if kind == "fleet-start" else None
+            fleets[e["pid"]] = file if isinstance(file, str) else None
         if kind == "call" and isinstance(e.get("model"), str) and e.get("tier") != "cloud":
             by = e["agent"] if isinstance(e.get("agent"), str) else ""
             uses.append(fs.Use(e["model"], float(ts), by))
@@ -165,7 +174,7 @@ def past_of(events: Iterable[dict[str, Any]]) -> Past:
             if isinstance(load_s, int | float) and load_s > 0:
                 b = size if isinstance(size, int) and size > 0 else None
                 loads.append(fs.Load(e["model"], float(load_s), b))
-    return Past(uses, loads, models_of)
+    return Past(uses, loads, models_of, fleets)
 
 
 def _read_range(path: Path, start: int, end: int) -> bytes:
@@ -189,7 +198,7 @@ def _read_range(path: Path, start: int, end: int) -> bytes:
         os.close(fd)
 
 
-_KINDS: Final = (b'"call"', b'"model-load"', b'"resident"')
+_KINDS: Final = (b'"call"', b'"model-load"', b'"resident"', b'"fleet-st')
 
 
 def _events(data: bytes) -> list[dict[str, Any]]:
@@ -221,7 +230,8 @@ def _trim(past: Past) -> Past:
     for ld in past.loads:
         by_model.setdefault(ld.model, []).append(ld)
     loads = [ld for group in by_model.values() for ld in group[-KEEP_LOADS:]]
-    return Past(uses, loads, past.models_of)
+    fleets: dict[int, str | None] = {p: f for p, f in past.fleets.items() if f is not None}
+    return Past(uses, loads, past.models_of, fleets)
 
 
 def _load_digest(path: Path) -> tuple[Past, int, int] | None:
@@ -245,9 +255,10 @@ def _load_digest(path: Path) -> tuple[Past, int, int] | None:
             fs.Load(str(m), float(s), int(b) if b is not None else None) for m, s, b in doc["loads"]
         ]
         models_of = {str(a): {str(m) for m in ms} for a, ms in doc["models_of"].items()}
+        fleets: dict[int, str | None] = {int(p): str(f) for p, f in doc["fleets"].items()}
     except (AssertionError, KeyError, TypeError, ValueError, AttributeError):
         return None
-    return Past(uses, loads, models_of), inode, offset
+    return Past(uses, loads, models_of, fleets), inode, offset
 
 
 def _save_digest(path: Path, past: Past, inode: int, offset: int, mode: int) -> None:
@@ -263,6 +274,7 @@ def _save_digest(path: Path, past: Past, inode: int, offset: int, mode: int) -> 
         "uses": uses,
         "loads": [[ld.model, ld.load_s, ld.bytes] for ld in past.loads],
         "models_of": {a: sorted(ms) for a, ms in past.models_of.items()},
+        "fleets": {str(p): f for p, f in past.fleets.items() if f is not None},
     }
     try:
         state.atomic_write(path, json.dumps(doc, separators=(",", ":")).encode(), mode=mode)
@@ -300,6 +312,72 @@ def cron_plans(models_of: dict[str, set[str]], now_wall: float) -> list[fs.Plann
         if at is not None:
             out += [fs.Planned(m, at, "cron", name, 0.95) for m in sorted(models)]
     return out
+
+
+def fleet_plans(
+    fleets: dict[int, str | None], models_of: dict[str, set[str]], now_wall: float
+) -> list[fs.Planned]:
+    """The next fire of each agent of the running fleets (``gpulock fleet``), as its models.
+
+    The fleet's scheduler is APScheduler, in ``agents``, above gpulock: its file is read here
+    as data, each agent's crontab ``schedule`` by ``gpulock.core.cronexpr`` (a seconds field in
+    front is dropped: a minute is close enough to choose a victim).  ``every:`` agents keep a
+    rhythm in the history instead.  A fleet whose process is gone counts no more.
+    """
+    out = []
+    for pid, file in sorted(fleets.items()):
+        if file is None or not _alive(pid):
+            continue
+        for name, cron in fleet_jobs(file, now_wall):
+            at = cron.next_fire(now_wall)
+            if at is not None:
+                out += [
+                    fs.Planned(m, at, "fleet", name, 0.95) for m in sorted(models_of.get(name, ()))
+                ]
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: alive
+    return True
+
+
+FLEET_MAX_BYTES: Final = 1024**2
+
+
+def fleet_jobs(file: str, now_wall: float) -> list[tuple[str, cronexpr.Cron]]:
+    """(agent name, schedule) of a fleet file's enabled crontab agents; cached a minute."""
+    hit = _cron_cache.get("fleet:" + file)
+    if hit is not None and now_wall - hit[0] < CRON_CACHE_S:
+        return hit[1]
+    jobs: list[tuple[str, cronexpr.Cron]] = []
+    import yaml  # gpulock's own dependency; only a machine with a fleet pays for it
+
+    try:
+        with open(file, "rb") as f:
+            text = f.read(FLEET_MAX_BYTES + 1)
+        doc = yaml.safe_load(text) if len(text) <= FLEET_MAX_BYTES else None
+    except (OSError, ValueError, yaml.YAMLError):
+        doc = None
+    agents = doc.get("agents") if isinstance(doc, dict) else None
+    for a in agents if isinstance(agents, list) else ():
+        if not isinstance(a, dict) or a.get("enabled", True) is False:
+            continue
+        name, sched = a.get("name"), a.get("schedule")
+        if not isinstance(name, str) or not isinstance(sched, str):
+            continue
+        fields = sched.split()
+        try:
+            jobs.append((name, cronexpr.parse(" ".join(fields[1:]) if len(fields) == 6 else sched)))
+        except ValueError:
+            continue
+    _cron_cache["fleet:" + file] = (now_wall, jobs)
+    return jobs
 
 
 def cron_jobs(now_wall: float) -> list[tuple[str, cronexpr.Cron]]:
