@@ -171,7 +171,7 @@ class _Sim:
                 self._evict_all(keep=a.model)
             need = a.need_bytes if a.need_bytes is not None else self.gpu_bytes
             own = m.bytes if m is not None else 0
-            self._make_room(max(need, a.model_bytes) - own, keep=a.model, waiting=t.seq)
+            self._make_room(max(need, a.model_bytes) - own, keep=a.model)
             if m is None:
                 load = self.load_s_of.get(a.model, a.model_bytes / LOAD_BYTES_PER_S)
                 self.loads += 1
@@ -207,18 +207,18 @@ class _Sim:
         work = sum(max((a.need_bytes or 0) - a.model_bytes, 0) for t, a in self.line if t.holding)
         return self.gpu_bytes - models - work
 
-    def _make_room(self, need_bytes: int, *, keep: str, waiting: int) -> None:
+    def _make_room(self, need_bytes: int, *, keep: str) -> None:
         short = need_bytes - self._free_bytes()
         if short <= 0:
             return
-        for name in self._victims(keep, waiting):
+        for name in self._victims(keep):
             if short <= 0:
                 break
             short -= self.resident.pop(name).bytes
             self.evictions += 1
 
     def _evict_all(self, keep: str) -> None:
-        for name in self._victims(keep, None):
+        for name in self._victims(keep):
             del self.resident[name]
             self.evictions += 1
 
@@ -230,18 +230,18 @@ class _Sim:
                 del self.resident[name]
                 self.evictions += 1
 
-    def _victims(self, keep: str, waiting: int | None) -> list[str]:
+    def _victims(self, keep: str) -> list[str]:
         names = [n for n, m in self.resident.items() if n != keep]
         return fs.order(
             names,
             model=lambda n: n,
             today=lambda n: self.resident[n].last_used_s,
-            forecast=self._forecast(names, waiting),
+            forecast=self._forecast(names),
             policy="lru" if self.policy in ("lru", "keepalive") else "foresight",
             in_use=lambda n: self.resident[n].users > 0,
         )
 
-    def _forecast(self, names: list[str], waiting: int | None) -> fs.Forecast | None:
+    def _forecast(self, names: list[str]) -> fs.Forecast | None:
         if self.policy == "belady":
             nxt = {}
             for n in names:
@@ -253,11 +253,10 @@ class _Sim:
         if self.policy != "foresight":
             return None
         # What the live machine knows: the line (waiters need their models now) and the past.
-        planned = [
-            fs.Planned(a.model, self.now, "waiter", a.name)
-            for t, a in self.line
-            if not t.holding and a.model and t.seq != waiting
-        ]
+        planned = fs.line_plans(
+            [(a.name, [a.model]) for t, a in self.line if not t.holding and a.model],
+            self.now,
+        )
         uses = [
             fs.Use(n, at, by)
             for n in names

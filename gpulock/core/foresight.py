@@ -57,6 +57,7 @@ __all__ = [
     "ReloadCost",
     "Use",
     "forecast",
+    "line_plans",
     "next_uses",
     "order",
     "policy_of",
@@ -75,6 +76,7 @@ DISK_BYTES_PER_S: Final = 1024**3  # a cold read and upload, when nothing was ev
 CACHED_BYTES_PER_S: Final = 8 * 1024**3  # from the page cache
 DEFAULT_RELOAD_S: Final = 10.0  # a model of unknown size
 MIN_RELOAD_S: Final = 0.1
+LINE_STEP_S: Final = 10.0  # a waiter one place further back in the line needs its model later
 UNNEEDED_FACTOR: Final = 10.0  # "much longer than its reload time"
 
 T = TypeVar("T")
@@ -198,6 +200,19 @@ def _short(seconds: float) -> str:
 
 
 # --- next use ----------------------------------------------------------------------------------
+
+
+def line_plans(
+    waiting: Iterable[tuple[str, Iterable[str]]], now_wall: float, *, step_s: float = LINE_STEP_S
+) -> list[Planned]:
+    """The line as planned uses: the waiters (name, models), in line order.  The first is due
+    now, each next one ``step_s`` later: all of them are needed soon, the back of the line
+    last (so Belady's rule holds within the line)."""
+    return [
+        Planned(m, now_wall + k * step_s, "waiter", name)
+        for k, (name, models) in enumerate(waiting)
+        for m in models
+    ]
 
 
 def next_uses(

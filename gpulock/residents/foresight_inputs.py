@@ -285,7 +285,7 @@ def _save_digest(path: Path, past: Past, inode: int, offset: int, mode: int) -> 
 def waiters(
     settings: Settings, gpu: int, models_of: dict[str, set[str]], now_wall: float
 ) -> list[fs.Planned]:
-    """The models of the tickets waiting on ``gpu``: needed now."""
+    """The models of the tickets waiting on ``gpu``: needed soon, in line order."""
     from gpulock.lock.queuedir import QueueDir
 
     try:
@@ -293,12 +293,11 @@ def waiters(
         found = [tf.ticket for _seq, tf, _why in qdir.scan() if tf is not None]
     except OSError:
         return []
-    return [
-        fs.Planned(m, now_wall, "waiter", t.name)
-        for t in found
-        if not t.holding
-        for m in sorted(models_of.get(t.name, ()))
-    ]
+    line = sorted((t for t in found if not t.holding), key=lambda t: t.seq)
+    return fs.line_plans(
+        [(t.name, sorted(models_of.get(t.name, ()))) for t in line if t.name in models_of],
+        now_wall,
+    )
 
 
 def cron_plans(models_of: dict[str, set[str]], now_wall: float) -> list[fs.Planned]:
