@@ -168,14 +168,18 @@ def make_room(
     timeout_s: float = 10.0,
     reason: str = "room for a waiter",
     keep_ids: frozenset[str] = frozenset(),
+    name: str | None = None,
 ) -> list[EvictResult]:
     """Evict idle, unpinned models of other processes until ``need_bytes`` are free.
 
-    Victims in order of cost to the fleet: cold-start models before persistent ones (they
-    expect to be reloaded), then least recently used first.  In-use and pinned models are
-    never chosen.  Tenant models (``gpulock.tenants``) are victims like any other.
-    ``timeout_s`` bounds the whole attempt, not each eviction.  Returns what was tried;
-    nothing when the GPU's free memory is unknown.
+    Victims in ``victim_order``: by foresight (the model needed last, weighted by its reload
+    cost) or, under ``eviction.policy: lru``, cold-start models before persistent ones, then
+    least recently used first.  In-use and pinned models are never chosen.  Tenant models
+    (``gpulock.tenants``) are victims like any other.  Under foresight, the models the
+    ticket ``name`` is known to call (its agent's past ``call`` events) that are resident
+    already count toward its need and stay, like its own process's models.  ``timeout_s``
+    bounds the whole attempt, not each eviction.  Returns what was tried; nothing when the
+    GPU's free memory is unknown.
     """
     tenants = _tenant_records(settings)
     dev = probe_devices(settings, tenants=tenants).get(gpu)
@@ -186,7 +190,10 @@ def make_room(
     # no room for itself, so nobody else's idle model should pay for it.
     # (A tenant's model is the server's, whatever process the server happens to be.)
     mine = [r for r in records if r.gpu == gpu and r.pid == exclude_pid and r.tenant is None]
-    own = sum(r.bytes or 0 for r in mine)
+    # Likewise the models this ticket's agent is about to call, when they are loaded already.
+    expected = [r for r in _expected(settings, name, records, gpu) if r not in mine]
+    keep_ids = keep_ids | {r.id for r in expected}
+    own = sum(r.bytes or 0 for r in mine + expected)
     short = need_bytes - dev.free_bytes - own
     if short <= 0:
         return []
@@ -215,6 +222,22 @@ def make_room(
         if res.ok:
             short -= res.freed_bytes or r.bytes or 0
     return results
+
+
+def _expected(
+    settings: Settings, name: str | None, records: list[Record], gpu: int
+) -> list[Record]:
+    """The resident models on ``gpu`` that the ticket ``name`` is known to call (foresight)."""
+    if not name or not records:
+        return []
+    from gpulock.core import foresight
+
+    if foresight.policy_of(settings.config) != "foresight":
+        return []
+    from gpulock.residents.foresight_inputs import model_key, read_past
+
+    models = read_past(settings.state_dir, mode=settings.file_mode).models_of.get(name, set())
+    return [r for r in records if r.gpu == gpu and model_key(r) in models]
 
 
 def today_key(r: Record) -> tuple[bool, float]:
