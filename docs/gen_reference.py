@@ -51,6 +51,7 @@ GUIDES: Mapping[str, str] = {
     "agent": "../agents.md",
     "fleet": "../agents.md",
     "report": "../report.md",
+    "replay": "../foresight.md",
     "serve": "../serve.md",
 }
 
@@ -172,6 +173,7 @@ PAGE_TITLES: Mapping[str, str] = {
     "report.md": "The report",
     "serve.md": "Serve: the HTTP API",
     "prefetch.md": "Cold starts",
+    "foresight.md": "Foresight: evict the model needed last",
 }
 
 
@@ -285,6 +287,7 @@ SECTIONS: tuple[Section, ...] = (
         "DEFAULTS",
     ),
     Section(("metrics",), "gpulock.metrics.config", {"metrics": "KEYS"}, "../metrics.md"),
+    Section(("eviction",), "gpulock.core.foresight", {"eviction": "KEYS"}, "../foresight.md"),
     Section(("agents",), "agents.registry", {"agents": "CONFIG_KEYS"}, "../agents.md"),
 )
 

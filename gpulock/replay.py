@@ -205,13 +205,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_command(_main, argv)
 
 
-def _main(argv: list[str]) -> int:
+def build_parser(prog: str = "gpulock replay") -> Parser:
     p = Parser(
-        prog="gpulock replay",
+        prog=prog,
         description=(
-            "Replay a recorded day (the state folder's event log) or a trace file against other "
-            "GPU sizes and eviction policies: loads, GiB loaded, seconds loading, waits, "
-            "deadline misses and evictions per (size, policy).  belady is the offline bound."
+            "Replay a recorded day or a trace against other GPU sizes and eviction policies.  "
+            "The day is the state folder's event log since --since; a trace is a CSV file.  "
+            "Prints per (size, policy): loads, GiB loaded, seconds loading, waits, deadline "
+            "misses and evictions.  belady is the offline bound."
         ),
     )
     p.add_argument(
@@ -226,7 +227,11 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--html", metavar="FILE", help="also write a page with charts by GPU size")
     p.add_argument("--config", help="config file (default: the usual search)")
     p.add_argument("--state-dir", help="state folder (default: from the config)")
-    args = p.parse_args(argv)
+    return p
+
+
+def _main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     gpus = _sizes(args.gpu)
     policies = _policies(args.policy)
     load_s_of: dict[str, float] = {}

@@ -65,6 +65,7 @@ __all__ = [
 ]
 
 POLICIES: Final = ("foresight", "lru")
+KEYS: Final = ("policy",)  # of the config's ``eviction:`` section
 DEFAULT_POLICY: Final = "foresight"
 DAY_S: Final = 86400.0
 BURST_S: Final = 120.0  # uses closer than this are one session (a batch of calls)
@@ -435,8 +436,9 @@ def policy_of(config: ConfigLike) -> str:
     if not isinstance(section, dict):
         raise config.error("eviction", "expected a mapping, like 'policy: foresight'")
     for key in section:
-        if key != "policy":
-            raise config.error(f"eviction.{key}", f"unknown key {key!r}", hint="known keys: policy")
+        if key not in KEYS:
+            hint = "known keys: " + ", ".join(KEYS)
+            raise config.error(f"eviction.{key}", f"unknown key {key!r}", hint=hint)
     value = section.get("policy", DEFAULT_POLICY)
     if value not in POLICIES or not isinstance(value, str):
         raise config.error(
