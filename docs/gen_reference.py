@@ -52,6 +52,7 @@ GUIDES: Mapping[str, str] = {
     "agent": "../agents.md",
     "fleet": "../agents.md",
     "report": "../report.md",
+    "replay": "../foresight.md",
     "serve": "../serve.md",
 }
 
@@ -173,6 +174,7 @@ PAGE_TITLES: Mapping[str, str] = {
     "report.md": "The report",
     "serve.md": "Serve: the HTTP API",
     "prefetch.md": "Cold starts",
+    "foresight.md": "Foresight: evict the model needed last",
 }
 
 
@@ -286,6 +288,7 @@ SECTIONS: tuple[Section, ...] = (
         "DEFAULTS",
     ),
     Section(("metrics",), "gpulock.metrics.config", {"metrics": "KEYS"}, "../metrics.md"),
+    Section(("eviction",), "gpulock.core.foresight", {"eviction": "KEYS"}, "../foresight.md"),
     Section(("agents",), "agents.registry", {"agents": "CONFIG_KEYS"}, "../agents.md"),
 )
 

@@ -9,6 +9,8 @@
         - {from: "22:00", to: "06:00", threshold: 40%}   # may cross midnight; the shortest
       min_idle: 10m        # window that contains the time wins); only models idle this long
       hysteresis: 5%       # evict until used < threshold - hysteresis
+      evict_unneeded: false  # within the hysteresis under the threshold, evict persistent
+                             # models foresight expects no use of for 10x their reload time
     governor:
       samples: 3           # passes in a row over a threshold before climbing a step
       cooldown: 5m         # all signals clear this long before walking a step down
@@ -37,7 +39,7 @@ from gpulock.core.units import parse_clock, parse_duration, parse_size
 
 T = TypeVar("T")
 
-WATCHDOG_KEYS = ("interval", "threshold", "schedule", "min_idle", "hysteresis")
+WATCHDOG_KEYS = ("interval", "threshold", "schedule", "min_idle", "hysteresis", "evict_unneeded")
 GOVERNOR_KEYS = (
     "samples",
     "cooldown",
@@ -130,6 +132,7 @@ def load(cfg: Config) -> GovernorConfig:
         schedule=_schedule(cfg, w.get("schedule")),
         min_idle_s=wd("min_idle", parse_duration, base.min_idle_s),
         hysteresis=wd("hysteresis", fraction, base.hysteresis),
+        evict_unneeded=wd("evict_unneeded", boolean, base.evict_unneeded),
         samples=gv("samples", positive_int, base.samples),
         cooldown_s=gv("cooldown", parse_duration, base.cooldown_s),
         vram_pressure=gv("vram_pressure", fraction, base.vram_pressure),

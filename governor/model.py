@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpulock.core.foresight import Forecast
+
 LEVELS = ("normal", "reduce", "evict-idle", "force-evict", "freeze")
 
 
@@ -52,6 +54,9 @@ class Snapshot:
     swap_bytes_per_s: float | None = None  # swap in + out
     oom_reports: int = 0  # OOMs reported by residents since the last pass
     oom_kills: int | None = None  # the kernel's OOM kills since the last pass (/proc/vmstat)
+    # Next uses and reload costs (gpulock.core.foresight); None: victims in the governor's own
+    # order (``eviction.policy: lru``, or nothing could be gathered).
+    forecast: Forecast | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +87,7 @@ class GovernorConfig:
     schedule: tuple[ScheduleWindow, ...] = ()
     min_idle_s: float = 600.0
     hysteresis: float = 0.05
+    evict_unneeded: bool = False  # tight memory: persistent models not needed for long leave
     # governor ladder
     samples: int = 3  # a signal over its threshold this many passes in a row climbs a step
     cooldown_s: float = 300.0  # every signal clear this long walks a step down

@@ -55,6 +55,8 @@ from governor.model import (
     Snapshot,
     State,
 )
+from gpulock.core import foresight
+from gpulock.core.foresight import Forecast
 
 GPU_SIGNALS = ("vram", "fragmentation", "unregistered")
 HOST_SIGNALS = ("psi_some", "psi_full", "swap", "oom", "oom_kill")
@@ -116,16 +118,18 @@ def readings(snapshot: Snapshot, config: GovernorConfig) -> list[Reading]:
     return out
 
 
-def victim_order(candidates: Iterable[ResidentView], now_wall: float) -> list[ResidentView]:
-    """Cheapest to evict first: cold-start, then longest idle, then largest."""
-    return sorted(
-        candidates,
-        key=lambda r: (
-            0 if r.policy == "cold-start" else 1,
-            -(now_wall - r.last_used_wall),
-            -(r.bytes or 0),
-        ),
-    )
+def victim_order(
+    candidates: Iterable[ResidentView], now_wall: float, forecast: Forecast | None = None
+) -> list[ResidentView]:
+    """Cheapest to evict first.  With a ``forecast`` (``eviction.policy: foresight``): the
+    model needed furthest ahead, weighted by its reload cost (``gpulock.core.foresight``);
+    ties, and without one, cold-start, then longest idle, then largest."""
+
+    def today(r: ResidentView) -> tuple[int, float, int]:
+        idle = now_wall - r.last_used_wall
+        return (0 if r.policy == "cold-start" else 1, -idle, -(r.bytes or 0))
+
+    return foresight.order(candidates, model=lambda r: r.name, today=today, forecast=forecast)
 
 
 def decide(
@@ -158,8 +162,23 @@ def decide(
             f"threshold in force"
         )
         actions += _evict_until(
-            g, target, idle, "evict", why, evidence, chosen, now_wall, projected
+            g,
+            target,
+            idle,
+            "evict",
+            why,
+            evidence,
+            chosen,
+            now_wall,
+            projected,
+            snapshot.forecast,
         )
+
+    # Keep-alive the other way (watchdog.evict_unneeded): memory is tight (within the
+    # hysteresis under the threshold) and a persistent model is not expected for much longer
+    # than its reload takes: it leaves now, before the threshold forces a worse choice.
+    if config.evict_unneeded and snapshot.forecast is not None:
+        actions += _unneeded(snapshot, config, limit, evidence, chosen, now_wall, projected)
 
     # The ladder's own evictions, from evict-idle up.
     rank = LEVELS.index(state.level)
@@ -174,17 +193,64 @@ def decide(
             why = f"level {state.level}: gpu{g.index} signals over their thresholds"
             cands = _candidates(snapshot, g.index, force=force)
             actions += _evict_until(
-                g, target, cands, kind, why, evidence, chosen, now_wall, projected
+                g,
+                target,
+                cands,
+                kind,
+                why,
+                evidence,
+                chosen,
+                now_wall,
+                projected,
+                snapshot.forecast,
             )
         if any(x.over for x in reads if x.gpu is None):
             host = [r for r in _candidates(snapshot, None, force=force) if r.id not in chosen]
-            order = victim_order(host, now_wall)
+            order = victim_order(host, now_wall, snapshot.forecast)
             if order:
                 r = order[0]
                 why = f"level {state.level}: host memory pressure"
-                actions.append(_evict_action(r, kind, why, evidence))
+                runner_up = order[1].id if len(order) > 1 else None
+                actions.append(_evict_action(r, kind, why, evidence, snapshot.forecast, runner_up))
                 chosen.add(r.id)
     return actions, state
+
+
+def _unneeded(
+    snapshot: Snapshot,
+    config: GovernorConfig,
+    limit: float,
+    evidence: dict[str, float | int | str | None],
+    chosen: set[str],
+    now_wall: float,
+    projected: dict[int, float | None],
+) -> list[Action]:
+    fc = snapshot.forecast
+    assert fc is not None
+    out: list[Action] = []
+    for g in snapshot.gpus:
+        used = projected.get(g.index)
+        if used is None or not g.total_bytes:
+            continue
+        floor = (limit - config.hysteresis) * g.total_bytes
+        if not floor < used <= limit * g.total_bytes:
+            continue
+        cands = [
+            r
+            for r in _candidates(snapshot, g.index, force=False)
+            if r.policy == "persistent"
+            and now_wall - r.last_used_wall
+            >= (config.min_idle_s if r.min_idle_s is None else r.min_idle_s)
+            and fc.unneeded(r.name)
+        ]
+        why = (
+            f"gpu{g.index} {_pct(used / g.total_bytes)} used, within {_pct(config.hysteresis)} "
+            f"of the {_pct(limit)} threshold: no use expected for 10x its reload time"
+        )
+        out += _evict_until(
+            g, floor, cands, "evict", why, evidence, chosen, now_wall, projected, fc
+        )
+    return out
 
 
 def _candidates(snapshot: Snapshot, gpu: int | None, *, force: bool) -> list[ResidentView]:
@@ -208,6 +274,7 @@ def _evict_until(
     chosen: set[str],
     now_wall: float,
     projected: dict[int, float | None],
+    forecast: Forecast | None = None,
 ) -> list[Action]:
     """Victims in cost order until the GPU is projected under ``target_bytes``.
 
@@ -218,10 +285,12 @@ def _evict_until(
     out: list[Action] = []
     if used is None:
         return out
-    for r in victim_order((c for c in candidates if c.id not in chosen), now_wall):
+    order = victim_order((c for c in candidates if c.id not in chosen), now_wall, forecast)
+    for i, r in enumerate(order):
         if used <= target_bytes:
             break
-        out.append(_evict_action(r, kind, why, evidence))
+        runner_up = order[i + 1].id if i + 1 < len(order) else None
+        out.append(_evict_action(r, kind, why, evidence, forecast, runner_up))
         chosen.add(r.id)
         if r.bytes is None:
             projected[g.index] = None
@@ -232,8 +301,15 @@ def _evict_until(
 
 
 def _evict_action(
-    r: ResidentView, kind: str, why: str, evidence: dict[str, float | int | str | None]
+    r: ResidentView,
+    kind: str,
+    why: str,
+    evidence: dict[str, float | int | str | None],
+    forecast: Forecast | None = None,
+    runner_up: str | None = None,
 ) -> Action:
+    if forecast is not None:  # why this victim: its next use and reload cost, and who was next
+        evidence = {**evidence, **forecast.why(r.name), "runner_up": runner_up}
     return Action(
         kind=kind,
         reason=why,

@@ -189,6 +189,7 @@ class Probe:
             swap_bytes_per_s=self._swap_rate(swap),
             oom_reports=self._new_ooms({r.id: r.ooms for r in records}),
             oom_kills=self._new_kills(vm.oom_kills),
+            forecast=arbiter.forecast(self.settings, records, now_wall) if records else None,
         )
 
     def _new_kills(self, count: int | None) -> int | None:

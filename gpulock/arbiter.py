@@ -18,6 +18,7 @@ from pathlib import Path
 
 from gpulock.core import claim, devices, level
 from gpulock.core.claim import end_owner
+from gpulock.core.foresight import Forecast
 from gpulock.core.identity import may_signal
 from gpulock.core.level import Published
 from gpulock.core.proof import proven
@@ -101,3 +102,15 @@ def owner_claim(settings: Settings, r: Record) -> Path:
 def clean_dead(settings: Settings) -> None:
     """Remove the records of owners that died (a ``cleanup`` event each)."""
     registry.Registry(settings, create=False).records()
+
+
+def forecast(settings: Settings, records: list[Record], now_wall: float) -> Forecast | None:
+    """Foresight's forecast for the governor's victims (``gpulock.core.foresight``), or None
+    when ``eviction.policy`` is ``lru`` (then the governor keeps its own order)."""
+    from gpulock.core import foresight
+    from gpulock.residents.foresight_inputs import gather
+
+    if foresight.policy_of(settings.config) != "foresight":
+        return None
+    gpus = sorted({r.gpu for r in records})
+    return gather(settings, records, gpus, now_wall=now_wall)

@@ -27,7 +27,10 @@
   ``TENANT/MODEL``), ``tenant`` (the tenant's name, None for a library resident),
   ``tenant_state`` (``loading``, ``loaded``, ``unloading``; None for a library resident),
   ``name``, ``pid``, ``gpu``, sizes, ``policy``, ``in_use``, ``idle_s`` (None: in use, or a
-  tenant model whose last use is not known yet) and the rest of the record.
+  tenant model whose last use is not known yet), ``next_use`` (when foresight expects its
+  next use, epoch seconds; None: unknown), ``next_use_source`` (``waiter``, ``cron``,
+  ``rhythm``, ``time-of-day``, ``history`` or ``unknown``; see ``gpulock.core.foresight``)
+  and the rest of the record.
 * ``tenants``: one entry per configured tenant, as ``gpulock tenants --json`` shows it.
 * ``usage``: today's model calls as the router counted them (``<state>/router/ledger.json``):
   ``day``, ``cloud_spend_usd``, ``daily_budget_usd`` (``router.daily_budget``, None when unset)
@@ -292,7 +295,7 @@ def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, 
         "devices": [device_entry(d, registered) for d in report.devices],
         "devices_problem": report.problem,
         "gpus": gpus,
-        "residents": [resident_entry(r, now_w) for r in recs],
+        "residents": _with_next_use(settings, recs, now_w),
         "tenants": tenants,
         "usage": usage_entry(settings, now_w),
     }
@@ -324,6 +327,25 @@ def _pool_line(p: dict[str, Any]) -> str:
     need = format_size(p["need_bytes"]) if isinstance(p.get("need_bytes"), int) else "?"
     n = p["workers"]
     return f"  pool {p['name']} ({n} worker{'s' if n != 1 else ''}, max {p['max']}, need {need})"
+
+
+def _with_next_use(
+    settings: Settings, recs: list[registry.Record], now_w: float
+) -> list[dict[str, Any]]:
+    """``resident_entry`` with the predicted next use (``next_use``, ``next_use_source``,
+    ``next_use_by``: the agent or ticket expected to use it)."""
+    entries = [resident_entry(r, now_w) for r in recs]
+    fc = None
+    if recs:
+        from gpulock.residents.foresight_inputs import gather, model_key
+
+        fc = gather(settings, recs, sorted({r.gpu for r in recs}), now_wall=now_w)
+    for r, e in zip(recs, entries, strict=True):
+        nu = fc.next.get(model_key(r)) if fc is not None else None
+        e["next_use"] = None if nu is None else nu.at_wall
+        e["next_use_source"] = "unknown" if nu is None else nu.source
+        e["next_use_by"] = None if nu is None or not nu.label else nu.label
+    return entries
 
 
 LEDGER_FORMAT = "gpulock.ledger/1"  # written by router/ledger.py; read here without the router
@@ -523,7 +545,7 @@ def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
 def _render_residents(recs: list[dict[str, Any]]) -> list[str]:
     if not recs:
         return []
-    rows = [("NAME", "ID", "PID", "GPU", "SIZE", "POLICY", "IDLE", "IN USE", "USES")]
+    rows = [("NAME", "ID", "PID", "GPU", "SIZE", "POLICY", "IDLE", "IN USE", "USES", "NEXT USE")]
     for r in recs:
         rows.append(
             (
@@ -541,9 +563,19 @@ def _render_residents(recs: list[dict[str, Any]]) -> list[str]:
                 format_duration(r["idle_s"]) if r["idle_s"] is not None else "-",
                 "yes" if r["in_use"] else "no",
                 str(r["uses"]),
+                _next_use(r),
             )
         )
     return ["resident models", *_table(rows)]
+
+
+def _next_use(r: dict[str, Any]) -> str:
+    """``~07:00 (digest, cron)``; ``-`` when unknown."""
+    at = r.get("next_use")
+    if not isinstance(at, int | float):
+        return "-"
+    who = ", ".join(x for x in (r.get("next_use_by"), r.get("next_use_source")) if x)
+    return f"~{time.strftime('%H:%M', time.localtime(at))} ({who})"
 
 
 def _render_tenants(tenants: list[dict[str, Any]]) -> list[str]:

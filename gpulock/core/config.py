@@ -56,9 +56,10 @@ Sizes read like ``6GiB``, ``800MiB``, ``2GB`` or ``512M``; durations like ``30s`
 (see ``gpulock.core.units``).
 
 Sections owned by the other packages (``watchdog``, ``governor``, ``routes``, ``router``,
-``agents``, ``metrics``, ``serve``) and by other modules (``prefetch``: ``gpulock.lock.prefetch``)
-are kept as read, in ``Config.sections``, and validated by their owners;
-``Config.error`` lets them report a bad value with this file's name and the value's line.
+``agents``, ``metrics``, ``serve``) and by other modules (``prefetch``: ``gpulock.lock.prefetch``;
+``eviction``: ``gpulock.core.foresight``) are kept as read, in ``Config.sections``, and validated
+by their owners; ``Config.error`` lets them report a bad value with this file's name and the
+value's line.
 Any other top-level key is an error, so that a typo is not silently ignored.
 """
 
@@ -125,6 +126,7 @@ DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
 SECTIONS: Final[frozenset[str]] = frozenset(
     # The other packages' sections: validated by them, kept raw here with their lines.
     {"watchdog", "governor", "routes", "router", "agents", "metrics", "serve", "prefetch"}
+    | {"eviction"}  # gpulock.core.foresight.policy_of
 )
 
 # Aliases can make a small file expand into a huge tree ("billion laughs"); a config never needs
@@ -273,7 +275,12 @@ def load_config(explicit: str | None = None, environ: Mapping[str, str] | None =
         raise ConfigError(
             "is not UTF-8 text", file=str(path), line=raw[: exc.start].count(b"\n") + 1
         ) from None
-    return parse_config(text, str(path))
+    config = parse_config(text, str(path))
+    if config.section("eviction") is not None:  # a typo fails every command, not the first evict
+        from gpulock.core.foresight import policy_of
+
+        policy_of(config)
+    return config
 
 
 MAX_CONFIG_BYTES: Final = 16 * 1024 * 1024  # a config is a few KiB; past this it is a mistake

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from gpulock.core import claim, devices
 from gpulock.core import settings as settings_mod
@@ -69,18 +70,20 @@ def evict(
     verify_s: float = VERIFY_S,
     reason: str = "requested",
     answer_s: float | None = None,
+    why: dict[str, Any] | None = None,
 ) -> EvictResult:
     """Ask the owner to unload ``record``; then check the GPU's memory came back.
 
     ``answer_s``: how long to wait for the owner's answer (default ``timeout_s`` + 5 s: the
-    owner's own deadline, then time to unload).
+    owner's own deadline, then time to unload).  ``why``: why this victim (foresight's next
+    use, reload cost, the runner-up), recorded in the ``evict`` event.
     """
     if record.tenant is not None:
         from gpulock.residents import tenant_evict
 
         return tenant_evict.evict(
             settings, record, force=force, timeout_s=timeout_s, reason=reason,
-            verify_s=max(verify_s, min(tenant_evict.VERIFY_S, timeout_s)),
+            verify_s=max(verify_s, min(tenant_evict.VERIFY_S, timeout_s)), why=why,
         )  # fmt: skip
     start = time.monotonic()
     reg = Registry(settings)
@@ -98,7 +101,7 @@ def evict(
         settings.emit(
             "evict", resident=record.id, name=record.name, gpu=record.gpu, pid=record.pid,
             outcome=outcome, detail=detail, freed_bytes=freed, **declared,
-            elapsed_s=res.elapsed_s, force=force, reason=reason,
+            elapsed_s=res.elapsed_s, force=force, reason=reason, **(why or {}),
         )  # fmt: skip
         return res
 
@@ -174,14 +177,18 @@ def make_room(
     timeout_s: float = 10.0,
     reason: str = "room for a waiter",
     keep_ids: frozenset[str] = frozenset(),
+    name: str | None = None,
 ) -> list[EvictResult]:
     """Evict idle, unpinned models of other processes until ``need_bytes`` are free.
 
-    Victims in order of cost to the fleet: cold-start models before persistent ones (they
-    expect to be reloaded), then least recently used first.  In-use and pinned models are
-    never chosen.  Tenant models (``gpulock.tenants``) are victims like any other.
-    ``timeout_s`` bounds the whole attempt, not each eviction.  Returns what was tried;
-    nothing when the GPU's free memory is unknown.
+    Victims in ``victim_order``: by foresight (the model needed last, weighted by its reload
+    cost) or, under ``eviction.policy: lru``, cold-start models before persistent ones, then
+    least recently used first.  In-use and pinned models are never chosen.  Tenant models
+    (``gpulock.tenants``) are victims like any other.  Under foresight, the models the
+    ticket ``name`` is known to call (its agent's past ``call`` events) that are resident
+    already count toward its need and stay, like its own process's models.  ``timeout_s``
+    bounds the whole attempt, not each eviction.  Returns what was tried; nothing when the
+    GPU's free memory is unknown.
     """
     tenants = _tenant_records(settings)
     dev = probe_devices(settings, tenants=tenants).get(gpu)
@@ -192,26 +199,23 @@ def make_room(
     # no room for itself, so nobody else's idle model should pay for it.
     # (A tenant's model is the server's, whatever process the server happens to be.)
     mine = [r for r in records if r.gpu == gpu and r.pid == exclude_pid and r.tenant is None]
-    own = sum(r.bytes or 0 for r in mine)
+    # Likewise the models this ticket's agent is about to call, when they are loaded already.
+    expected = [r for r in _expected(settings, name, records, gpu) if r not in mine]
+    keep_ids = keep_ids | {r.id for r in expected}
+    own = sum(r.bytes or 0 for r in mine + expected)
     short = need_bytes - dev.free_bytes - own
     if short <= 0:
         return []
-    victims = sorted(
-        (
-            r
-            for r in records
-            if r.gpu == gpu
-            and (r.pid != exclude_pid or r.tenant is not None)
-            and r.policy != "pinned"
-            and not r.in_use
-            and r.id not in keep_ids
-        ),
-        key=lambda r: (r.policy != "cold-start", r.last_used_wall),
-    )
+    cands = [
+        r
+        for r in records
+        if r.gpu == gpu and (r.pid != exclude_pid or r.tenant is not None) and r.id not in keep_ids
+    ]
+    victims, whys = victim_order(settings, cands, gpu)
     deadline = time.monotonic() + timeout_s  # for all of them: the waiter has a deadline
     silent: set[str] = set()  # owners that did not answer are not asked again
     results = []
-    for r in victims:
+    for i, r in enumerate(victims):
         left = deadline - time.monotonic()
         if short <= 0 or left <= 0:
             break
@@ -219,7 +223,7 @@ def make_room(
             continue
         res = evict(
             settings, r, timeout_s=left / 2, answer_s=left, verify_s=min(VERIFY_S, left),
-            reason=reason,
+            reason=reason, why=whys[i],
         )  # fmt: skip
         results.append(res)
         if res.outcome == "no-answer":
@@ -227,6 +231,57 @@ def make_room(
         if res.ok:
             short -= res.freed_bytes or r.bytes or 0
     return results
+
+
+def _expected(
+    settings: Settings, name: str | None, records: list[Record], gpu: int
+) -> list[Record]:
+    """The resident models on ``gpu`` that the ticket ``name`` is known to call (foresight)."""
+    if not name or not records:
+        return []
+    from gpulock.core import foresight
+
+    if foresight.policy_of(settings.config) != "foresight":
+        return []
+    from gpulock.residents.foresight_inputs import model_key, read_past
+
+    models = read_past(settings.state_dir, mode=settings.file_mode).models_of.get(name, set())
+    return [r for r in records if r.gpu == gpu and model_key(r) in models]
+
+
+def today_key(r: Record) -> tuple[bool, float]:
+    """The order before foresight, and its tie-break: cold-start first, then least recently
+    used."""
+    return (r.policy != "cold-start", r.last_used_wall)
+
+
+def victim_order(
+    settings: Settings, records: list[Record], gpu: int
+) -> tuple[list[Record], list[dict[str, Any]]]:
+    """Idle, unpinned ``records`` in the order to evict them (``eviction.policy``: by foresight,
+    ``gpulock.core.foresight``, or least recently used), each with why it is there: the
+    ``evict`` event's ``policy``, ``next_use_s``, ``next_use_source``, ``reload_s`` and the
+    ``runner_up``."""
+    from gpulock.core import foresight
+
+    policy = foresight.policy_of(settings.config)
+    cands = [r for r in records if r.policy != "pinned" and not r.in_use]
+    fc = None
+    if policy == "foresight" and len(cands) > 1:
+        from gpulock.residents.foresight_inputs import gather, model_key
+
+        fc = gather(settings, cands, [gpu])
+        order = foresight.order(cands, model=model_key, today=today_key, forecast=fc)
+    else:
+        order = sorted(cands, key=today_key)
+    whys: list[dict[str, Any]] = []
+    for i, r in enumerate(order):
+        why: dict[str, Any] = {"policy": policy}
+        if fc is not None:
+            why.update(fc.why(r.name))
+        why["runner_up"] = order[i + 1].id if i + 1 < len(order) else None
+        whys.append(why)
+    return order, whys
 
 
 def _tenant_records(settings: Settings) -> list[Record]:
@@ -262,9 +317,13 @@ def clear_gpu(
     records = (_tenant_records(settings) if tenants else []) + (
         Registry(settings, create=False).records() if residents else []
     )
+    mine = exclude_pid
+    records = [r for r in records if r.gpu == gpu and (r.tenant is not None or r.pid != mine)]
+    # All of them leave, but the deadline may cut the list: the most expendable go first.
+    order, whys = victim_order(settings, [r for r in records if r.id not in keep_ids], gpu)
+    rank = {r.id: i for i, r in enumerate(order)}
+    records.sort(key=lambda r: rank.get(r.id, -1))
     for r in records:
-        if r.gpu != gpu or (r.tenant is None and r.pid == exclude_pid):
-            continue
         if r.id in keep_ids:
             kept.append({"id": r.id, "tenant": r.tenant or "", "why": "called by this ticket"})
             continue
@@ -279,7 +338,9 @@ def clear_gpu(
             kept.append({"id": r.id, "tenant": r.tenant or "", "why": "no time left"})
             continue
         verify_s = left if r.tenant is not None else min(VERIFY_S, left)
-        res = evict(settings, r, timeout_s=left, verify_s=verify_s, reason=reason)
+        res = evict(
+            settings, r, timeout_s=left, verify_s=verify_s, reason=reason, why=whys[rank[r.id]]
+        )
         results.append(res)
         if not res.ok:
             kept.append({"id": r.id, "tenant": r.tenant or "", "why": res.outcome})

@@ -33,6 +33,7 @@ class _EvictingRoom:
             timeout_s=request.timeout_s,
             reason=request.reason,
             keep_ids=request.calls,
+            name=request.name,
         )
         return None
 

@@ -13,6 +13,7 @@ process's memory fall (or the process gone).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from gpulock.core import devices
 from gpulock.core.settings import Settings
@@ -38,8 +39,10 @@ def evict(
     timeout_s: float = 10.0,
     verify_s: float = VERIFY_S,
     reason: str = "requested",
+    why: dict[str, Any] | None = None,
 ) -> EvictResult:
-    """Unload ``record`` (a tenant model) through its server and verify; one event."""
+    """Unload ``record`` (a tenant model) through its server and verify; one event (with
+    ``why``: foresight's reasons, see ``eviction.victim_order``)."""
     start = time.monotonic()
 
     def result(outcome: str, detail: str, freed: int | None = None) -> EvictResult:
@@ -52,7 +55,7 @@ def evict(
         settings.emit(
             "evict", resident=record.id, name=record.name, gpu=record.gpu, **known,
             tenant=record.tenant, outcome=outcome, detail=detail, freed_bytes=freed,
-            elapsed_s=res.elapsed_s, force=force, reason=reason,
+            elapsed_s=res.elapsed_s, force=force, reason=reason, **(why or {}),
         )  # fmt: skip
         return res
 

@@ -1,0 +1,290 @@
+"""``gpulock replay``'s simulator: one GPU, a day of arrivals, one eviction policy.  Pure.
+
+The rules are the live system's own code, not a second copy: who may hold the GPU is
+``gpulock.lock.queue.decide`` on real ``Ticket`` records (FIFO, ``need`` sharing within the
+budget left by the reserve, exclusive jobs), and victims are ordered by
+``gpulock.core.foresight.order``, the function ``gpulock.residents.eviction`` and the governor
+call.  What the simulator adds is the world: a clock, model files that take time to load, and
+the memory they hold between jobs.
+
+* An arrival (``Arrival``) joins the line at ``time_s``; when ``decide`` grants it, room is made
+  as ``make_room`` makes it (idle models leave in victim order until its ``need`` is free; an
+  exclusive grant clears every idle model but its own, as ``exclusive_clears_residents`` does),
+  its model loads if it is not resident (``model_bytes / load_bytes_per_s``, or the model's
+  measured load time), then it holds the GPU for ``hold_s``.  Its model stays resident after.
+* ``wait_s`` of an arrival: from joining the line to the start of its work (its own load
+  included: that is the time a model swap costs the agent).  A ``deadline_s`` missed counts.
+* Policies: ``lru`` (least recently used first: today's order), ``keepalive`` (Ollama's: an idle
+  model unloads after ``keepalive_s``; room by LRU), ``foresight`` (next use from what the
+  simulated machine knows at that moment: the arrivals' past and the line; weighted by reload
+  cost), ``belady`` (the offline bound: the whole trace's true next use, cost ignored).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from gpulock.core import foresight as fs
+from gpulock.lock.queue import decide
+from gpulock.lock.ticket import Ticket
+
+POLICIES: Final = ("lru", "keepalive", "foresight", "belady")
+LOAD_BYTES_PER_S: Final = float(fs.DISK_BYTES_PER_S)
+KEEPALIVE_S: Final = 300.0  # Ollama's default keep_alive
+HISTORY_PER_USER: Final = 64  # uses foresight is shown per (model, agent): the live log is bounded
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """One ticket of the trace: at ``time_s`` (seconds from the start), ``name`` asks for the GPU
+    for ``hold_s`` with ``need_bytes`` (None: exclusive) and ``model`` (``""``: none)."""
+
+    time_s: float
+    name: str
+    model: str
+    model_bytes: int
+    hold_s: float
+    need_bytes: int | None
+    deadline_s: float | None = None  # the longest it would wait (its lock timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One (GPU size, policy) result: the ``--json`` row."""
+
+    gpu_bytes: int
+    policy: str
+    loads: int
+    loaded_bytes: int
+    load_s: float
+    wait_s_total: float
+    wait_s_p90: float
+    deadline_misses: int
+    evictions: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "gpu_bytes": self.gpu_bytes,
+            "policy": self.policy,
+            "loads": self.loads,
+            "loaded_bytes": self.loaded_bytes,
+            "load_s": round(self.load_s, 3),
+            "wait_s_total": round(self.wait_s_total, 3),
+            "wait_s_p90": round(self.wait_s_p90, 3),
+            "deadline_misses": self.deadline_misses,
+            "evictions": self.evictions,
+        }
+
+
+@dataclass(slots=True)
+class _Model:
+    bytes: int
+    last_used_s: float
+    users: int = 0  # holders using it now: never a victim
+
+
+@dataclass(slots=True)
+class _Sim:
+    arrivals: Sequence[Arrival]
+    gpu_bytes: int
+    budget_bytes: int
+    policy: str
+    load_s_of: dict[str, float]
+    keepalive_s: float
+    now: float = 0.0
+    seq: int = 0
+    line: list[tuple[Ticket, Arrival]] = field(default_factory=list)  # tickets in seq order
+    ends: list[tuple[float, int]] = field(default_factory=list)  # heap: (end time, seq)
+    resident: dict[str, _Model] = field(default_factory=dict)
+    history: dict[str, dict[str, deque[float]]] = field(default_factory=dict)  # model, agent
+    future: dict[str, deque[float]] = field(default_factory=dict)  # belady: arrival times
+    loads: int = 0
+    loaded_bytes: int = 0
+    load_s: float = 0.0
+    waits: list[float] = field(default_factory=list)
+    misses: int = 0
+    evictions: int = 0
+
+    # -- the loop --
+
+    def run(self) -> Row:
+        i = 0
+        todo = sorted(self.arrivals, key=lambda a: a.time_s)
+        if self.policy == "belady":
+            for a in todo:
+                if a.model:
+                    self.future.setdefault(a.model, deque()).append(a.time_s)
+        while i < len(todo) or self.line:
+            next_arrival = todo[i].time_s if i < len(todo) else math.inf
+            next_end = self.ends[0][0] if self.ends else math.inf
+            if next_arrival == math.inf and next_end == math.inf:
+                break  # nothing holds and nobody can be granted: cannot happen with decide
+            if next_end <= next_arrival:
+                self.now = next_end
+                self._expire()
+                _, seq = heapq.heappop(self.ends)
+                self._release(seq)
+            else:
+                self.now = next_arrival
+                self._expire()
+                a = todo[i]
+                i += 1
+                self.seq += 1
+                t = Ticket(
+                    self.seq, 0, self.seq, 0, "replay", "replay", a.name, a.time_s,
+                    need_bytes=a.need_bytes,
+                )  # fmt: skip
+                self.line.append((t, a))
+            self._grant_all()
+        waits = sorted(self.waits)
+        p90 = waits[min(len(waits) - 1, math.ceil(0.9 * len(waits)) - 1)] if waits else 0.0
+        return Row(
+            self.gpu_bytes, self.policy, self.loads, self.loaded_bytes, self.load_s,
+            sum(waits), p90, self.misses, self.evictions,
+        )  # fmt: skip
+
+    def _grant_all(self) -> None:
+        """Every waiter ``decide`` lets in, in line order (a grant may let the next one share)."""
+        changed = True
+        while changed:
+            changed = False
+            for k, (t, a) in enumerate(self.line):
+                if t.holding:
+                    continue
+                ahead = [x for x, _ in self.line[:k]]
+                if decide(t, ahead, self.budget_bytes).grant:
+                    self.line[k] = (t.granted(self.now), a)
+                    self._start(t, a, exclusive=t.exclusive)
+                    changed = True
+                break  # FIFO: nobody behind a waiter is looked at
+
+    def _start(self, t: Ticket, a: Arrival, *, exclusive: bool) -> None:
+        load = 0.0
+        if a.model:
+            m = self.resident.get(a.model)
+            if exclusive:
+                self._evict_all(keep=a.model)
+            need = a.need_bytes if a.need_bytes is not None else self.gpu_bytes
+            own = m.bytes if m is not None else 0
+            self._make_room(max(need, a.model_bytes) - own, keep=a.model)
+            if m is None:
+                load = self.load_s_of.get(a.model, a.model_bytes / LOAD_BYTES_PER_S)
+                self.loads += 1
+                self.loaded_bytes += a.model_bytes
+                self.load_s += load
+                m = self.resident[a.model] = _Model(a.model_bytes, self.now)
+            m.users += 1
+            m.last_used_s = self.now
+            if self.policy == "belady":  # FIFO: this is the model's earliest unstarted arrival
+                self.future[a.model].popleft()
+            mine = self.history.setdefault(a.model, {})
+            mine.setdefault(a.name, deque(maxlen=HISTORY_PER_USER)).append(self.now)
+        elif exclusive:
+            self._evict_all(keep="")
+        wait = self.now + load - a.time_s
+        self.waits.append(wait)
+        if a.deadline_s is not None and self.now - a.time_s > a.deadline_s:
+            self.misses += 1
+        heapq.heappush(self.ends, (self.now + load + a.hold_s, t.seq))
+
+    def _release(self, seq: int) -> None:
+        k = next(k for k, (t, _) in enumerate(self.line) if t.seq == seq)
+        _, a = self.line.pop(k)
+        m = self.resident.get(a.model) if a.model else None
+        if m is not None:
+            m.users -= 1
+            m.last_used_s = self.now
+
+    # -- eviction: the live system's order --
+
+    def _free_bytes(self) -> int:
+        models = sum(m.bytes for m in self.resident.values())
+        work = sum(max((a.need_bytes or 0) - a.model_bytes, 0) for t, a in self.line if t.holding)
+        return self.gpu_bytes - models - work
+
+    def _make_room(self, need_bytes: int, *, keep: str) -> None:
+        short = need_bytes - self._free_bytes()
+        if short <= 0:
+            return
+        for name in self._victims(keep):
+            if short <= 0:
+                break
+            short -= self.resident.pop(name).bytes
+            self.evictions += 1
+
+    def _evict_all(self, keep: str) -> None:
+        for name in self._victims(keep):
+            del self.resident[name]
+            self.evictions += 1
+
+    def _expire(self) -> None:
+        if self.policy != "keepalive":
+            return
+        for name, m in list(self.resident.items()):
+            if m.users == 0 and self.now - m.last_used_s >= self.keepalive_s:
+                del self.resident[name]
+                self.evictions += 1
+
+    def _victims(self, keep: str) -> list[str]:
+        names = [n for n, m in self.resident.items() if n != keep]
+        return fs.order(
+            names,
+            model=lambda n: n,
+            today=lambda n: self.resident[n].last_used_s,
+            forecast=self._forecast(names),
+            policy="lru" if self.policy in ("lru", "keepalive") else "foresight",
+            in_use=lambda n: self.resident[n].users > 0,
+        )
+
+    def _forecast(self, names: list[str]) -> fs.Forecast | None:
+        if self.policy == "belady":
+            nxt = {}
+            for n in names:
+                q = self.future.get(n)
+                at = q[0] if q else None
+                nxt[n] = fs.NextUse(n, at, 1.0 if at is not None else 0.0, "trace")
+            same = {n: fs.ReloadCost(1.0, "belady") for n in names}
+            return fs.Forecast(self.now, nxt, same)
+        if self.policy != "foresight":
+            return None
+        # What the live machine knows: the line (waiters need their models now) and the past.
+        planned = fs.line_plans(
+            [(a.name, [a.model]) for t, a in self.line if not t.holding and a.model],
+            self.now,
+        )
+        uses = [
+            fs.Use(n, at, by)
+            for n in names
+            for by, times in self.history.get(n, {}).items()
+            for at in times
+        ]
+        sizes = {n: self.resident[n].bytes for n in names}
+        loads = [fs.Load(n, s) for n, s in self.load_s_of.items() if n in sizes]
+        return fs.forecast(sizes, planned, uses, loads, self.now)
+
+
+def simulate(
+    arrivals: Sequence[Arrival],
+    gpu_bytes: int,
+    policy: str,
+    *,
+    reserve_bytes: int = 0,
+    load_s_of: dict[str, float] | None = None,
+    keepalive_s: float = KEEPALIVE_S,
+) -> Row:
+    """Replay ``arrivals`` on one GPU of ``gpu_bytes`` under ``policy`` (one of ``POLICIES``).
+
+    ``reserve_bytes``: memory never handed out (the config's ``reserve``); ``load_s_of``: a
+    model's measured load time, else its bytes at ``LOAD_BYTES_PER_S``.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+    return _Sim(
+        arrivals, gpu_bytes, max(gpu_bytes - reserve_bytes, 0), policy, dict(load_s_of or {}),
+        keepalive_s,
+    ).run()  # fmt: skip

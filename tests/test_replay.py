@@ -1,0 +1,214 @@
+"""``gpulock replay``: Belady against a brute-force optimum, foresight against LRU on a
+periodic fleet, trace files (good and malformed) and a recorded event log, through the CLI."""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cli_helpers import REPO, Cli
+
+from gpulock import replay_sim
+from gpulock.replay import from_events, parse_trace
+from gpulock.replay_sim import Arrival, simulate
+
+GiB = 1024**3
+
+
+def sequential(models: list[str], size: int = GiB, gap_s: float = 100.0) -> list[Arrival]:
+    """One job at a time (each done long before the next), each with its own model."""
+    return [Arrival(i * gap_s, f"job{i}", m, size, 1.0, size) for i, m in enumerate(models)]
+
+
+def optimum_loads(refs: list[str], slots: int) -> int:
+    """The fewest loads any eviction choice can give (brute force over every choice)."""
+
+    @functools.cache
+    def best(i: int, cache: frozenset[str]) -> int:
+        if i == len(refs):
+            return 0
+        m = refs[i]
+        if m in cache:
+            return best(i + 1, cache)
+        if len(cache) < slots:
+            return 1 + best(i + 1, cache | {m})
+        return 1 + min(best(i + 1, (cache - {v}) | {m}) for v in cache)
+
+    return best(0, frozenset())
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_belady_matches_the_brute_force_optimum_on_equal_sizes(seed: int) -> None:
+    rng = random.Random(seed)
+    slots = rng.choice([2, 3])
+    refs = [rng.choice("ABCDE"[: slots + 2]) for _ in range(14)]
+    row = simulate(sequential(refs), slots * GiB, "belady")
+    assert row.loads == optimum_loads(refs, slots), refs
+    for policy in ("lru", "foresight", "keepalive"):  # nobody beats the bound
+        assert simulate(sequential(refs), slots * GiB, policy).loads >= row.loads
+
+
+def fleet_day(hours: float = 24.0) -> list[Arrival]:
+    """Three cron agents, each with its model: the tagger every 10 min, the triage every 15,
+    the digest every 45; a GPU that holds two of the three models."""
+    out = []
+    for name, model, period in (
+        ("tagger", "small", 600),
+        ("triage", "mid", 900),
+        ("digest", "big", 2700),
+    ):
+        t = {"tagger": 5.0, "triage": 65.0, "digest": 125.0}[name]
+        while t < hours * 3600:
+            out.append(Arrival(t, name, model, 4 * GiB, 30.0, 4 * GiB))
+            t += period
+    return out
+
+
+def test_on_a_periodic_fleet_foresight_loads_less_than_lru_and_near_belady() -> None:
+    day = fleet_day()
+    rows = {p: simulate(day, 9 * GiB, p) for p in replay_sim.POLICIES}
+    assert rows["belady"].loads <= rows["foresight"].loads
+    assert rows["foresight"].loads < rows["lru"].loads
+    assert rows["foresight"].loads <= rows["belady"].loads * 1.2 + 5
+    # a GPU that holds all three: one load each, whatever the policy (keepalive aside)
+    big = {p: simulate(day, 16 * GiB, p) for p in ("lru", "foresight", "belady")}
+    assert {r.loads for r in big.values()} == {3}
+
+
+def test_the_lock_rules_hold_in_the_replay() -> None:
+    # two jobs that fit together share; an exclusive one waits for both and clears the models
+    trace = [
+        Arrival(0, "a", "A", GiB, 100, 2 * GiB),
+        Arrival(1, "b", "B", GiB, 100, 2 * GiB),
+        Arrival(2, "x", "X", GiB, 10, None, deadline_s=50.0),
+        Arrival(3, "a2", "A", GiB, 10, 2 * GiB),
+    ]
+    row = simulate(trace, 8 * GiB, "lru")
+    # a, b load at once (share); x waits for both (100 s: a deadline miss) then clears A and B;
+    # a2 reloads A after x
+    assert row.loads == 4 and row.evictions == 2 and row.deadline_misses == 1
+    assert row.wait_s_total == pytest.approx(1 + 1 + (102 + 1 - 2) + (113 + 1 - 3))
+
+
+# --- traces ------------------------------------------------------------------------------------
+
+TRACE = """time_s,name,model,model_bytes,hold_s,need_bytes
+0,tagger,small,1073741824,5,1073741824
+60,digest,big,4294967296,30,
+120,tagger,small,1073741824,5,1073741824
+"""
+
+
+def test_a_trace_parses_into_arrivals() -> None:
+    got = parse_trace(TRACE, "t.csv")
+    assert got[1] == Arrival(60.0, "digest", "big", 4 * GiB, 30.0, None)
+    assert [a.need_bytes for a in got] == [GiB, None, GiB]
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("time,name\n", "t.csv:1: expected the header"),
+        (TRACE + "180,x,m,12GiB,5,1\n", "t.csv:5: model_bytes: expected a whole number of bytes"),
+        (TRACE + "soon,x,m,1,5,1\n", "t.csv:5: time_s: expected seconds"),
+        (TRACE + "1,x,m,1,-5,1\n", "t.csv:5: hold_s: expected seconds >= 0"),
+        (TRACE + "1,x,m,1\n", "t.csv:5: expected 6 fields, got 4"),
+    ],
+)
+def test_a_malformed_trace_line_names_the_file_line_and_field(text: str, where: str) -> None:
+    from gpulock.replay import TraceError
+
+    with pytest.raises(TraceError) as e:
+        parse_trace(text, "t.csv")
+    assert str(e.value).startswith(where)
+
+
+def run(cli: Cli, *args: str) -> tuple[int, str, str]:
+    # `python -m gpulock.replay` is `gpulock replay` (an entry point of this checkout's
+    # pyproject.toml), run from this checkout also where another copy is installed
+    argv0 = (sys.executable, "-m", "gpulock.replay")
+    r = cli.run(*args, env=cli.env(PYTHONPATH=str(REPO)), argv0=argv0)
+    return r.code, r.stdout, r.stderr
+
+
+def test_replay_is_a_gpulock_command() -> None:
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["gpulock.commands"]["replay"] == "gpulock.replay:main"
+
+
+def test_replay_a_trace_from_the_cli_json_and_html(cli: Cli, tmp_path: Path) -> None:
+    trace = tmp_path / "day.csv"
+    trace.write_text(TRACE)
+    html = tmp_path / "r.html"
+    code, out, err = run(
+        cli,
+        str(trace),
+        "--gpu",
+        "2GiB,8GiB",
+        "--policy",
+        "lru,belady",
+        "--json",
+        "--html",
+        str(html),
+    )
+    assert code == 0, err
+    rows = json.loads(out)
+    assert [(r["gpu_bytes"], r["policy"]) for r in rows] == [
+        (2 * GiB, "lru"), (2 * GiB, "belady"), (8 * GiB, "lru"), (8 * GiB, "belady"),
+    ]  # fmt: skip
+    assert set(rows[0]) == {
+        "gpu_bytes", "policy", "loads", "loaded_bytes", "load_s", "wait_s_total", "wait_s_p90",
+        "deadline_misses", "evictions",
+    }  # fmt: skip
+    # the digest is exclusive: it clears "small", which the tagger then reloads
+    assert rows[2]["loads"] == 3 and rows[2]["loaded_bytes"] == 6 * GiB
+    page = html.read_text()
+    assert page.count("<svg") == 3 and "foresight" not in page and "belady" in page
+    code, out, _ = run(cli, str(trace), "--gpu", "8GiB")
+    assert code == 0 and out.splitlines()[0].split()[:2] == ["gpu", "policy"]
+    assert "3 arrivals replayed" in out
+
+
+def test_a_malformed_trace_is_an_error_and_nothing_is_replayed(cli: Cli, tmp_path: Path) -> None:
+    trace = tmp_path / "bad.csv"
+    trace.write_text(TRACE + "180,x,m,lots,5,1\n")
+    code, out, err = run(cli, str(trace))
+    assert code == 1 and out == ""
+    assert err.startswith(f"error: {trace}:5: model_bytes:") and "Traceback" not in err
+    code, out, _ = run(cli, str(trace), "--json")
+    assert code == 1 and json.loads(out)["error"]["message"].startswith(f"{trace}:5: model_bytes")
+    code, _, err = run(cli, str(trace), "--policy", "fifo")
+    assert code == 2 and "known: lru, keepalive, foresight, belady" in err
+
+
+def test_replay_a_recorded_day_from_the_event_log(cli: Cli) -> None:
+    now = time.time() - 3600
+    ev = []
+    for k in range(6):  # the tagger every 10 minutes, loading "small" the first time
+        t = now + 600 * k
+        ev.append({"ts": t, "event": "acquire", "gpu": 0, "ticket": k + 1, "name": "tagger",
+                   "need_bytes": GiB, "waited_s": 0.5})  # fmt: skip
+        if k == 0:
+            ev.append({"ts": t + 0.1, "event": "model-load", "model": "small", "task": "tag",
+                       "need_bytes": GiB, "load_s": 2.0})  # fmt: skip
+        ev.append({"ts": t + 0.2, "event": "call", "agent": "tagger", "model": "small"})
+        ev.append({"ts": t + 5, "event": "release", "gpu": 0, "ticket": k + 1, "held_s": 5})
+    arrivals, load_s = from_events(ev)
+    assert load_s == {"small": 2.0}
+    assert [a.model for a in arrivals] == ["small"] * 6
+    assert arrivals[0].hold_s == pytest.approx(3.0) and arrivals[1].hold_s == pytest.approx(5.0)
+    assert arrivals[1].time_s - arrivals[0].time_s == pytest.approx(600)
+    cli.state.mkdir(parents=True, exist_ok=True)
+    (cli.state / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ev))
+    code, out, err = run(cli, "--since", "2h", "--gpu", "4GiB", "--json")
+    assert code == 0, err
+    rows = {r["policy"]: r for r in json.loads(out)}
+    assert rows["lru"]["loads"] == 1 and rows["lru"]["load_s"] == pytest.approx(2.0)
+    assert rows["keepalive"]["loads"] == 6  # unloaded after 5 idle minutes, every time
