@@ -546,6 +546,7 @@ def test_modules_from_the_config_and_the_environment(cli: Cli) -> None:
         "need_bytes": 1 << 30,
         "gpu": None,
         "flush_every": None,
+        "workers": None,
         "description": "",
         "module": str(fixtures),
     }
