@@ -143,6 +143,13 @@ def test_the_demo_extra_has_what_the_demo_runs_and_nothing_for_tests() -> None:
     assert any(spec.startswith("gpulock[demo") for spec in extras()["dev"])
 
 
+def outside_make() -> dict[str, str]:
+    """The environment without the outer make's variables: `make test` runs these tests, and
+    a make run inside it would otherwise take its flags and say which folder it entered."""
+    drop = {"MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES"}
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
 def make_n(target: str, tmp_path: Path, *stamps: str) -> str:
     """``make -n TARGET`` in a copy of the Makefile and pyproject.toml, with these stamps newer
     than pyproject.toml (none: a fresh clone)."""
@@ -156,8 +163,9 @@ def make_n(target: str, tmp_path: Path, *stamps: str) -> str:
         (work / ".venv").mkdir(exist_ok=True)
         (work / ".venv" / stamp).touch()
     r = subprocess.run(
-        ["make", "-n", target], cwd=work, capture_output=True, text=True, timeout=60, check=True
-    )
+        ["make", "--no-print-directory", "-n", target],
+        cwd=work, capture_output=True, text=True, timeout=60, check=True, env=outside_make(),
+    )  # fmt: skip
     return r.stdout
 
 
@@ -204,8 +212,9 @@ def test_make_test_adds_to_a_fresh_demo_venv_else_starts_over(
     for tool in ("python", "pip"):
         (fake / tool).chmod(0o755)
     r = subprocess.run(
-        ["make", ".venv/.installed", f"PYTHON={fake}/python", f"BIN={fake}"],
-        cwd=work, capture_output=True, text=True, timeout=60,
+        ["make", "--no-print-directory", ".venv/.installed",
+         f"PYTHON={fake}/python", f"BIN={fake}"],
+        cwd=work, capture_output=True, text=True, timeout=60, env=outside_make(),
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     assert "pip install --quiet -e .[dev]" in r.stdout
