@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpulock.core import devices, level
+from gpulock.core import clusterview, devices, level
 from gpulock.core.errors import GpulockError
 from gpulock.core.settings import Settings
 from gpulock.core.units import format_duration, format_size, format_usd
@@ -271,7 +271,16 @@ def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, 
         "residents": [resident_entry(r, now_w) for r in recs],
         "tenants": tenants,
         "usage": usage_entry(settings, now_w),
+        "cluster": cluster_entry(settings, now_w),
     }
+
+
+def cluster_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
+    """This host's last view of its cluster (written by ``gpulock serve``); None without one."""
+    view = clusterview.read(settings, now_w)
+    if view is None:
+        return None
+    return {"host": view.host, "hosts": view.hosts, "redis": view.redis, "problem": view.problem}
 
 
 LEDGER_FORMAT = "gpulock.ledger/1"  # written by router/ledger.py; read here without the router
@@ -340,6 +349,11 @@ def render(snap: dict[str, Any]) -> str:
             lines.append(f"governor: level {gov['level']} since {since} (pid {gov['pid']})")
         else:
             lines.append(f"governor: not running (last word {gov['published_level']!r} ignored)")
+    if snap.get("cluster"):
+        c = snap["cluster"]
+        lines.append(
+            clusterview.View(c["host"], c["hosts"], c["redis"], c["problem"], 0, 0, 0).line()
+        )
     if snap.get("devices_problem"):
         lines.append(f"devices: {snap['devices_problem']}")
     if not snap["gpus"]:

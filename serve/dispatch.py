@@ -14,14 +14,14 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpulock.core.errors import ConfigError, LockTimeout
 from gpulock.core.settings import Settings
 from router import ledger, probe
 from router.backends import BackendError
 from router.backends.tenant import TenantBackend
-from router.choose import Choice, Verdict, choose, cid
+from router.choose import Choice, Host, Verdict, choose, cid, line_wait
 from router.routes import Candidate, Table, tenant_candidate
 from serve.engines import (
     Answer,
@@ -36,6 +36,9 @@ from serve.engines import (
 from serve.errors import ApiError, unknown_model
 from serve.line import Line, QueueFull
 
+if TYPE_CHECKING:
+    from serve.cluster_link import ClusterLink
+
 # HTTP statuses that blame the request, not the candidate: no fallback, the client hears it.
 REQUEST_FAULTS = frozenset({400, 413, 422})
 
@@ -49,13 +52,17 @@ class Meta:
     model: str
     waited_ms: float
     ticket: int | None = None  # the GPU ticket the request ran under (gpu tier)
+    host: str | None = None  # the cluster host that ran it (None: no cluster)
 
     def headers(self) -> dict[str, str]:
-        return {
+        out = {
             "X-Gpulock-Tier": self.tier,
             "X-Gpulock-Model": self.model,
             "X-Gpulock-Waited-Ms": f"{self.waited_ms:.1f}",
         }
+        if self.host is not None:
+            out["X-Gpulock-Host"] = self.host
+        return out
 
 
 class Opened:
@@ -95,6 +102,7 @@ class Dispatcher:
         self._http: Any = None  # aiohttp.ClientSession for remote candidates, made on first use
         self._local: dict[tuple[Any, ...], _HeldLlama] = {}
         self._tenants: dict[tuple[Any, ...], TenantBackend] = {}
+        self.cluster: ClusterLink | None = None  # set by `gpulock serve` with a cluster: section
 
     def http(self) -> Any:
         """The one client session for OpenAI-compatible servers (made inside the event loop)."""
@@ -155,19 +163,28 @@ class Dispatcher:
 
     # --- a request ---------------------------------------------------------------------------
 
-    async def open(self, ask: Ask, *, agent: str, deadline_s: float | None) -> Opened:
+    async def open(
+        self, ask: Ask, *, agent: str, deadline_s: float | None, local_only: bool = False
+    ) -> Opened:
+        """``local_only``: a request a peer forwarded here runs here (no second hop)."""
         task, cands = self.resolve(ask.model)
         deadline_at = None if deadline_s is None else time.monotonic() + deadline_s
         failed: dict[str, str] = {}
         start = time.monotonic()
         while True:
             left = None if deadline_at is None else max(0.0, deadline_at - time.monotonic())
-            choice = self._choose(task, cands, left, failed)
+            choice, host = self._choose(task, cands, left, failed)
             v = choice.chosen
             if v is None:
                 raise self._none_left(task, choice, deadline_s)
             c = v.candidate
             stack = AsyncExitStack()
+            if self.cluster is not None and not local_only and c.tier == "gpu" and c.local:
+                # A peer that starts it sooner takes it (it waits in the peer's line there).
+                wait, ahead = line_wait(host, v)
+                opened = await self.cluster.try_peers(self, ask, v, (wait, ahead), agent, left)
+                if opened is not None:
+                    return opened
             try:
                 return await self._try(ask, v, agent, left, start, stack, task)
             except LockTimeout:
@@ -214,9 +231,15 @@ class Dispatcher:
             ticket = slot.ticket
         if ask.kind != "embed" and "max_tokens" not in ask.params:
             ask = replace(ask, params={**ask.params, "max_tokens": c.max_tokens})  # the route's
-        meta = Meta(task, c.tier, c.name, (time.monotonic() - start) * 1000, ticket)
-        opened = Opened(meta, stack)
-        engine = self._engine(v)
+        host = self.cluster.cc.host if self.cluster is not None else None
+        meta = Meta(task, c.tier, c.name, (time.monotonic() - start) * 1000, ticket, host)
+        return await self.run(ask, Opened(meta, stack), self._engine(v))
+
+    async def run(
+        self, ask: Ask, opened: Opened, engine: LocalEngine | RemoteEngine | TenantEngine
+    ) -> Opened:
+        """Call ``engine``: the answer, the vectors, or the stream's first piece."""
+        stack = opened.stack
         if ask.kind == "embed":
             opened.vectors, opened.tokens_in = await engine.embed(ask.inputs)
             await stack.aclose()
@@ -235,10 +258,10 @@ class Dispatcher:
 
     def _choose(
         self, task: str, cands: tuple[Candidate, ...], left: float | None, failed: dict[str, str]
-    ) -> Choice:
+    ) -> tuple[Choice, Host]:
         warm = probe.warm_models() | {cid(b.candidate) for b in self._local.values() if b.loaded}
         host = probe.host(self.settings, cands, self.table.settings, warm=warm)
-        return choose(task, cands, host, deadline_s=left, exclude=failed)
+        return choose(task, cands, host, deadline_s=left, exclude=failed), host
 
     def _none_left(self, task: str, choice: Choice, deadline_s: float | None) -> ApiError:
         reasons = "; ".join(f"{v.candidate.name}: {v.reason}" for v in choice.verdicts)
@@ -326,6 +349,7 @@ class Dispatcher:
             via="serve",
             waited_ms=round(m.waited_ms, 3),
             ticket=m.ticket,
+            **({"host": m.host} if m.host is not None else {}),
             tokens_in=tokens_in,
             tokens_out=tokens_out,
         )

@@ -27,6 +27,7 @@ DOORS = {
     "serve": ("gpulock.residents.", "gpulock.tenants.", "gpulock.status", "gpulock.metrics."),
     "governor": ("gpulock.arbiter", "gpulock.metrics."),
     "agents": ("gpulock.report.",),
+    "cluster": (),  # the public face, core and the CLI toolkit are all it needs
 }
 
 
