@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench browser prometheus clean
+.PHONY: demo test lint typecheck pytest bench browser prometheus redis clean
 
 # llama.cpp's llama-server for the tenant tests (AGPL: test-only).  Its sdist builds with cmake:
 # without these settings it runs an unbounded `make -j` over every example and test (27 min,
@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m agents.demo
 
-test: $(STAMP) browser prometheus lint typecheck pytest
+test: $(STAMP) browser prometheus redis lint typecheck pytest
 
 # Debian packages some tests use, installed when missing and we may (root); otherwise those
 # tests skip and say why.  $(call apt_install,COMMAND,PACKAGE,WHAT SKIPS)
@@ -44,6 +44,10 @@ browser:
 # Prometheus server: both come with Debian's prometheus package.
 prometheus:
 	$(call apt_install,promtool,prometheus,the promtool and Prometheus tests)
+
+# The cluster tests start real Redis servers (127.0.0.1, a free port, no persistence).
+redis:
+	$(call apt_install,redis-server,redis-server,the cluster's Redis tests)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
