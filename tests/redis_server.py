@@ -61,7 +61,7 @@ class RedisServer:
             self.proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
             )
-        wait_until(self._answers, 20.0, lambda: f"redis-server on {self.port}\n{log_tail(self.log)}")
+        wait_until(self._answers, 20.0, lambda: f"redis-server {self.port}\n{log_tail(self.log)}")
         return self
 
     def _answers(self) -> bool:

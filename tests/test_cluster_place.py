@@ -44,7 +44,13 @@ def local(wait: float, ahead: int = 0, *, warm: bool = False) -> place.Location:
 
 def best(loc: place.Location | None, *reports: HostReport, **kw: object) -> str:
     locs = place.locations(
-        "tiny-gpu", loc, reports, me="a", now_wall=NOW, penalty_s=1.0, **kw  # type: ignore[arg-type]
+        "tiny-gpu",
+        loc,
+        reports,
+        me="a",
+        now_wall=NOW,
+        penalty_s=1.0,
+        **kw,  # type: ignore[arg-type]
     )
     return locs[0].label
 
@@ -99,7 +105,9 @@ def test_explain_names_every_location() -> None:
         "tiny-gpu", local(41.0, 2), [peer("b", warm=True)], me="a", now_wall=NOW, penalty_s=0.0
     )
     text = place.explain("gpu", "tiny-gpu", locs)
-    assert text == "gpu tiny-gpu on b: starts in ~0 s (warm); here: ~46 s behind 2 tickets (load ~5 s)"
+    assert text == (
+        "gpu tiny-gpu on b: starts in ~0 s (warm); here: ~46 s behind 2 tickets (load ~5 s)"
+    )
 
 
 def test_a_report_round_trips_and_readers_skip_what_they_cannot_read() -> None:
@@ -110,7 +118,8 @@ def test_a_report_round_trips_and_readers_skip_what_they_cannot_read() -> None:
     newer = {**r.as_dict(), "future_key": [1, 2]}
     parsed = report.parse(newer)
     assert parsed is not None and parsed.extra == {"future_key": [1, 2]}
-    for bad in (None, [], {"format": "x"}, {**r.as_dict(), "gpus": "no"}, {**r.as_dict(), "host": ""}):
+    broken = [{**r.as_dict(), "gpus": "no"}, {**r.as_dict(), "host": ""}]
+    for bad in (None, [], {"format": "x"}, *broken):
         assert report.parse(bad) is None
 
 

@@ -27,7 +27,8 @@ from gpulock.core.config import parse_config
 from gpulock.core.settings import Settings
 from gpulock.core.settings import load as load_settings
 
-PASSWORD = "correct-horse-battery"
+PASSWORD = "correct-horse-battery"  # noqa: S105 (the test server's, made up)
+PW_ENV = "PW"  # the name of the variable holding the password
 HANG_BOUND_S = 5.0  # "does not hang": far above the 0.5 s timeout, far below a hang
 
 
@@ -125,7 +126,7 @@ def test_a_frozen_redis_is_treated_as_down(redis: RedisServer) -> None:
 def test_a_wrong_password_is_named_never_shown(tmp_path: Path) -> None:
     r = RedisServer(tmp_path / "r", password=PASSWORD).start()
     try:
-        wrong = Store(cc(r.url, "a", password_env="PW"), environ={"PW": "not-the-password"})
+        wrong = Store(cc(r.url, "a", password_env=PW_ENV), environ={"PW": "not-the-password"})
         with pytest.raises(Unavailable) as e:
             wrong.hosts()
         assert "wrong password (from $PW)" in str(e.value)
@@ -134,7 +135,7 @@ def test_a_wrong_password_is_named_never_shown(tmp_path: Path) -> None:
         with pytest.raises(Unavailable) as e:
             missing.hosts()
         assert "cluster.password_env is not set" in str(e.value)
-        right = Store(cc(r.url, "a", password_env="PW"), environ={"PW": PASSWORD})
+        right = Store(cc(r.url, "a", password_env=PW_ENV), environ={"PW": PASSWORD})
         right.publish(host_report("a", time.time()).as_dict())
         assert names(right) == ["a"]
     finally:
