@@ -25,7 +25,7 @@ from cluster.report import GpuLine, HostReport, Runs, load_estimate_s
 from gpulock.core.settings import Settings
 from router import probe
 from router.backends import BackendError
-from router.choose import GpuView, Verdict, cid
+from router.choose import Verdict, cid
 from router.routes import Candidate
 from router.waitest import quantile
 from serve.engines import Ask, RemoteEngine
@@ -91,7 +91,7 @@ class ClusterLink:
         extra_waiting = self.d.line.waiting  # requests waiting inside serve, behind a shared ticket
         gpus = []
         for g in host.gpus:
-            hold = _typical_hold(g, rs.hold_estimate_s)
+            hold = _typical_hold(self.settings, g.index, rs.hold_estimate_s)
             holding = sum(1 for q in g.line if q.held_s is not None)
             est = g.est_wait_s if g.ahead else 0.0
             if est is not None:
@@ -265,7 +265,8 @@ class ClusterLink:
         return halt
 
 
-def _typical_hold(g: GpuView, default_s: float) -> float:
-    if g.history is not None and g.history.gpu:
-        return quantile(g.history.gpu, 0.5)
-    return default_s
+def _typical_hold(settings: Settings, gpu: int, default_s: float) -> float:
+    """The median of this GPU's recent holds (``router.hold_estimate`` before any): what one
+    more request adds to a peer's wait, for the requests sent since its last heartbeat."""
+    history = probe.hold_history(settings.state_dir, gpu, default_s)
+    return quantile(history.gpu, 0.5) if history.gpu else default_s

@@ -1,0 +1,301 @@
+"""Two hosts as one pool, for real: ``gpulock serve`` processes with their own state folders,
+simulated GPUs and ports, one real ``redis-server``, the tiny llama.cpp model.
+
+Host ``a`` beats every 0.5 s; host ``b`` every 5 s, so that a frozen or killed ``b`` stays in
+``a``'s view long enough for ``a`` to try it (what the peer-failure cases are about).  The
+cases run in order on one pair of hosts (each start loads a model: the machine is small).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from procs import wait_until
+from redis_server import RedisServer, need_redis
+from router_servers import free_port, kill_group
+from serve_server import GatewayProc, Reply
+
+from router.tiny_model import ensure_tiny_llama
+
+START_S = 60.0
+WAIT_S = 30.0
+
+
+@dataclass
+class Host(GatewayProc):
+    """A gateway whose port is chosen before its config is written (the config names it)."""
+
+    name: str = ""
+    folder: Path = Path()
+
+    def start(self) -> Host:
+        argv = [sys.executable, "-m", "gpulock", "serve", "--listen", f"127.0.0.1:{self.port}"]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env={**_clean_env(), **self.env},
+                start_new_session=True,
+            )
+        proc = self.proc
+
+        def up() -> str:
+            if proc.poll() is not None:
+                return "exited"
+            try:
+                r = self.request("GET", "/health")
+            except OSError:
+                return ""
+            return "up" if r.status == 200 else ""
+
+        assert wait_until(up, START_S, lambda: f"serve {self.name}\n{self.output()}") == "up", (
+            self.output()
+        )
+        return self
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        path = self.folder / "state" / "events.jsonl"
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            return []
+        out = [json.loads(line) for line in lines if line.strip()]
+        return [e for e in out if e.get("event") == kind]
+
+    def gpulock(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gpulock", *args],
+            capture_output=True,
+            text=True,
+            env={**_clean_env(), **self.env},
+            timeout=60,
+        )
+
+    def chat(self, agent: str, **headers: str) -> Reply:
+        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        return self.request(
+            "POST", "/v1/chat/completions", body, {"X-Gpulock-Agent": agent, **headers}
+        )
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("GPULOCK_")}
+
+
+def make_host(root: Path, name: str, redis: RedisServer, tiny: Path, heartbeat: str) -> Host:
+    folder = root / name
+    folder.mkdir()
+    port = free_port()
+    config = folder / "gpulock.yaml"
+    config.write_text(
+        textwrap.dedent(
+            f"""\
+            simulate: 24GiB
+            cluster:
+              redis: {redis.url}
+              host: {name}
+              gateway: http://127.0.0.1:{port}
+              heartbeat: {heartbeat}
+              remote_penalty: 500ms
+              peer_timeout: 2s
+            routes:
+              chat:
+                - {{tier: gpu, backend: llama_cpp, model: {tiny}, n_ctx: 256, max_tokens: 4,
+                   name: tiny-gpu}}
+            """
+        )
+    )
+    env = {"GPULOCK_CONFIG": str(config), "GPULOCK_STATE_DIR": str(folder / "state")}
+    return Host(log=folder / "serve.log", env=env, port=port, name=name, folder=folder)
+
+
+@dataclass
+class Pool:
+    redis: RedisServer
+    a: Host
+    b: Host
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    need_redis()
+    root = tmp_path_factory.mktemp("cluster")
+    tiny = ensure_tiny_llama(root)
+    redis = RedisServer(root / "redis").start()
+    a = make_host(root, "a", redis, tiny, "500ms")
+    b = make_host(root, "b", redis, tiny, "5s")
+    try:
+        b.start()
+        a.start()
+        yield Pool(redis, a, b)
+    finally:
+        for h in (a, b):
+            if h.proc is not None:
+                try:
+                    os.killpg(h.proc.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            h.stop()
+        redis.stop()
+
+
+def fleet(h: Host) -> dict[str, Any]:
+    r = subprocess.run(
+        [sys.executable, "-m", "cluster", "--json"],
+        capture_output=True,
+        text=True,
+        env={**_clean_env(), **h.env},
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    obj: dict[str, Any] = json.loads(r.stdout)
+    return obj
+
+
+def hosts_seen(h: Host) -> list[str]:
+    return [x["name"] for x in fleet(h)["hosts"]]
+
+
+def test_each_host_publishes_and_sees_the_fleet(pool: Pool) -> None:
+    wait_until(lambda: hosts_seen(pool.a) == ["a", "b"], WAIT_S, "both hosts in Redis")
+    obj = fleet(pool.b)
+    assert obj["host"] == "b" and obj["redis"] == "ok"
+    row = next(x for x in obj["hosts"] if x["name"] == "a")
+    assert row["gateway"] == pool.a.url and row["level"] == "normal"
+    assert row["candidates"] == ["tiny-gpu"]
+    assert row["gpus"][0]["total_bytes"] == 24 << 30 and row["gpus"][0]["holding"] == 0
+    served = pool.a.request("GET", "/gpulock/cluster").json()
+    assert [x["name"] for x in served["hosts"]] == ["a", "b"]
+    health = pool.a.request("GET", "/health").json()
+    assert health["cluster"] == {"host": "a", "hosts": 2, "redis": "ok", "problem": None}
+    st = pool.a.gpulock("status")
+    assert st.returncode == 0 and "cluster: 2 hosts, redis ok" in st.stdout.splitlines(), st.stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "cluster"],
+        capture_output=True,
+        text=True,
+        env={**_clean_env(), **pool.a.env},
+        timeout=60,
+    ).stdout
+    assert text.splitlines()[0] == "cluster: 2 hosts, redis ok"
+    assert "a (this host)" in text and "gpu0: 24.0 GiB" in text, text
+
+
+def test_a_busy_local_gpu_sends_work_to_an_idle_peer(pool: Pool) -> None:
+    a, b = pool.a, pool.b
+    blocker = hold_gpu(a, "blocker")
+    try:
+        busy = lambda: next(  # noqa: E731
+            x for x in fleet(b)["hosts"] if x["name"] == "a"
+        )["gpus"][0]["holding"]
+        wait_until(busy, WAIT_S, "a's report to show its GPU held")
+        r = a.chat("agent-busy")
+        assert r.status == 200, r.body
+        assert r.headers["x-gpulock-host"] == "b"
+        # It waited in b's line under the agent's name, and b's status shows it ran there.
+        grants = [e for e in b.events("acquire") if e.get("name") == "agent-busy"]
+        assert grants, b.events("acquire")
+        calls = [e for e in b.events("call") if e.get("agent") == "agent-busy"]
+        assert calls and calls[0]["host"] == "b"
+        assert [e["host"] for e in a.events("call") if e.get("agent") == "agent-busy"] == ["b"]
+        st = json.loads(b.gpulock("status", "--json").stdout)
+        assert any("tiny" in json.dumps(rec) for rec in st["residents"]), st["residents"]
+    finally:
+        kill_group(blocker)
+
+
+def test_a_warm_peer_wins_over_a_cold_local_load_and_ties_stay_local(pool: Pool) -> None:
+    a = pool.a
+
+    def b_warm() -> bool:  # as a's heartbeat last read it
+        seen = a.request("GET", "/gpulock/cluster").json()
+        row = next(x for x in seen["hosts"] if x["name"] == "b")
+        return "tiny-gpu" in row["warm"] and row["gpus"][0]["holding"] == 0
+
+    wait_until(b_warm, WAIT_S, "b's report: tiny-gpu warm, its line empty")
+    wait_until(lambda: _idle(a), WAIT_S, "a's GPU free")
+    r = a.chat("agent-warm")
+    assert r.status == 200, r.body
+    assert r.headers["x-gpulock-host"] == "b"  # b: 0 s + 0.5 s penalty < a: ~1 s load
+    # A request a peer forwarded runs where it lands: this warms a's own model.
+    r = a.chat("agent-local", **{"X-Gpulock-From": "test"})
+    assert r.status == 200 and r.headers["x-gpulock-host"] == "a", r.body
+    r = a.chat("agent-tie")
+    assert r.status == 200 and r.headers["x-gpulock-host"] == "a"  # warm here: 0 s < 0.5 s
+
+
+def _idle(h: Host) -> bool:
+    st = json.loads(h.gpulock("status", "--json").stdout)
+    live = ("holding", "waiting", "hung")
+    return not [e for g in st["gpus"] for e in g["holders"] + g["waiters"] if e["state"] in live]
+
+
+def hold_gpu(h: Host, name: str) -> subprocess.Popen[bytes]:
+    """``gpulock run --name NAME -- sleep 600`` on ``h``'s GPU, once it holds."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "gpulock", "run", "--name", name, "--", "sleep", "600"],
+        env={**_clean_env(), **h.env},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    wait_until(
+        lambda: [e for e in h.events("acquire") if e.get("name") == name],
+        WAIT_S,
+        f"{name} to hold {h.name}'s GPU",
+    )
+    return p
+
+
+def chat_while_busy(h: Host, agent: str, blocker: subprocess.Popen[bytes]) -> Reply:
+    """A request to ``h`` while its GPU is held: once ``h`` has given up on the peer (a
+    ``fallback`` event), the holder leaves and the request runs here."""
+    out: list[Reply] = []
+    t = threading.Thread(target=lambda: out.append(h.chat(agent)), daemon=True)
+    t.start()
+    wait_until(
+        lambda: [e for e in h.events("fallback") if e.get("agent") == agent],
+        WAIT_S,
+        lambda: f"{h.name} to give up on the peer\n{h.output()}",
+    )
+    kill_group(blocker)
+    t.join(WAIT_S)
+    assert out, "the request did not end"
+    return out[0]
+
+
+def test_a_frozen_then_a_killed_peer_lose_no_call(pool: Pool) -> None:
+    """b is idle and warm, a's GPU is held: a sends to b, b does not answer, a runs it."""
+    a, b = pool.a, pool.b
+    assert b.proc is not None
+    blocker = hold_gpu(a, "blocker2")
+    try:
+        os.killpg(b.proc.pid, signal.SIGSTOP)  # accepts connections, answers nothing
+        try:
+            r = chat_while_busy(a, "agent-frozen", blocker)
+        finally:
+            os.killpg(b.proc.pid, signal.SIGCONT)
+        assert r.status == 200, r.body
+        assert r.headers["x-gpulock-host"] == "a"
+        falls = [e for e in a.events("fallback") if e.get("agent") == "agent-frozen"]
+        assert falls[0]["host"] == "b" and falls[0]["from_tier"] == "peer"
+        blocker = hold_gpu(a, "blocker3")
+        kill_group(b.proc)  # SIGKILL; its report lives on in Redis until it expires
+        r = chat_while_busy(a, "agent-killed", blocker)
+        assert r.status == 200 and r.headers["x-gpulock-host"] == "a", r.body
+    finally:
+        kill_group(blocker)
