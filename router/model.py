@@ -76,6 +76,11 @@ class Model:
         return self._verdict.gpu
 
     @property
+    def host(self) -> str:
+        """The host that runs the calls: a cluster peer's name, or this host's."""
+        return self.candidate.host or _here(self._settings)
+
+    @property
     def why(self) -> str:
         """What was chosen and why; each other candidate and why not; fallbacks so far."""
         text = self.choice.explain()
@@ -207,7 +212,11 @@ class Model:
         key = f"{cid(c)}|{c.n_ctx}|{v.gpu}"
         b = self._backends.get(key)
         if b is None:
-            if c.local:
+            if c.host is not None:  # a cluster peer's gateway
+                from router.backends.peer import PeerBackend
+
+                b = PeerBackend(c, agent=self.agent, me=_here(self._settings))
+            elif c.local:
                 from router.backends import llama_cpp
 
                 b = llama_cpp.backend_for(c, self._settings, gpu=v.gpu, need=v.need_bytes)
@@ -321,8 +330,15 @@ class Model:
             model=c.name,
             ok=ok,
             latency_s=round(elapsed, 6),
+            host=c.host or _here(self._settings),
             **{**counts, **fields},
         )
+
+
+def _here(settings: Settings) -> str:
+    from router.peers import here_name
+
+    return here_name(settings)
 
 
 # HTTP statuses that blame this one request (its keywords, its size), not the endpoint.

@@ -243,6 +243,54 @@ def _idle(h: Host) -> bool:
     return not [e for g in st["gpus"] for e in g["holders"] + g["waiters"] if e["state"] in live]
 
 
+AGENT = """\
+import json, sys
+import router
+m = router.get_model("chat", agent=sys.argv[1])
+text = m.chat([{"role": "user", "content": "hi"}], max_tokens=4)
+print(json.dumps({"host": m.host, "tier": m.tier, "text": text}))
+"""
+
+
+def test_agents_on_a_busy_host_get_models_on_the_idle_peer(pool: Pool) -> None:
+    """Real agent processes on a call ``router.get_model``: a's GPU is held, so the model they
+    get runs on b (``Model.host``), through b's line under each agent's name."""
+    a, b = pool.a, pool.b
+    blocker = hold_gpu(a, "blocker-agents")
+    try:
+        wait_until(lambda: _seen_holding(a, "a"), WAIT_S, "a's report to show its GPU held")
+        route = a.gpulock("route", "chat", "--json")
+        assert route.returncode == 0, route.stderr
+        assert json.loads(route.stdout)["host"] == "b"
+        explained = a.gpulock("route", "chat", "--explain").stdout
+        assert "on b: starts in" in explained and "here: ~" in explained, explained
+        agents = [
+            subprocess.Popen(
+                [sys.executable, "-c", AGENT, f"agent-{i}"],
+                env={**_clean_env(), **a.env},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(3)
+        ]
+        for i, agent in enumerate(agents):
+            out, err = agent.communicate(timeout=120)
+            assert agent.returncode == 0, err
+            got = json.loads(out)
+            assert got["host"] == "b" and got["tier"] == "gpu", got
+            calls = [e for e in a.events("call") if e.get("agent") == f"agent-{i}"]
+            assert calls and calls[0]["host"] == "b" and calls[0]["ok"], calls
+            assert [e for e in b.events("acquire") if e.get("name") == f"agent-{i}"]
+    finally:
+        kill_group(blocker)
+
+
+def _seen_holding(h: Host, name: str) -> bool:
+    row = next(x for x in fleet(h)["hosts"] if x["name"] == name)
+    return bool(row["gpus"][0]["holding"])
+
+
 def hold_gpu(h: Host, name: str) -> subprocess.Popen[bytes]:
     """``gpulock run --name NAME -- sleep 600`` on ``h``'s GPU, once it holds."""
     p = subprocess.Popen(
