@@ -142,6 +142,16 @@ def test_a_wrong_password_is_named_never_shown(tmp_path: Path) -> None:
         r.stop()
 
 
+def gauges(s: Settings) -> dict[str, float]:
+    """The cluster's gauges in this host's metrics exposition."""
+    from metrics_helpers import parse
+
+    from gpulock.metrics.collector import exposition
+
+    samples = parse(exposition(s).decode())
+    return {name: v for (name, _labels), v in samples.items() if name.startswith("gpulock_cluster")}
+
+
 def kinds(s: Settings) -> list[str]:
     return [e["event"] for e in events.read(s.state_dir) if e["event"].startswith("cluster-")]
 
@@ -161,11 +171,13 @@ def test_the_heartbeat_through_redis_lost_and_restarted_empty(
     assert status.snapshot(sa)["cluster"] == {
         "host": "a", "hosts": 2, "redis": "ok", "problem": None
     }  # fmt: skip
+    assert gauges(sa) == {"gpulock_cluster_hosts": 2.0, "gpulock_cluster_redis_up": 1.0}
 
     redis.stop()  # Redis lost: the host works alone, says so, and routes locally
     ha.tick()
     assert not ha.fleet.redis_ok and ha.fleet.reports == ()
     assert kinds(sa) == ["cluster-degraded"]
+    assert gauges(sa) == {"gpulock_cluster_hosts": 2.0, "gpulock_cluster_redis_up": 0.0}
     line = status.render(status.snapshot(sa)).splitlines()[0]
     assert line.startswith("cluster: 2 hosts last seen, redis down (") and "local only" in line
 
@@ -184,3 +196,4 @@ def test_no_status_line_without_a_live_heartbeat(redis: RedisServer, tmp_path: P
     c = cc(redis.url, "a", heartbeat_s=1.0)
     Heartbeat(s, c, lambda now: host_report("a", now)).tick(now_wall=time.time() - 10.0)
     assert status.snapshot(s)["cluster"] is None  # written 10 s ago: 3 heartbeats have passed
+    assert gauges(s) == {}  # no cluster seen: absent, never 0

@@ -160,6 +160,14 @@ GAUGES = (
     _g("governor_last_pass_timestamp_seconds", "when the governor last published"),
     _g("router_cloud_spend_today_usd", "cloud spend so far today (local day)"),
     _g("router_daily_budget_usd", "router.daily_budget (absent when unset)"),
+    _g(
+        "cluster_hosts",
+        "live hosts of the cluster, as this host last saw them (no cluster: absent)",
+    ),
+    _g(
+        "cluster_redis_up",
+        "1 while the cluster's Redis answers this host, else 0 (no cluster: absent)",
+    ),
 )
 
 ALL = COUNTERS + HISTOGRAMS + GAUGES
