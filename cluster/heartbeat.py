@@ -17,10 +17,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cluster import report as report_mod
+from cluster import spend
 from cluster.config import ClusterConfig
 from cluster.report import HostReport
 from cluster.store import Store, Unavailable
@@ -46,11 +47,15 @@ class Heartbeat:
         build: Callable[[float], HostReport],
         *,
         store: Store | None = None,
+        ledger_spend: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
+        """``ledger_spend``: this host's cloud spend today by cid, from its own ledger: each
+        beat refills Redis with it (``cluster.spend.refill``)."""
         self.settings = settings
         self.cc = cc
         self.build = build
         self.store = store or Store(cc)
+        self.ledger_spend = ledger_spend
         self.fleet = Fleet()
         self._was_up: bool | None = None
         self._hosts_seen = 1
@@ -64,6 +69,8 @@ class Heartbeat:
         now = time.time() if now_wall is None else now_wall
         mine = self.build(now)
         try:
+            if self.ledger_spend is not None:
+                spend.refill(self.store, self.ledger_spend())
             self.store.publish(mine.as_dict(), now_wall=now)
             raw = self.store.hosts()
         except Unavailable as e:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpulock.core.settings import Settings
-from router import ledger, probe
+from router import budget, ledger, probe
 from router.backends import BackendError, Result
 from router.choose import Choice, Verdict, choose, cid
 from router.errors import NoModelAvailable
@@ -48,6 +48,7 @@ class Model:
         self._deadline_at = deadline_at
         self._prefer = prefer
         self._backends: dict[str, Any] = {}
+        self._reservation: Any = None  # router.budget.Reservation of the call under way
         self._failed: dict[str, str] = {}  # cid -> what went wrong, on the call under way
         self.fallbacks: list[str] = []  # "model: why" for each candidate given up on this handle
 
@@ -104,7 +105,9 @@ class Model:
         if stream:
             return self._stream("text", prompt, kw)
         return self._call(
-            lambda b, wait, label, args: b.complete(prompt, wait_s=wait, label=label, **args), kw
+            lambda b, wait, label, args: b.complete(prompt, wait_s=wait, label=label, **args),
+            kw,
+            prompt,
         )
 
     def chat(self, messages: list[dict[str, Any]], *, stream: bool = False, **kw: Any) -> Any:
@@ -112,7 +115,9 @@ class Model:
         if stream:
             return self._stream("chat", messages, kw)
         return self._call(
-            lambda b, wait, label, args: b.chat(messages, wait_s=wait, label=label, **args), kw
+            lambda b, wait, label, args: b.chat(messages, wait_s=wait, label=label, **args),
+            kw,
+            messages,
         )
 
     def unload(self) -> None:
@@ -123,13 +128,18 @@ class Model:
     close = unload
 
     def _call(
-        self, run: Callable[[Any, float | None, str, dict[str, Any]], Result], kw: dict[str, Any]
+        self,
+        run: Callable[[Any, float | None, str, dict[str, Any]], Result],
+        kw: dict[str, Any],
+        payload: Any,
     ) -> str:
         self._new_call()
         while True:
             v = self._still_fits()
             # Each attempt its own keywords: the next candidate's default max_tokens is its own.
             args = {"max_tokens": v.candidate.max_tokens, **kw}
+            if not self._reserve(v, payload, args["max_tokens"]):
+                continue
             backend = self._backend(v)
             start = time.monotonic()
             try:
@@ -145,6 +155,8 @@ class Model:
         while True:
             v = self._still_fits()
             args = {"max_tokens": v.candidate.max_tokens, **kw}
+            if not self._reserve(v, payload, args["max_tokens"]):
+                continue
             backend = self._backend(v)
             usage: dict[str, int] = {}
             start = time.monotonic()
@@ -239,8 +251,29 @@ class Model:
     def _label(self) -> str:
         return f"{self.agent}:{self.task}" if self.agent else self.task
 
+    def _reserve(self, v: Verdict, payload: Any, max_tokens: Any) -> bool:
+        """Reserve a cloud call's most cost against its budgets (router.budget); False: the
+        budget would be passed, and the call has moved on to the next candidate."""
+        self._reservation = None
+        c = v.candidate
+        rs = self._table.settings
+        if not budget.needed(c, rs):
+            return True
+        limit = max_tokens if isinstance(max_tokens, int) else c.max_tokens
+        r = budget.reserve(self._settings, rs, c, budget.bound_usd(c, payload, limit))
+        if isinstance(r, str):
+            self._failed[cid(c)] = r
+            self.fallbacks.append(f"{c.name}: {r}")
+            self._move_on(c, r)
+            return False
+        self._reservation = r
+        return True
+
     def _give_up(self, v: Verdict, e: BackendError, elapsed: float, *, retry: bool = True) -> None:
         c = v.candidate
+        if self._reservation is not None:
+            budget.release(self._settings, self._reservation)
+            self._reservation = None
         key = cid(c)
         self._failed[key] = e.short
         rs = self._table.settings
@@ -299,6 +332,7 @@ class Model:
     def _account(self, v: Verdict, tokens_in: int, tokens_out: int, elapsed: float) -> None:
         c = v.candidate
         cost = (tokens_in * c.price_in_per_1k + tokens_out * c.price_out_per_1k) / 1000
+        r, self._reservation = self._reservation, None
         ledger.record_call(
             self._settings,
             cid(c),
@@ -308,7 +342,10 @@ class Model:
             tier=c.tier,
             tokens_in=tokens_in,
             tokens_out=tokens_out,
+            reserved_usd=r.amount_usd if r is not None else 0.0,
         )
+        if r is not None:
+            budget.settled(self._settings, r, cost)
         self._call_event(
             c,
             ok=True,

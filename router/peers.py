@@ -47,6 +47,7 @@ class _View:
     store: Store
     reports: tuple[HostReport, ...] = ()
     read_at: float = -1e9
+    hosts_seen: int = 0  # at the last successful read
 
 
 _views: dict[tuple[Any, ...], _View] = {}
@@ -81,6 +82,7 @@ def peers(settings: Settings) -> tuple[ClusterConfig, tuple[HostReport, ...]]:
             v.reports = ()
         else:
             v.reports = tuple(r for r in (report.parse(o) for o in raw) if r is not None)
+            v.hosts_seen = len(v.reports)
     return v.cc, v.reports
 
 
@@ -143,3 +145,20 @@ def count_sent(settings: Settings, peer: str) -> None:
     at = next((r.at_wall for r in reports if r.host == peer), None)
     if at is not None:
         _sent[(peer, at)] = _sent.get((peer, at), 0) + 1
+
+
+def store(settings: Settings) -> Store:
+    """This process's one connection to the cluster's Redis (with its back-off)."""
+    return _view(settings).store
+
+
+def hosts_last_seen(settings: Settings) -> int:
+    """How many hosts share the budgets: as this process last read them, else as this host's
+    ``gpulock serve`` last wrote them (``cluster.json``, however old), else 1."""
+    v = _view(settings)
+    if v.hosts_seen:
+        return v.hosts_seen
+    from gpulock.core import clusterview
+
+    view = clusterview.read(settings, time.time(), any_age=True)
+    return view.hosts if view is not None and view.hosts > 0 else 1

@@ -23,7 +23,7 @@ from cluster.heartbeat import Heartbeat
 from cluster.place import Location, here, locations
 from cluster.report import GpuLine, HostReport, Runs, load_estimate_s
 from gpulock.core.settings import Settings
-from router import probe
+from router import ledger, probe
 from router.backends import BackendError
 from router.choose import Verdict, cid
 from router.routes import Candidate
@@ -77,7 +77,9 @@ class ClusterLink:
         self.settings = settings
         self.cc = cc
         self.d = dispatcher
-        self.heartbeat = Heartbeat(settings, cc, self.report)
+        self.heartbeat = Heartbeat(
+            settings, cc, self.report, ledger_spend=lambda: ledger.read(settings).spend_usd
+        )
 
     # --- what this host publishes ------------------------------------------------------------
 

@@ -50,8 +50,9 @@ def write(settings: Settings, view: View) -> None:
     atomic_write(settings.state_dir / FILE, data.encode(), mode=settings.file_mode)
 
 
-def read(settings: Settings, now_wall: float) -> View | None:
-    """The fresh view; None when there is none (no cluster, no server, stale or unreadable)."""
+def read(settings: Settings, now_wall: float, *, any_age: bool = False) -> View | None:
+    """The fresh view (``any_age``: however old); None when there is none (no cluster, no
+    server, stale or unreadable)."""
     try:
         obj = safejson.loads(read_small(settings.state_dir / FILE, 1 << 16) or b"null")
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
@@ -63,4 +64,4 @@ def read(settings: Settings, now_wall: float) -> View | None:
         return None
     if not all(isinstance(n, int | float) for n in (view.heartbeat_s, view.updated_wall)):
         return None
-    return view if view.fresh(now_wall) else None
+    return view if any_age or view.fresh(now_wall) else None
