@@ -287,6 +287,10 @@ class Model:
                 max_s=rs.max_cooldown_s,
                 retry_after_s=e.retry_after_s,
             )
+            if self._settings.config.section("cluster") is not None:
+                from router import peers
+
+                peers.share_cooldown(self._settings, key, cooled, e.short)
         self.fallbacks.append(f"{c.name}: {e.short}")
         self._call_event(
             c,

@@ -48,6 +48,8 @@ class _View:
     reports: tuple[HostReport, ...] = ()
     read_at: float = -1e9
     hosts_seen: int = 0  # at the last successful read
+    cooldowns: dict[str, tuple[float, str]] | None = None
+    cooldowns_at: float = -1e9
 
 
 _views: dict[tuple[Any, ...], _View] = {}
@@ -145,6 +147,37 @@ def count_sent(settings: Settings, peer: str) -> None:
     at = next((r.at_wall for r in reports if r.host == peer), None)
     if at is not None:
         _sent[(peer, at)] = _sent.get((peer, at), 0) + 1
+
+
+def share_cooldown(settings: Settings, key: str, length_s: float, reason: str) -> None:
+    """Cool ``key`` (a cid) down for every host of the cluster, not just this one."""
+    from cluster import cooldowns
+    from cluster.store import Unavailable
+
+    v = _view(settings)
+    until = time.time() + length_s
+    try:
+        cooldowns.share(v.store, key, until, reason, v.cc.host)
+        if v.cooldowns is not None:
+            v.cooldowns[key] = (until, f"{reason} (on {v.cc.host})")
+    except Unavailable:
+        pass  # this host's ledger has it; the others learn of the endpoint themselves
+
+
+def shared_cooldowns(settings: Settings) -> dict[str, tuple[float, str]]:
+    """The cluster's cooldowns in force (none while Redis is unavailable)."""
+    from cluster import cooldowns
+    from cluster.store import Unavailable
+
+    v = _view(settings)
+    now = time.monotonic()
+    if v.cooldowns is None or now - v.cooldowns_at >= v.cc.heartbeat_s / 2:
+        v.cooldowns_at = now
+        try:
+            v.cooldowns = cooldowns.read(v.store)
+        except Unavailable:
+            v.cooldowns = {}
+    return dict(v.cooldowns)
 
 
 def store(settings: Settings) -> Store:

@@ -1,5 +1,6 @@
-"""Cloud budgets across hosts, for real: three hosts (own state folders and ledgers, one
-Redis) whose agents (real processes calling ``router.get_model``) hit one budget at once.
+"""Cloud budgets and cooldowns across hosts, for real: three hosts (own state folders and
+ledgers, one Redis) whose agents (real processes calling ``router.get_model``) hit one budget
+at once, and a 429 met by one host that cools the endpoint for another.
 
 The cloud is one OpenAI-shaped server (``FaultServer``): every call costs exactly $1.50 (3
 completion tokens at $500 per 1000; ``max_tokens: 3`` bounds it to that), so a $15.00
@@ -8,6 +9,7 @@ completion tokens at $500 per 1000; ``max_tokens: 3`` bounds it to that), so a $
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -201,3 +203,40 @@ def test_the_reservation_script_refills_and_checks_in_one_step(tmp_path: Path) -
         assert spend.spent(a) == {"cloud:x": 3.25, "cloud:y": 0.5}
     finally:
         redis.stop()
+
+
+def test_a_429_on_one_host_cools_the_endpoint_on_another(tmp_path: Path) -> None:
+    limited = FaultServer(mode="429", retry_after="120").start()
+    steady = FaultServer(mode="ok").start()
+    redis = RedisServer(tmp_path / "redis").start()
+    try:
+        envs = {h: host_env(tmp_path, h, redis.url, limited.base_url) for h in ("a", "b")}
+        for env in envs.values():  # a second, steady candidate after the rate-limited one
+            config = Path(env["GPULOCK_CONFIG"])
+            config.write_text(
+                config.read_text()
+                + f"    - {{backend: openai, name: steady, model: tiny, base_url: "
+                f"'{steady.base_url}', api_key_env: CLOUD_KEY, max_tokens: 3}}\n"
+            )
+        call = "import router; m = router.get_model('t'); m.complete('x'); print(m.name)"
+        out = subprocess.run(
+            [sys.executable, "-c", call], env=envs["a"], capture_output=True, text=True, timeout=60
+        )
+        assert out.stdout.strip() == "steady", out.stderr  # a met the 429 and moved on
+        assert limited.count("/completions") == 1
+        route = subprocess.run(
+            [sys.executable, "-m", "gpulock", "route", "t", "--json"],
+            env=envs["b"], capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        verdicts = json.loads(route.stdout)["candidates"]
+        assert verdicts[0]["name"] == "paid" and not verdicts[0]["ok"]
+        assert "cooling down" in verdicts[0]["reason"] and "(on a)" in verdicts[0]["reason"]
+        out = subprocess.run(
+            [sys.executable, "-c", call], env=envs["b"], capture_output=True, text=True, timeout=60
+        )
+        assert out.stdout.strip() == "steady", out.stderr
+        assert limited.count("/completions") == 1  # b never called the cooling endpoint
+    finally:
+        redis.stop()
+        limited.stop()
+        steady.stop()
