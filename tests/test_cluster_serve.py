@@ -220,12 +220,7 @@ def test_a_busy_local_gpu_sends_work_to_an_idle_peer(pool: Pool) -> None:
 def test_a_warm_peer_wins_over_a_cold_local_load_and_ties_stay_local(pool: Pool) -> None:
     a = pool.a
 
-    def b_warm() -> bool:  # as a's heartbeat last read it
-        seen = a.request("GET", "/gpulock/cluster").json()
-        row = next(x for x in seen["hosts"] if x["name"] == "b")
-        return "tiny-gpu" in row["warm"] and row["gpus"][0]["holding"] == 0
-
-    wait_until(b_warm, WAIT_S, "b's report: tiny-gpu warm, its line empty")
+    wait_until(lambda: b_idle_and_warm(a), WAIT_S, "b's report: tiny-gpu warm, its line empty")
     wait_until(lambda: _idle(a), WAIT_S, "a's GPU free")
     r = a.chat("agent-warm")
     assert r.status == 200, r.body
@@ -235,6 +230,18 @@ def test_a_warm_peer_wins_over_a_cold_local_load_and_ties_stay_local(pool: Pool)
     assert r.status == 200 and r.headers["x-gpulock-host"] == "a", r.body
     r = a.chat("agent-tie")
     assert r.status == 200 and r.headers["x-gpulock-host"] == "a"  # warm here: 0 s < 0.5 s
+
+
+def b_idle_and_warm(a: Host) -> bool:
+    """As a's heartbeat last read it: b's line empty and tiny-gpu warm there."""
+    seen = a.request("GET", "/gpulock/cluster").json()
+    row = next((x for x in seen["hosts"] if x["name"] == "b"), None)
+    return (
+        row is not None
+        and "tiny-gpu" in row["warm"]
+        and not row["in_flight"]
+        and not any(g["holding"] or g["waiting"] for g in row["gpus"])
+    )
 
 
 def _idle(h: Host) -> bool:
@@ -274,6 +281,15 @@ def test_agents_on_a_busy_host_get_models_on_the_idle_peer(pool: Pool) -> None:
             )
             for i in range(3)
         ]
+        streamed = a.request(
+            "POST",
+            "/v1/chat/completions",
+            {"model": "chat", "messages": [{"role": "user", "content": "hi"}],
+             "max_tokens": 4, "stream": True},
+            {"X-Gpulock-Agent": "agent-stream"},
+        )  # fmt: skip
+        assert streamed.status == 200 and streamed.headers["x-gpulock-host"] == "b"
+        assert streamed.body.rstrip().endswith(b"data: [DONE]"), streamed.body  # relayed whole
         for i, agent in enumerate(agents):
             out, err = agent.communicate(timeout=120)
             assert agent.returncode == 0, err
@@ -330,6 +346,7 @@ def test_a_frozen_then_a_killed_peer_lose_no_call(pool: Pool) -> None:
     """b is idle and warm, a's GPU is held: a sends to b, b does not answer, a runs it."""
     a, b = pool.a, pool.b
     assert b.proc is not None
+    wait_until(lambda: b_idle_and_warm(a), WAIT_S, "b idle and warm, as a sees it")
     blocker = hold_gpu(a, "blocker2")
     try:
         os.killpg(b.proc.pid, signal.SIGSTOP)  # accepts connections, answers nothing
