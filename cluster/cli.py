@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from cluster import config as cluster_config
-    from cluster import report
+    from cluster import cooldowns, report
     from cluster.fleet import fleet_object, render
     from cluster.store import Store
     from gpulock.core.settings import load
@@ -60,10 +60,15 @@ def _main(argv: list[str]) -> int:
     store = Store(cc)
     try:
         raw = store.hosts()
+        cooling = frozenset(
+            k.removeprefix("peer:") for k in cooldowns.read(store) if k.startswith("peer:")
+        )
     finally:
         store.close()
     reports = [r for r in (report.parse(o) for o in raw) if r is not None]
-    obj = fleet_object(reports, me=cc.host, redis_ok=True, problem=None, now_wall=time.time())
+    obj = fleet_object(
+        reports, me=cc.host, redis_ok=True, problem=None, now_wall=time.time(), cooling=cooling
+    )
     if args.json:
         print_json(obj)
     else:

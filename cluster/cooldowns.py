@@ -32,6 +32,11 @@ return 1
 """
 
 
+def peer(host: str) -> str:
+    """The cooldown of a peer (``gpulock serve`` refused, silent or dead), for every host."""
+    return f"peer:{host}"
+
+
 def key(prefix: str) -> str:
     return prefix + "cooldowns"
 

@@ -19,9 +19,10 @@ from cluster.report import HostReport
 from gpulock.core.units import format_duration, format_size
 
 
-def host_row(r: HostReport, now_wall: float) -> dict[str, Any]:
+def host_row(r: HostReport, now_wall: float, cooling: bool = False) -> dict[str, Any]:
     return {
         "name": r.host,
+        "cooling": cooling,  # cooling down after it failed a request (no work sent to it)
         "gateway": r.gateway,
         "heartbeat_age_s": round(max(0.0, now_wall - r.at_wall), 3),
         "level": r.level,
@@ -49,13 +50,16 @@ def fleet_object(
     redis_ok: bool,
     problem: str | None,
     now_wall: float,
+    cooling: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     return {
         "host": me,
         "redis": "ok" if redis_ok else "down",
         "problem": problem,
         "generated_wall": round(now_wall, 3),
-        "hosts": [host_row(r, now_wall) for r in sorted(reports, key=lambda r: r.host)],
+        "hosts": [
+            host_row(r, now_wall, r.host in cooling) for r in sorted(reports, key=lambda r: r.host)
+        ],
     }
 
 
@@ -75,7 +79,7 @@ def render(obj: dict[str, Any]) -> str:
                 h["name"] + (" (this host)" if h["name"] == obj["host"] else ""),
                 h["gateway"] or "- (sends work, takes none)",
                 format_duration(h["heartbeat_age_s"]) + " ago",
-                h["level"],
+                h["level"] + (" (cooling down)" if h.get("cooling") else ""),
                 str(h["in_flight"]),
                 ", ".join(h["warm"]) or "-",
             )

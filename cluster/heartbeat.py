@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from cluster import cooldowns, spend
 from cluster import report as report_mod
-from cluster import spend
 from cluster.config import ClusterConfig
 from cluster.report import HostReport
 from cluster.store import Store, Unavailable
@@ -37,6 +37,7 @@ class Fleet:
     redis_ok: bool = False
     problem: str | None = None
     read_wall: float = 0.0
+    cooling: frozenset[str] = frozenset()  # peers cooling down after a failure (any host's)
 
 
 class Heartbeat:
@@ -73,13 +74,15 @@ class Heartbeat:
                 spend.refill(self.store, self.ledger_spend())
             self.store.publish(mine.as_dict(), now_wall=now)
             raw = self.store.hosts()
+            cooling = cooldowns.read(self.store, now_wall=now)
         except Unavailable as e:
             self.fleet = Fleet((), False, self.store.problem or str(e), now)
             self._changed(False)
             self._view(now)
             return self.cc.heartbeat_s
         reports = tuple(r for r in (report_mod.parse(o) for o in raw) if r is not None)
-        self.fleet = Fleet(reports, True, None, now)
+        peers = frozenset(c.removeprefix("peer:") for c in cooling if c.startswith("peer:"))
+        self.fleet = Fleet(reports, True, None, now, peers)
         self._hosts_seen = max(1, len(reports))
         self._changed(True)
         self._view(now)

@@ -102,6 +102,7 @@ def relocate(settings: Settings, choice: Choice, host: Host) -> Choice:
     load_s = load_estimate_s(v.need_bytes)
     local = place.here(cc.host, wait, ahead, warm=cid(c) in host.warm, load_s=load_s, gpu=v.gpu)
     sent = {r.host: _sent.get((r.host, r.at_wall), 0) for r in reports}
+    cooling = {k.removeprefix("peer:") for k in shared_cooldowns(settings) if k.startswith("peer:")}
     locs = place.locations(
         c.name,
         local,
@@ -110,6 +111,7 @@ def relocate(settings: Settings, choice: Choice, host: Host) -> Choice:
         now_wall=time.time(),
         penalty_s=cc.remote_penalty_s,
         sent=sent,
+        exclude=cooling,
     )
     if len(locs) < 2:
         return choice

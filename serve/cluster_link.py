@@ -10,6 +10,7 @@ flight.  ``place(...)`` compares this host's verdict with the live peers' report
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable, Collection
@@ -17,11 +18,13 @@ from contextlib import AsyncExitStack
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from cluster import cooldowns
 from cluster.config import ClusterConfig
 from cluster.fleet import fleet_object
 from cluster.heartbeat import Heartbeat
 from cluster.place import Location, here, locations
 from cluster.report import GpuLine, HostReport, Runs, load_estimate_s
+from cluster.store import Unavailable
 from gpulock.core.settings import Settings
 from router import ledger, probe
 from router.backends import BackendError
@@ -162,7 +165,7 @@ class ClusterLink:
             now_wall=time.time(),
             penalty_s=self.cc.remote_penalty_s,
             sent=self.heartbeat.sent(),
-            exclude=exclude,
+            exclude=set(exclude) | fleet.cooling,
         )
 
     async def try_peers(
@@ -191,6 +194,7 @@ class ClusterLink:
                     raise  # the request's fault: another host would refuse it too
                 failed.add(loc.host)
                 self.peer_failed(loc, e, v.candidate.task, agent)
+                await asyncio.to_thread(self.cool_peer, loc.host, e.short)
 
     async def forward(
         self,
@@ -239,6 +243,14 @@ class ClusterLink:
             error=e.short,
         )
 
+    def cool_peer(self, host: str, why: str) -> None:
+        """The peer cools down for every host (Redis; off the event loop)."""
+        until = time.time() + self.d.table.settings.cooldown_s
+        try:
+            cooldowns.share(self.heartbeat.store, cooldowns.peer(host), until, why, self.cc.host)
+        except Unavailable:
+            pass  # this host skips it for this call; its report expires by itself
+
     def health(self) -> dict[str, Any]:
         """``/health``'s ``cluster`` entry: hosts seen and Redis's state."""
         f = self.heartbeat.fleet
@@ -253,7 +265,12 @@ class ClusterLink:
         """The fleet as the last heartbeat read it (``GET /gpulock/cluster``)."""
         f = self.heartbeat.fleet
         return fleet_object(
-            f.reports, me=self.cc.host, redis_ok=f.redis_ok, problem=f.problem, now_wall=time.time()
+            f.reports,
+            me=self.cc.host,
+            redis_ok=f.redis_ok,
+            problem=f.problem,
+            now_wall=time.time(),
+            cooling=f.cooling,
         )
 
     def start(self) -> Callable[[], None]:

@@ -244,6 +244,20 @@ def b_idle_and_warm(a: Host) -> bool:
     )
 
 
+def a_sees_b_cooling(a: Host) -> bool:
+    seen = a.request("GET", "/gpulock/cluster").json()
+    return any(x["name"] == "b" and x["cooling"] for x in seen["hosts"])
+
+
+def uncool_b(pool: Pool) -> None:
+    from cluster import cooldowns
+    from cluster.config import ClusterConfig
+    from cluster.store import Store
+
+    store = Store(ClusterConfig(redis_url=pool.redis.url, host="test"))
+    store.call(lambda r: r.hdel(cooldowns.key("gpulock:"), cooldowns.peer("b")))
+
+
 def _idle(h: Host) -> bool:
     st = json.loads(h.gpulock("status", "--json").stdout)
     live = ("holding", "waiting", "hung")
@@ -358,6 +372,11 @@ def test_a_frozen_then_a_killed_peer_lose_no_call(pool: Pool) -> None:
         assert r.headers["x-gpulock-host"] == "a"
         falls = [e for e in a.events("fallback") if e.get("agent") == "agent-frozen"]
         assert falls[0]["host"] == "b" and falls[0]["from_tier"] == "peer"
+        # b cools down for every host: nobody sends it work until the cooldown ends.
+        assert fleet(b)["hosts"][1]["cooling"] is True
+        wait_until(lambda: a_sees_b_cooling(a), WAIT_S, "a to see b cooling down")
+        uncool_b(pool)  # (to see the next failure: the kill)
+        wait_until(lambda: not a_sees_b_cooling(a), WAIT_S, "b's cooldown gone in a's view")
         blocker = hold_gpu(a, "blocker3")
         kill_group(b.proc)  # SIGKILL; its report lives on in Redis until it expires
         r = chat_while_busy(a, "agent-killed", blocker)
