@@ -49,9 +49,15 @@ def alive(report: HostReport, now_wall: float) -> bool:
 
 
 def peer(
-    report: HostReport, name: str, *, sent: int = 0, penalty_s: float = 0.0
+    report: HostReport,
+    name: str,
+    *,
+    sent: int = 0,
+    penalty_s: float = 0.0,
+    deadline_s: float | None = None,
 ) -> Location | None:
-    """``report``'s location for candidate ``name``; None when it cannot run it now."""
+    """``report``'s location for candidate ``name``; None when it cannot run it now (or its
+    line's wait passes the deadline, as a local line's would)."""
     runs = report.runs(name)
     if runs is None or report.gateway is None or report.level == "freeze":
         return None
@@ -65,6 +71,9 @@ def peer(
 
     best = min(gpus, key=lambda g: wait(g.est_wait_s, g.hold_s, g.holding + g.waiting))
     ahead = best.holding + best.waiting + sent
+    line_s = wait(best.est_wait_s, best.hold_s, best.holding + best.waiting) + penalty_s
+    if deadline_s is not None and ahead and line_s > deadline_s:
+        return None
     warm = name in report.warm
     start = wait(best.est_wait_s, best.hold_s, best.holding + best.waiting) + penalty_s
     start += 0.0 if warm else runs.load_s
@@ -88,6 +97,7 @@ def locations(
     penalty_s: float,
     sent: Mapping[str, int] | None = None,
     exclude: Collection[str] = (),
+    deadline_s: float | None = None,
 ) -> list[Location]:
     """Every location for ``name``, best first (ties: this host first)."""
     sent = sent or {}
@@ -95,7 +105,7 @@ def locations(
     for r in reports:
         if r.host == me or r.host in exclude or not alive(r, now_wall):
             continue
-        loc = peer(r, name, sent=sent.get(r.host, 0), penalty_s=penalty_s)
+        loc = peer(r, name, sent=sent.get(r.host, 0), penalty_s=penalty_s, deadline_s=deadline_s)
         if loc is not None:
             out.append(loc)
     # sorted() is stable and the local one is first: an equal start stays here.

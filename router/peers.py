@@ -88,19 +88,46 @@ def peers(settings: Settings) -> tuple[ClusterConfig, tuple[HostReport, ...]]:
     return v.cc, v.reports
 
 
-def relocate(settings: Settings, choice: Choice, host: Host) -> Choice:
-    """``choice`` with its gpu verdict moved to the peer that starts it soonest (if any)."""
-    v = choice.chosen
-    if v is None or v.candidate.tier != "gpu" or not v.candidate.local:
-        return choice
+def relocate(
+    settings: Settings, choice: Choice, host: Host, deadline_s: float | None = None
+) -> Choice:
+    """``choice`` with its gpu verdict moved to the peer that starts it soonest (if any).
+
+    A local gpu candidate passed over only for its line (longer than the deadline) is offered
+    to the peers too, in route order: an agent does not wait out its deadline here, or fall
+    back to a smaller tier or the cloud, while a peer's GPU sits idle."""
+    for v in choice.verdicts:
+        c = v.candidate
+        if v is choice.chosen:
+            if c.tier == "gpu" and c.local:
+                return _place(settings, choice, host, v, deadline_s, here_too=True)
+            return choice
+        if c.tier == "gpu" and c.local and not v.ok and " queue: " in v.reason:
+            moved = _place(settings, choice, host, v, deadline_s, here_too=False)
+            if moved is not choice:
+                return moved
+    return choice
+
+
+def _place(
+    settings: Settings,
+    choice: Choice,
+    host: Host,
+    v: Verdict,
+    deadline_s: float | None,
+    *,
+    here_too: bool,
+) -> Choice:
     from cluster import place
     from cluster.report import load_estimate_s
 
     cc, reports = peers(settings)
     c = v.candidate
-    wait, ahead = line_wait(host, v)
-    load_s = load_estimate_s(v.need_bytes)
-    local = place.here(cc.host, wait, ahead, warm=cid(c) in host.warm, load_s=load_s, gpu=v.gpu)
+    local = None
+    if here_too:
+        wait, ahead = line_wait(host, v)
+        load_s = load_estimate_s(v.need_bytes)
+        local = place.here(cc.host, wait, ahead, warm=cid(c) in host.warm, load_s=load_s, gpu=v.gpu)
     sent = {r.host: _sent.get((r.host, r.at_wall), 0) for r in reports}
     cooling = {k.removeprefix("peer:") for k in shared_cooldowns(settings) if k.startswith("peer:")}
     locs = place.locations(
@@ -112,11 +139,14 @@ def relocate(settings: Settings, choice: Choice, host: Host) -> Choice:
         penalty_s=cc.remote_penalty_s,
         sent=sent,
         exclude=cooling,
+        deadline_s=deadline_s,
     )
-    if len(locs) < 2:
+    if not locs or (here_too and len(locs) < 2):
         return choice
     best = locs[0]
     others = "; ".join(f"{loc.label}: {loc.reason}" for loc in locs[1:])
+    if not here_too:
+        others = "; ".join(x for x in (others, f"here: {v.reason}") if x)
     if best.local:
         moved = replace(v, reason=f"{v.reason}; here: {best.reason}; {others}")
     else:

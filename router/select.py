@@ -113,7 +113,7 @@ def decide(
     if settings.config.section("cluster") is not None:  # a peer may start it sooner
         from router import peers
 
-        choice = peers.relocate(settings, choice, host)
+        choice = peers.relocate(settings, choice, host, deadline)
     return settings, table, choice
 
 

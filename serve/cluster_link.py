@@ -141,7 +141,12 @@ class ClusterLink:
     # --- where a request runs ----------------------------------------------------------------
 
     def place(
-        self, v: Verdict, wait_s: float | None, ahead: int, exclude: Collection[str]
+        self,
+        v: Verdict,
+        wait_s: float | None,
+        ahead: int,
+        exclude: Collection[str],
+        deadline_s: float | None = None,
     ) -> list[Location]:
         """This host and every live peer that runs ``v``'s candidate, best first."""
         c = v.candidate
@@ -166,6 +171,7 @@ class ClusterLink:
             penalty_s=self.cc.remote_penalty_s,
             sent=self.heartbeat.sent(),
             exclude=set(exclude) | fleet.cooling,
+            deadline_s=deadline_s,
         )
 
     async def try_peers(
@@ -184,7 +190,7 @@ class ClusterLink:
         start = time.monotonic()
         failed: set[str] = set()
         while True:
-            loc = self.place(v, here_wait[0], here_wait[1], failed)[0]
+            loc = self.place(v, here_wait[0], here_wait[1], failed, left)[0]
             if loc.local:
                 return None
             try:

@@ -127,3 +127,10 @@ def test_load_time_when_none_was_measured() -> None:
     assert report.load_estimate_s(None) == 1.0
     assert report.load_estimate_s(512 << 20) == 1.0
     assert report.load_estimate_s(8 << 30) == 8.0
+
+
+def test_a_deadline_applies_to_a_peer_as_it_does_here() -> None:
+    busy_peer = peer("b", wait=40.0, holding=1, warm=True)
+    assert best(local(60.0, 2), busy_peer) == "b"
+    assert best(local(60.0, 2), busy_peer, deadline_s=30.0) == "here"  # 40 s + 1 s > 30 s
+    assert best(local(60.0, 2), peer("b", warm=True), deadline_s=0.0) == "b"  # empty line

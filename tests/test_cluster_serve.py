@@ -283,6 +283,9 @@ def test_agents_on_a_busy_host_get_models_on_the_idle_peer(pool: Pool) -> None:
         route = a.gpulock("route", "chat", "--json")
         assert route.returncode == 0, route.stderr
         assert json.loads(route.stdout)["host"] == "b"
+        # With a deadline a's own line is too long (it is rejected here), and b takes it.
+        route = a.gpulock("route", "chat", "--deadline", "10s", "--json")
+        assert route.returncode == 0 and json.loads(route.stdout)["host"] == "b", route.stdout
         explained = a.gpulock("route", "chat", "--explain").stdout
         assert "on b: starts in" in explained and "here: ~" in explained, explained
         agents = [
