@@ -291,6 +291,8 @@ class Model:
                 from router import peers
 
                 peers.share_cooldown(self._settings, key, cooled, e.short)
+                if c.host is not None:  # the peer itself: no host sends it work for a while
+                    peers.share_cooldown(self._settings, f"peer:{c.host}", cooled, e.short)
         self.fallbacks.append(f"{c.name}: {e.short}")
         self._call_event(
             c,
