@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gpulock.cli import Parser, print_json, run_command
 from gpulock.core.errors import GpulockError
@@ -37,6 +37,17 @@ def build_parser(prog: str = "gpulock cluster") -> argparse.ArgumentParser:
     return p
 
 
+def _router_budget(section: object) -> float | None:
+    """``router.daily_budget`` as written (the router validates it; a bad one shows none)."""
+    value = section.get("daily_budget") if isinstance(section, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        return float(str(value).lstrip("$"))
+    except ValueError:
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     return run_command(_main, argv)
 
@@ -44,8 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from cluster import config as cluster_config
-    from cluster import cooldowns, report
-    from cluster.fleet import fleet_object, render
+    from cluster import cooldowns, report, spend
+    from cluster.fleet import fleet_object, render, spend_entry
     from cluster.store import Store
     from gpulock.core.settings import load
 
@@ -63,12 +74,16 @@ def _main(argv: list[str]) -> int:
         cooling = frozenset(
             k.removeprefix("peer:") for k in cooldowns.read(store) if k.startswith("peer:")
         )
+        now = time.time()
+        shared = spend.spent(store, now_wall=now)
     finally:
         store.close()
     reports = [r for r in (report.parse(o) for o in raw) if r is not None]
     obj = fleet_object(
-        reports, me=cc.host, redis_ok=True, problem=None, now_wall=time.time(), cooling=cooling
+        reports, me=cc.host, redis_ok=True, problem=None, now_wall=now, cooling=cooling
     )
+    day = spend.day_key("", now).removeprefix("spend:")
+    obj["spend"] = spend_entry(shared, _router_budget(settings.config.section("router")), day)
     if args.json:
         print_json(obj)
     else:

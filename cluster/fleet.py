@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cluster.report import HostReport
-from gpulock.core.units import format_duration, format_size
+from gpulock.core.units import format_duration, format_size, format_usd
 
 
 def host_row(r: HostReport, now_wall: float, cooling: bool = False) -> dict[str, Any]:
@@ -63,6 +63,16 @@ def fleet_object(
     }
 
 
+def spend_entry(by_cid: dict[str, float], budget_usd: float | None, day: str) -> dict[str, Any]:
+    """Today's cloud spend across the cluster (the UTC day), against ``router.daily_budget``."""
+    return {
+        "day": day,
+        "total_usd": round(sum(by_cid.values()), 6),
+        "daily_budget_usd": budget_usd,
+        "by_endpoint": {k: round(v, 6) for k, v in sorted(by_cid.items())},
+    }
+
+
 def render(obj: dict[str, Any]) -> str:
     """The table ``gpulock cluster`` prints: one row a host, one line a GPU under it."""
     hosts = obj["hosts"]
@@ -70,6 +80,11 @@ def render(obj: dict[str, Any]) -> str:
     if obj.get("problem"):
         head += f" ({obj['problem']})"
     lines = [head]
+    spend = obj.get("spend")
+    if spend is not None:
+        budget = spend["daily_budget_usd"]
+        of = f" of {format_usd(budget)} (router.daily_budget)" if budget is not None else ""
+        lines.append(f"cloud spend {spend['day']} (UTC): ${spend['total_usd']:.4f}{of}")
     if not hosts:
         return "\n".join(lines)
     rows = [("HOST", "GATEWAY", "HEARTBEAT", "LEVEL", "IN FLIGHT", "WARM")]

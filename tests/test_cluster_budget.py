@@ -132,6 +132,13 @@ def test_three_hosts_agents_never_spend_past_one_budget(tmp_path: Path, cloud: F
         assert shared_spend(redis.url) == BUDGET
         for h in HOSTS:  # each host keeps its own spend in its own ledger as well
             assert ledger_spend(envs[h]) == answered[h] * CALL_USD
+        shown = subprocess.run(
+            [sys.executable, "-m", "cluster", "--json"],
+            env=envs["a"], capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        obj = json.loads(shown.stdout)["spend"]
+        assert (obj["total_usd"], obj["daily_budget_usd"]) == (BUDGET, BUDGET)
     finally:
         redis.stop()
 
