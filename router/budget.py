@@ -16,6 +16,7 @@ it to the shared total (and refills a Redis that came back empty).
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,34 @@ def bound_usd(c: Candidate, payload: Any, max_tokens: int) -> float:
     """The most a call can cost: every prompt character a token, every output token used."""
     chars = len(payload) if isinstance(payload, str) else len(json.dumps(payload, default=str))
     return (chars * c.price_in_per_1k + max_tokens * c.price_out_per_1k) / 1000
+
+
+def take_request(settings: Settings, c: Candidate) -> str | None:
+    """In a cluster, take one of the endpoint's ``rate_limit`` requests this minute, across
+    every host, atomically; why not, or None when taken (or there is no limit or cluster).
+    While Redis cannot be used, this host keeps to its share of the limit."""
+    limit = c.rate_limit_per_min
+    if limit is None or c.tier != "cloud" or settings.config.section("cluster") is None:
+        return None
+    from cluster import ratelimit
+    from cluster.store import Unavailable
+    from router import peers
+
+    key = cid(c)
+    try:
+        ok, used = ratelimit.take(peers.store(settings), key, limit)
+    except Unavailable:
+        share = limit / max(1, peers.hosts_last_seen(settings))
+        used_here = ledger.read(settings).requests_last_min(time.time()).get(key, 0)
+        if used_here + 1 > share:
+            return (
+                f"rate limit: {used_here} requests in the last minute on this host "
+                f"(its share of {limit} while the cluster's Redis is unavailable)"
+            )
+        return None
+    if not ok:
+        return f"rate limit: {used} requests in the last minute across the cluster (of {limit})"
+    return None
 
 
 def needed(c: Candidate, rs: RouterSettings) -> bool:

@@ -252,11 +252,18 @@ class Model:
         return f"{self.agent}:{self.task}" if self.agent else self.task
 
     def _reserve(self, v: Verdict, payload: Any, max_tokens: Any) -> bool:
-        """Reserve a cloud call's most cost against its budgets (router.budget); False: the
-        budget would be passed, and the call has moved on to the next candidate."""
+        """Take a cloud call's request slot (a cluster's shared ``rate_limit``) and reserve its
+        most cost against its budgets (router.budget); False: a limit or a budget would be
+        passed, and the call has moved on to the next candidate."""
         self._reservation = None
         c = v.candidate
         rs = self._table.settings
+        limited = budget.take_request(self._settings, c)
+        if limited is not None:
+            self._failed[cid(c)] = limited
+            self.fallbacks.append(f"{c.name}: {limited}")
+            self._move_on(c, limited)
+            return False
         if not budget.needed(c, rs):
             return True
         limit = max_tokens if isinstance(max_tokens, int) else c.max_tokens

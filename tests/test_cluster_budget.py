@@ -247,3 +247,24 @@ def test_a_429_on_one_host_cools_the_endpoint_on_another(tmp_path: Path) -> None
         redis.stop()
         limited.stop()
         steady.stop()
+
+
+def test_a_rate_limit_window_is_shared_by_the_hosts(tmp_path: Path, cloud: FaultServer) -> None:
+    steady = FaultServer(mode="ok").start()
+    redis = RedisServer(tmp_path / "redis").start()
+    try:
+        envs = {h: host_env(tmp_path, h, redis.url, cloud.base_url) for h in HOSTS}
+        for env in envs.values():  # 2 requests a minute on the paid endpoint, then steady
+            config = Path(env["GPULOCK_CONFIG"])
+            text = config.read_text().replace("max_tokens: 3,", "max_tokens: 3, rate_limit: 2,")
+            config.write_text(
+                text + f"    - {{backend: openai, name: steady, model: tiny, base_url: "
+                f"'{steady.base_url}', api_key_env: CLOUD_KEY, max_tokens: 3}}\n"
+            )
+        answered = run_agents(envs, calls=1)
+        assert sum(answered.values()) == len(HOSTS) * AGENTS_PER_HOST  # every call answered...
+        assert cloud.count("/completions") == 2  # ...and only two by the limited endpoint
+        assert steady.count("/completions") == len(HOSTS) * AGENTS_PER_HOST - 2
+    finally:
+        redis.stop()
+        steady.stop()
