@@ -28,7 +28,7 @@ from cluster.store import Unavailable
 from gpulock.core.settings import Settings
 from router import ledger, probe
 from router.backends import BackendError
-from router.choose import Verdict, cid
+from router.choose import Choice, Host, Verdict, cid, line_wait
 from router.routes import Candidate
 from router.waitest import quantile
 from serve.engines import Ask, RemoteEngine
@@ -143,25 +143,26 @@ class ClusterLink:
     def place(
         self,
         v: Verdict,
-        wait_s: float | None,
-        ahead: int,
+        here_wait: tuple[float | None, int] | None,
         exclude: Collection[str],
         deadline_s: float | None = None,
     ) -> list[Location]:
-        """This host and every live peer that runs ``v``'s candidate, best first."""
+        """This host (unless ``here_wait`` is None: its line is past the deadline) and every
+        live peer that runs ``v``'s candidate, best first."""
         c = v.candidate
-        warm = cid(c) in self._warm()
-        local = here(
-            self.cc.host,
-            wait_s,
-            ahead,
-            warm=warm,
-            load_s=load_estimate_s(v.need_bytes),
-            gpu=v.gpu,
-        )
+        local = None
+        if here_wait is not None:
+            local = here(
+                self.cc.host,
+                here_wait[0],
+                here_wait[1],
+                warm=cid(c) in self._warm(),
+                load_s=load_estimate_s(v.need_bytes),
+                gpu=v.gpu,
+            )
         fleet = self.heartbeat.fleet
         if not fleet.redis_ok:
-            return [local]
+            return [local] if local is not None else []
         return locations(
             c.name,
             local,
@@ -174,12 +175,36 @@ class ClusterLink:
             deadline_s=deadline_s,
         )
 
+    async def relocate(
+        self,
+        d: Dispatcher,
+        ask: Ask,
+        choice: Choice,
+        host: Host,
+        agent: str,
+        left: float | None,
+    ) -> Opened | None:
+        """The request, forwarded to a peer that starts its gpu candidate sooner; None: run
+        it here.  A local gpu candidate passed over only for its line (past the deadline) is
+        offered to the peers too, in route order (as ``router.peers.relocate`` does)."""
+        for v in choice.verdicts:
+            c = v.candidate
+            if v is choice.chosen:
+                if c.tier == "gpu" and c.local:
+                    return await self.try_peers(d, ask, v, line_wait(host, v), agent, left)
+                return None
+            if c.tier == "gpu" and c.local and not v.ok and " queue: " in v.reason:
+                opened = await self.try_peers(d, ask, v, None, agent, left)
+                if opened is not None:
+                    return opened
+        return None
+
     async def try_peers(
         self,
         d: Dispatcher,
         ask: Ask,
         v: Verdict,
-        here_wait: tuple[float | None, int],
+        here_wait: tuple[float | None, int] | None,
         agent: str,
         left: float | None,
     ) -> Opened | None:
@@ -190,9 +215,10 @@ class ClusterLink:
         start = time.monotonic()
         failed: set[str] = set()
         while True:
-            loc = self.place(v, here_wait[0], here_wait[1], failed, left)[0]
-            if loc.local:
+            locs = self.place(v, here_wait, failed, left)
+            if not locs or locs[0].local:
                 return None
+            loc = locs[0]
             try:
                 return await self.forward(d, ask, v, loc, agent, left, start)
             except BackendError as e:

@@ -21,7 +21,7 @@ from gpulock.core.settings import Settings
 from router import ledger, probe
 from router.backends import BackendError
 from router.backends.tenant import TenantBackend
-from router.choose import Choice, Host, Verdict, choose, cid, line_wait
+from router.choose import Choice, Host, Verdict, choose, cid
 from router.routes import Candidate, Table, tenant_candidate
 from serve.engines import (
     Answer,
@@ -174,17 +174,16 @@ class Dispatcher:
         while True:
             left = None if deadline_at is None else max(0.0, deadline_at - time.monotonic())
             choice, host = self._choose(task, cands, left, failed)
+            if self.cluster is not None and not local_only:
+                # A peer that starts it sooner takes it (it waits in the peer's line there).
+                opened = await self.cluster.relocate(self, ask, choice, host, agent, left)
+                if opened is not None:
+                    return opened
             v = choice.chosen
             if v is None:
                 raise self._none_left(task, choice, deadline_s)
             c = v.candidate
             stack = AsyncExitStack()
-            if self.cluster is not None and not local_only and c.tier == "gpu" and c.local:
-                # A peer that starts it sooner takes it (it waits in the peer's line there).
-                wait, ahead = line_wait(host, v)
-                opened = await self.cluster.try_peers(self, ask, v, (wait, ahead), agent, left)
-                if opened is not None:
-                    return opened
             try:
                 return await self._try(ask, v, agent, left, start, stack, task)
             except LockTimeout:

@@ -286,6 +286,8 @@ def test_agents_on_a_busy_host_get_models_on_the_idle_peer(pool: Pool) -> None:
         # With a deadline a's own line is too long (it is rejected here), and b takes it.
         route = a.gpulock("route", "chat", "--deadline", "10s", "--json")
         assert route.returncode == 0 and json.loads(route.stdout)["host"] == "b", route.stdout
+        r = a.chat("agent-deadline", **{"X-Gpulock-Deadline": "10s"})  # the same over HTTP
+        assert r.status == 200 and r.headers["x-gpulock-host"] == "b", r.body
         explained = a.gpulock("route", "chat", "--explain").stdout
         assert "on b: starts in" in explained and "here: ~" in explained, explained
         agents = [
@@ -326,6 +328,7 @@ def _seen_holding(h: Host, name: str) -> bool:
 
 def hold_gpu(h: Host, name: str) -> subprocess.Popen[bytes]:
     """``gpulock run --name NAME -- sleep 600`` on ``h``'s GPU, once it holds."""
+    before = len([e for e in h.events("acquire") if e.get("name") == name])
     p = subprocess.Popen(
         [sys.executable, "-m", "gpulock", "run", "--name", name, "--", "sleep", "600"],
         env={**_clean_env(), **h.env},
@@ -335,7 +338,7 @@ def hold_gpu(h: Host, name: str) -> subprocess.Popen[bytes]:
         start_new_session=True,
     )
     wait_until(
-        lambda: [e for e in h.events("acquire") if e.get("name") == name],
+        lambda: len([e for e in h.events("acquire") if e.get("name") == name]) > before,
         WAIT_S,
         f"{name} to hold {h.name}'s GPU",
     )
@@ -364,7 +367,9 @@ def test_a_frozen_then_a_killed_peer_lose_no_call(pool: Pool) -> None:
     a, b = pool.a, pool.b
     assert b.proc is not None
     wait_until(lambda: b_idle_and_warm(a), WAIT_S, "b idle and warm, as a sees it")
-    blocker = hold_gpu(a, "blocker2")
+    # "blocker" held a's GPU for seconds before: the line's estimate here is seconds, not
+    # the milliseconds of the requests' holds, and b (idle, warm) is clearly sooner.
+    blocker = hold_gpu(a, "blocker")
     try:
         os.killpg(b.proc.pid, signal.SIGSTOP)  # accepts connections, answers nothing
         try:
@@ -380,7 +385,7 @@ def test_a_frozen_then_a_killed_peer_lose_no_call(pool: Pool) -> None:
         wait_until(lambda: a_sees_b_cooling(a), WAIT_S, "a to see b cooling down")
         uncool_b(pool)  # (to see the next failure: the kill)
         wait_until(lambda: not a_sees_b_cooling(a), WAIT_S, "b's cooldown gone in a's view")
-        blocker = hold_gpu(a, "blocker3")
+        blocker = hold_gpu(a, "blocker")
         kill_group(b.proc)  # SIGKILL; its report lives on in Redis until it expires
         r = chat_while_busy(a, "agent-killed", blocker)
         assert r.status == 200 and r.headers["x-gpulock-host"] == "a", r.body
