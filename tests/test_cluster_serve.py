@@ -391,3 +391,27 @@ def test_a_frozen_then_a_killed_peer_lose_no_call(pool: Pool) -> None:
         assert r.status == 200 and r.headers["x-gpulock-host"] == "a", r.body
     finally:
         kill_group(blocker)
+
+
+def test_redis_lost_and_back_the_host_serves_alone_meanwhile(pool: Pool) -> None:
+    """Last in the module (b is gone by now): Redis stopped mid-run, then back empty."""
+    a = pool.a
+
+    def redis_state() -> str:
+        return str(a.request("GET", "/health").json()["cluster"]["redis"])
+
+    pool.redis.stop()
+    wait_until(lambda: redis_state() == "down", WAIT_S, "a's /health to say redis down")
+    r = a.chat("agent-alone")
+    assert r.status == 200 and r.headers["x-gpulock-host"] == "a", r.body
+    degraded = a.events("cluster-degraded")
+    assert degraded and degraded[-1]["host"] == "a" and degraded[-1]["problem"]
+    st = a.gpulock("status").stdout
+    assert any(
+        line.startswith("cluster: ") and "redis down" in line and "local only" in line
+        for line in st.splitlines()
+    ), st
+    pool.redis.start(same_port=True)  # back, empty: a publishes itself again
+    wait_until(lambda: redis_state() == "ok", WAIT_S, "a's /health to say redis ok")
+    assert a.events("cluster-restored")
+    wait_until(lambda: "a" in hosts_seen(a), WAIT_S, "a back in Redis")
