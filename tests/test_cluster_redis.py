@@ -8,6 +8,7 @@ injected, so a test moves past it without sleeping.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -197,3 +198,33 @@ def test_no_status_line_without_a_live_heartbeat(redis: RedisServer, tmp_path: P
     Heartbeat(s, c, lambda now: host_report("a", now)).tick(now_wall=time.time() - 10.0)
     assert status.snapshot(s)["cluster"] is None  # written 10 s ago: 3 heartbeats have passed
     assert gauges(s) == {}  # no cluster seen: absent, never 0
+
+
+def test_a_unix_socket_url(tmp_path: Path) -> None:
+    from redis_server import need_redis
+
+    exe = need_redis()
+    sock = tmp_path / "redis.sock"
+    proc = subprocess.Popen(
+        [exe, "--port", "0", "--unixsocket", str(sock), "--save", "", "--appendonly", "no",
+         "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_until(sock.exists, 20.0, "redis-server's socket")
+        clock = Clock()
+        s = Store(cc(f"unix://{sock}", "a"), clock=clock)
+        wait_until(lambda: _publishes(s, clock), 20.0, "a publish through the socket")
+        assert names(s) == ["a"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _publishes(s: Store, clock: Clock) -> bool:
+    try:
+        s.publish(host_report("a", time.time()).as_dict())
+    except Unavailable:
+        clock.now += 60.0  # past the back-off: the socket may not have accepted yet
+        return False
+    return True
