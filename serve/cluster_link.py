@@ -80,6 +80,10 @@ class ClusterLink:
         self.settings = settings
         self.cc = cc
         self.d = dispatcher
+        self._holds: dict[int, float] = {}  # gpu -> typical hold, as of the last heartbeat
+        # gpu -> a request's time on it (moving average): serve's requests share a ticket, so
+        # the tickets' holds say little about how long one more request takes.
+        self._request_s: dict[int, float] = {}
         self.heartbeat = Heartbeat(
             settings, cc, self.report, ledger_spend=lambda: ledger.read(settings).spend_usd
         )
@@ -96,7 +100,10 @@ class ClusterLink:
         extra_waiting = self.d.line.waiting  # requests waiting inside serve, behind a shared ticket
         gpus = []
         for g in host.gpus:
-            hold = _typical_hold(self.settings, g.index, rs.hold_estimate_s)
+            hold = self._request_s.get(g.index) or _typical_hold(
+                self.settings, g.index, rs.hold_estimate_s
+            )
+            self._holds[g.index] = hold
             holding = sum(1 for q in g.line if q.held_s is not None)
             est = g.est_wait_s if g.ahead else 0.0
             if est is not None:
@@ -191,7 +198,15 @@ class ClusterLink:
             c = v.candidate
             if v is choice.chosen:
                 if c.tier == "gpu" and c.local:
-                    return await self.try_peers(d, ask, v, line_wait(host, v), agent, left)
+                    wait, ahead = line_wait(host, v)
+                    # Requests waiting inside this server (behind its shared ticket) are not
+                    # tickets: each adds a typical hold to the wait here, as they do in the
+                    # report the peers read.
+                    queued = d.line.waiting
+                    if queued and v.gpu is not None:
+                        wait = (wait or 0.0) + queued * self._holds.get(v.gpu, 0.0)
+                    here_wait = (wait, ahead + queued)
+                    return await self.try_peers(d, ask, v, here_wait, agent, left)
                 return None
             if c.tier == "gpu" and c.local and not v.ok and " queue: " in v.reason:
                 opened = await self.try_peers(d, ask, v, None, agent, left)
@@ -274,6 +289,13 @@ class ClusterLink:
             host=loc.host,
             error=e.short,
         )
+
+    def observe(self, gpu: int, began: float) -> None:
+        """A local request on ``gpu`` ended: fold its time into the moving average."""
+        took = time.monotonic() - began
+        old = self._request_s.get(gpu)
+        self._request_s[gpu] = took if old is None else 0.7 * old + 0.3 * took
+        self._holds[gpu] = self._request_s[gpu]
 
     def cool_peer(self, host: str, why: str) -> None:
         """The peer cools down for every host (Redis; off the event loop)."""
