@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cluster import cooldowns, spend
 from cluster import report as report_mod
@@ -38,6 +38,7 @@ class Fleet:
     problem: str | None = None
     read_wall: float = 0.0
     cooling: frozenset[str] = frozenset()  # peers cooling down after a failure (any host's)
+    cooldowns: Mapping[str, tuple[float, str]] = field(default_factory=dict)  # every endpoint's
 
 
 class Heartbeat:
@@ -82,7 +83,7 @@ class Heartbeat:
             return self.cc.heartbeat_s
         reports = tuple(r for r in (report_mod.parse(o) for o in raw) if r is not None)
         peers = frozenset(c.removeprefix("peer:") for c in cooling if c.startswith("peer:"))
-        self.fleet = Fleet(reports, True, None, now, peers)
+        self.fleet = Fleet(reports, True, None, now, peers, cooling)
         self._hosts_seen = max(1, len(reports))
         self._changed(True)
         self._view(now)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,16 @@ class _View:
 
 
 _views: dict[tuple[Any, ...], _View] = {}
+# A long-running server (``gpulock serve``) reads the cooldowns with its heartbeat, in its own
+# thread, and feeds them here: its event loop then never waits on Redis.
+_cooldown_feed: Callable[[], dict[str, tuple[float, str]]] | None = None
+
+
+def feed_cooldowns(feed: Callable[[], dict[str, tuple[float, str]]] | None) -> None:
+    global _cooldown_feed
+    _cooldown_feed = feed
+
+
 _sent: dict[tuple[str, float], int] = {}  # (peer, its heartbeat's time) -> requests sent since
 
 
@@ -201,6 +212,8 @@ def shared_cooldowns(settings: Settings) -> dict[str, tuple[float, str]]:
     from cluster import cooldowns
     from cluster.store import Unavailable
 
+    if _cooldown_feed is not None:
+        return _cooldown_feed()
     v = _view(settings)
     now = time.monotonic()
     if v.cooldowns is None or now - v.cooldowns_at >= v.cc.heartbeat_s / 2:

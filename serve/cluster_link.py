@@ -329,6 +329,9 @@ class ClusterLink:
 
     def start(self) -> Callable[[], None]:
         """Start the heartbeat thread; the returned function stops it (and withdraws)."""
+        from router import peers
+
+        peers.feed_cooldowns(lambda: dict(self.heartbeat.fleet.cooldowns))
         thread, stop = self.heartbeat.start()
 
         def halt() -> None:
