@@ -38,6 +38,18 @@ class Host(GatewayProc):
 
     name: str = ""
     folder: Path = Path()
+    key: str = ""  # this gateway's API key (serve.api_keys_env), sent on every request
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        **kw: Any,
+    ) -> Reply:
+        auth = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+        return super().request(method, path, body, {**auth, **(headers or {})}, **kw)
 
     def start(self) -> Host:
         argv = [sys.executable, "-m", "gpulock", "serve", "--listen", f"127.0.0.1:{self.port}"]
@@ -95,13 +107,18 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("GPULOCK_")}
 
 
-def make_host(root: Path, name: str, redis: RedisServer, tiny: Path, heartbeat: str) -> Host:
+def make_host(
+    root: Path, name: str, redis: RedisServer, tiny: Path, heartbeat: str, *, key: str = ""
+) -> Host:
     folder = root / name
     folder.mkdir()
     port = free_port()
     config = folder / "gpulock.yaml"
+    keys = "serve: {api_keys_env: SERVE_KEYS}\n" if key else ""
+    peer_key = "  api_key_env: PEER_KEY\n" if key else ""
     config.write_text(
-        textwrap.dedent(
+        keys
+        + textwrap.dedent(
             f"""\
             simulate: 24GiB
             cluster:
@@ -111,6 +128,11 @@ def make_host(root: Path, name: str, redis: RedisServer, tiny: Path, heartbeat: 
               heartbeat: {heartbeat}
               remote_penalty: 500ms
               peer_timeout: 2s
+            """
+        )
+        + peer_key
+        + textwrap.dedent(
+            f"""\
             routes:
               chat:
                 - {{tier: gpu, backend: llama_cpp, model: {tiny}, n_ctx: 256, max_tokens: 4,
@@ -119,7 +141,9 @@ def make_host(root: Path, name: str, redis: RedisServer, tiny: Path, heartbeat: 
         )
     )
     env = {"GPULOCK_CONFIG": str(config), "GPULOCK_STATE_DIR": str(folder / "state")}
-    return Host(log=folder / "serve.log", env=env, port=port, name=name, folder=folder)
+    if key:  # every gateway takes the cluster's key; each host presents it to its peers
+        env.update(SERVE_KEYS=key, PEER_KEY=key)
+    return Host(log=folder / "serve.log", env=env, port=port, name=name, folder=folder, key=key)
 
 
 @dataclass
@@ -322,7 +346,9 @@ def test_agents_on_a_busy_host_get_models_on_the_idle_peer(pool: Pool) -> None:
 
 
 def _seen_holding(h: Host, name: str) -> bool:
-    row = next(x for x in fleet(h)["hosts"] if x["name"] == name)
+    row = next((x for x in fleet(h)["hosts"] if x["name"] == name), None)
+    if row is None:
+        return False
     return bool(row["gpus"][0]["holding"])
 
 
@@ -415,3 +441,39 @@ def test_redis_lost_and_back_the_host_serves_alone_meanwhile(pool: Pool) -> None
     wait_until(lambda: redis_state() == "ok", WAIT_S, "a's /health to say redis ok")
     assert a.events("cluster-restored")
     wait_until(lambda: "a" in hosts_seen(a), WAIT_S, "a back in Redis")
+
+
+PEER_KEY = "peer-key-4f1c9e"  # made up: the test gateways take it
+
+
+def test_gateways_with_keys_take_the_peers_key_and_never_show_it(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    need_redis()
+    root = tmp_path_factory.mktemp("keyed")
+    tiny = ensure_tiny_llama(root)
+    redis = RedisServer(root / "redis").start()
+    a = make_host(root, "ka", redis, tiny, "500ms", key=PEER_KEY)
+    b = make_host(root, "kb", redis, tiny, "500ms", key=PEER_KEY)
+    try:
+        b.start()
+        a.start()
+        nokey = GatewayProc.request(a, "GET", "/gpulock/cluster")  # without the key: refused
+        assert nokey.status == 401
+        wait_until(lambda: len(a.request("GET", "/gpulock/cluster").json()["hosts"]) == 2,
+                   WAIT_S, "both keyed hosts")  # fmt: skip
+        blocker = hold_gpu(a, "blocker")
+        try:
+            wait_until(lambda: _seen_holding(a, "ka"), WAIT_S, "ka's GPU held, in Redis")
+            r = a.chat("agent-keyed")
+            assert r.status == 200 and r.headers["x-gpulock-host"] == "kb", r.body
+            assert [e for e in b.events("acquire") if e.get("name") == "agent-keyed"]
+        finally:
+            kill_group(blocker)
+        for h in (a, b):  # the key is in no log and no event
+            assert PEER_KEY not in h.output()
+            assert PEER_KEY not in (h.folder / "state" / "events.jsonl").read_text()
+    finally:
+        a.stop()
+        b.stop()
+        redis.stop()
