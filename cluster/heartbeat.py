@@ -39,6 +39,7 @@ class Fleet:
     read_wall: float = 0.0
     cooling: frozenset[str] = frozenset()  # peers cooling down after a failure (any host's)
     cooldowns: Mapping[str, tuple[float, str]] = field(default_factory=dict)  # every endpoint's
+    spend: Mapping[str, float] = field(default_factory=dict)  # today's cloud spend, by cid
 
 
 class Heartbeat:
@@ -76,6 +77,7 @@ class Heartbeat:
             self.store.publish(mine.as_dict(), now_wall=now)
             raw = self.store.hosts()
             cooling = cooldowns.read(self.store, now_wall=now)
+            spent = spend.spent(self.store, now_wall=now)
         except Unavailable as e:
             self.fleet = Fleet((), False, self.store.problem or str(e), now)
             self._changed(False)
@@ -83,7 +85,7 @@ class Heartbeat:
             return self.cc.heartbeat_s
         reports = tuple(r for r in (report_mod.parse(o) for o in raw) if r is not None)
         peers = frozenset(c.removeprefix("peer:") for c in cooling if c.startswith("peer:"))
-        self.fleet = Fleet(reports, True, None, now, peers, cooling)
+        self.fleet = Fleet(reports, True, None, now, peers, cooling, spent)
         self._hosts_seen = max(1, len(reports))
         self._changed(True)
         self._view(now)

@@ -18,9 +18,9 @@ from contextlib import AsyncExitStack
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from cluster import cooldowns
+from cluster import cooldowns, spend
 from cluster.config import ClusterConfig
-from cluster.fleet import fleet_object
+from cluster.fleet import fleet_object, spend_entry
 from cluster.heartbeat import Heartbeat
 from cluster.place import Location, here, locations
 from cluster.report import GpuLine, HostReport, Runs, load_estimate_s
@@ -318,14 +318,19 @@ class ClusterLink:
     def fleet_object(self) -> dict[str, Any]:
         """The fleet as the last heartbeat read it (``GET /gpulock/cluster``)."""
         f = self.heartbeat.fleet
-        return fleet_object(
+        now = time.time()
+        obj = fleet_object(
             f.reports,
             me=self.cc.host,
             redis_ok=f.redis_ok,
             problem=f.problem,
-            now_wall=time.time(),
+            now_wall=now,
             cooling=f.cooling,
         )
+        day = spend.day_key("", f.read_wall or now).removeprefix("spend:")
+        budget = self.d.table.settings.daily_budget_usd
+        obj["spend"] = spend_entry(dict(f.spend), budget, day) if f.redis_ok else None
+        return obj
 
     def start(self) -> Callable[[], None]:
         """Start the heartbeat thread; the returned function stops it (and withdraws)."""

@@ -203,6 +203,7 @@ def test_each_host_publishes_and_sees_the_fleet(pool: Pool) -> None:
     assert row["gpus"][0]["total_bytes"] == 24 << 30 and row["gpus"][0]["holding"] == 0
     served = pool.a.request("GET", "/gpulock/cluster").json()
     assert [x["name"] for x in served["hosts"]] == ["a", "b"]
+    assert served["spend"]["total_usd"] == 0 and served["spend"]["daily_budget_usd"] is None
     health = pool.a.request("GET", "/health").json()
     assert health["cluster"] == {"host": "a", "hosts": 2, "redis": "ok", "problem": None}
     st = pool.a.gpulock("status")
