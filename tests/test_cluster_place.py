@@ -134,3 +134,15 @@ def test_a_deadline_applies_to_a_peer_as_it_does_here() -> None:
     assert best(local(60.0, 2), busy_peer) == "b"
     assert best(local(60.0, 2), busy_peer, deadline_s=30.0) == "here"  # 40 s + 1 s > 30 s
     assert best(local(60.0, 2), peer("b", warm=True), deadline_s=0.0) == "b"  # empty line
+
+
+def test_the_call_counter_says_which_host_ran_the_call() -> None:
+    from gpulock.metrics.tally import Tally, fold
+
+    t = Tally()
+    for host in ("b", "b", "a"):
+        fold(t, {"event": "call", "task": "chat", "tier": "gpu", "model": "m", "ok": True,
+                 "host": host})  # fmt: skip
+    calls = t.counters["gpulock_router_calls"]
+    assert calls[("chat", "gpu", "m", "ok", "b")] == 2
+    assert calls[("chat", "gpu", "m", "ok", "a")] == 1

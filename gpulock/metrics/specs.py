@@ -69,11 +69,12 @@ COUNTERS = (
     _c("router_routes", "routing decisions by task and the tier chosen (none)", "task", "tier"),
     _c(
         "router_calls",
-        "model calls by task, tier, model and outcome",
+        "model calls by task, tier, model, outcome and the cluster host that ran them",
         "task",
         "tier",
         "model",
         "outcome",
+        "host",  # bounded: the hosts of a cluster ("" without one)
     ),
     _c("router_input_tokens", "prompt tokens of model calls", "task", "tier", "model"),
     _c("router_output_tokens", "completion tokens of model calls", "task", "tier", "model"),
