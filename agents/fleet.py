@@ -24,7 +24,7 @@ import threading
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from agents import fleetfile
 from agents.fleetfile import FleetFile, JobSpec
@@ -58,6 +58,7 @@ from gpulock.cli import (
     stdout_to_stderr,
 )
 from gpulock.core.errors import GpulockError
+from gpulock.core.extras import install_hint
 
 if TYPE_CHECKING:
     from gpulock.core.settings import Settings
@@ -75,8 +76,6 @@ __all__ = [
     "next_fires",
     "outcome",
 ]
-
-INSTALL_HINT: Final = "pip install 'gpulock[scheduler]'"
 
 EPILOG = """\
 exit codes: 0 stopped by SIGTERM/SIGINT or at the end of --for, or --dry-run done; with --once,
@@ -272,7 +271,8 @@ def _require_apscheduler() -> None:
         import apscheduler
     except ImportError:
         raise GpulockError(
-            "the fleet runner needs APScheduler 3, which is not installed", hint=INSTALL_HINT
+            "the fleet runner needs APScheduler 3, which is not installed",
+            hint=install_hint("scheduler"),
         ) from None
     version = str(getattr(apscheduler, "__version__", "3"))
     if not version.startswith("3."):

@@ -198,7 +198,8 @@ def main() -> int:
     print(f"\nsummary: eviction request -> verified free p50 {ev:.1f} ms "
           f"(owner busy {evb:.1f} ms), "
           f"vs SIGTERM-and-wait {kt:.1f} ms which also ends the owner; status with {n_res} "
-          f"residents + {n_tickets} tickets {s50:.1f} ms ({verdict})")  # fmt: skip
+          f"residents + {n_tickets} tickets {s50:.1f} ms "
+          f"({'PASS' if verdict == 'PASS' else 'FAILED'}: status target < 100 ms)")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
     return 0

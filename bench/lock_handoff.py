@@ -1155,8 +1155,8 @@ def summary(res: dict[str, Any], plan: Plan, targets: list[Target]) -> str:
         f"SIGKILL grant max {v('sigkill', 'max')} ms",
         f"status(100) {v('status', 'p50')} ms",
     ]
-    failed = [x.short for x in targets if x.ok is False]
-    unknown = [x.short for x in targets if x.ok is None]
+    failed = [x.text for x in targets if x.ok is False]  # the target itself, not its label
+    unknown = [x.text for x in targets if x.ok is None]
     if not failed and not unknown:
         verdict = "all targets met"
     else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import signal
 import sys
 import threading
@@ -19,6 +20,8 @@ from typing import TYPE_CHECKING
 from gpulock.cli import Parser, UsageError, print_json, run_command
 
 if TYPE_CHECKING:
+    from governor.daemon import Governor
+    from governor.model import GovernorConfig
     from gpulock.core.settings import Settings
     from gpulock.metrics.exporter import Exporter
 
@@ -72,8 +75,8 @@ def build_parser(prog: str = "gpulock governor") -> argparse.ArgumentParser:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="print what would be done, one line per action; evict, signal, publish and log "
-        "nothing (may run beside the real governor)",
+        help="print the decision (signals, level) and what would be done, one line per "
+        "action; evict, signal, publish and log nothing (may run beside the real governor)",
     )
     p.add_argument(
         "--metrics-listen",
@@ -84,8 +87,8 @@ def build_parser(prog: str = "gpulock governor") -> argparse.ArgumentParser:
     p.add_argument(
         "--json",
         action="store_true",
-        help='with --once: print the pass as one JSON object {"dry_run", "level", "actions", '
-        '"lines"} instead of lines',
+        help='with --once: print the pass as one JSON object {"dry_run", "level", '
+        '"level_before", "signals", "thresholds", "actions", "lines"} instead of lines',
     )
     return p
 
@@ -107,7 +110,8 @@ def _main(argv: list[str]) -> int:
     settings = load(args.config, args.state_dir)
     config = gconfig.load(settings.config)  # ConfigError names file:line:key
     exporter = _metrics(settings, args.metrics_listen, dry_run=args.dry_run)
-    text = io.StringIO() if args.json else sys.stdout  # --json: the lines go into the object
+    # --json: the lines go into the object; a dry pass prints them under its decision.
+    text = io.StringIO() if args.json or (args.once and args.dry_run) else sys.stdout
     governor = Governor(
         settings,
         config,
@@ -123,25 +127,51 @@ def _main(argv: list[str]) -> int:
         else:
             governor.run(stop)
 
+    signals: list[int] = []
     with governor:
         try:
             if exporter is not None:
                 exporter.start()
-            _in_worker(work, stop)
+            if not args.once:  # a service says when it starts and stops (for its journal)
+                _say(f"started for {settings.state_dir} (pid {os.getpid()}, a pass every "
+                     f"{config.interval_s:g} s{', dry run' if args.dry_run else ''})")  # fmt: skip
+            _in_worker(work, stop, signals)
         finally:
             if exporter is not None:
                 exporter.close()
-    if args.json:
-        assert isinstance(text, io.StringIO)
-        print_json(
-            {
-                "dry_run": args.dry_run,
-                "level": governor.state.level,
-                "actions": governor.last_results,
-                "lines": text.getvalue().splitlines(),
-            }
-        )
+    if not args.once:
+        _say("stopped" + (f" by {signal.Signals(signals[0]).name}" if signals else ""))
+    if args.once and isinstance(text, io.StringIO):
+        _print_pass(governor, config, text.getvalue().splitlines(), args.json, args.dry_run)
     return EX_OK
+
+
+def _say(text: str) -> None:
+    print(f"gpulock governor: {text}", file=sys.stderr, flush=True)
+
+
+def _print_pass(
+    governor: Governor, config: GovernorConfig, lines: list[str], as_json: bool, dry_run: bool
+) -> None:
+    """One pass's decision: signals, level and actions, as lines or one JSON object."""
+    from governor import explain
+
+    if governor.last_snapshot is None:  # the pass failed before measuring: nothing to say
+        return
+    d = explain.decision(
+        governor.last_snapshot,
+        config,
+        governor.last_level_before,
+        governor.state.level,
+        governor.last_results,
+    )
+    if as_json:
+        print_json({"dry_run": dry_run, **d, "lines": lines})
+        return
+    for line in explain.lines(d):
+        print(line)
+    for line in lines:  # what it would do, one line per action
+        print(line, flush=True)
 
 
 def _metrics(settings: Settings, listen_arg: str | None, *, dry_run: bool) -> Exporter | None:
@@ -176,7 +206,9 @@ def _metrics(settings: Settings, listen_arg: str | None, *, dry_run: bool) -> Ex
     return Exporter(settings, listen=listen, textfile=mcfg.textfile, err=sys.stderr, keys=keys)
 
 
-def _in_worker(work: Callable[[], None], stop: threading.Event) -> None:
+def _in_worker(
+    work: Callable[[], None], stop: threading.Event, signals: list[int] | None = None
+) -> None:
     """Run ``work`` in a thread while the main thread takes SIGTERM/SIGINT and sets ``stop``.
 
     The handler runs in the main thread; were the loop waiting on ``stop`` there too, a signal
@@ -193,7 +225,9 @@ def _in_worker(work: Callable[[], None], stop: threading.Event) -> None:
             failure.append(e)
             stop.set()
 
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if signals is not None:
+            signals.append(signum)  # which one stopped it, for the "stopped" line
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}

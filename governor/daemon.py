@@ -88,6 +88,8 @@ class Governor:
         self.clock = clock
         self.state = State(level="normal", level_since_wall=clock())
         self.last_results: list[dict[str, Any]] = []
+        self.last_snapshot: Snapshot | None = None  # what the last pass measured
+        self.last_level_before = self.state.level  # the level the last pass started from
         self._lock_fd: int | None = None
         self._claim_fd: int | None = None
 
@@ -146,6 +148,7 @@ class Governor:
     def tick(self, now_wall: float) -> float:
         """One pass at ``now_wall``; the seconds until the next pass starts."""
         snapshot = self.probe.collect(now_wall)
+        self.last_snapshot, self.last_level_before = snapshot, self.state.level
         actions, self.state = self.decide(snapshot, self.state, self.config, now_wall)
         self.last_results = self.effects.apply(actions, snapshot, self.config)
         self.effects.publish(

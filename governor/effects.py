@@ -124,7 +124,9 @@ class Effects:
             reason=f"governor {a.kind}: {a.reason}",
         )
         res = _result(a, er.outcome, er.detail)
-        res.update(pid=record.pid, freed_bytes=er.freed_bytes, elapsed_s=er.elapsed_s)
+        if er.pid is not None:  # a tenant's server may have no known pid: none, not 0
+            res["pid"] = er.pid
+        res.update(freed_bytes=er.freed_bytes, elapsed_s=er.elapsed_s)
         if force and er.outcome in ("busy", "no-answer") and record.tenant is None:
             res["kill"] = self._kill(a, record, config, er.outcome)
         self._governor_event(a, res)

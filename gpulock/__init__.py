@@ -20,6 +20,7 @@ from gpulock.core.errors import (
     LockError,
     LockTimeout,
     NeedTooLarge,
+    NoSuchGpu,
     NotPermitted,
     StateDirError,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "LockError",
     "LockTimeout",
     "NeedTooLarge",
+    "NoSuchGpu",
     "NotPermitted",
     "Resident",
     "StateDirError",

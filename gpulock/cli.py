@@ -91,14 +91,25 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _CommandsFormatter(argparse.HelpFormatter):
+    """Room for the longest command name (``heartbeat``), so that every summary starts on
+    its command's line."""
+
+    def __init__(self, prog: str, width: int | None = None) -> None:
+        super().__init__(prog, max_help_position=16, width=width)
+        self._action_max_length = 14
+
+
+def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentParser:
+    """The built-in commands' parser; ``commands`` (name -> summary) lists the installed
+    packages' too, for ``--help`` (they parse their own arguments)."""
     parser = Parser(
         prog="gpulock",
         description="A fair, crash-safe line in front of each GPU for fleets of small agents.",
+        formatter_class=_CommandsFormatter,
         epilog=(
             "exit codes: 0 ok, 1 error, 2 usage, 75 GPU busy past --timeout (try again later); "
-            "'run' returns its command's code.  More commands may come from installed "
-            "packages: 'gpulock help' lists them."
+            "'run' returns its command's code.  'gpulock COMMAND --help' tells more of each."
         ),
     )
     parser.add_argument("--version", action="version", version=f"gpulock {_version()}")
@@ -242,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
 
     sub.add_parser("help", help="list every command, including those of installed packages")
+    for name, summary in (commands or {}).items():
+        if name not in sub.choices:  # a package may not shadow a built-in command
+            sub.add_parser(name, help=summary, add_help=False)
     return parser
 
 
@@ -252,9 +266,9 @@ def _version() -> str:
 
 
 def _plugins() -> dict[str, Any]:
-    from importlib.metadata import entry_points
+    from gpulock.commands import plugins
 
-    return {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)}
+    return plugins()
 
 
 def report(e: UsageError | GpulockError, *, as_json: bool = False) -> int:
@@ -358,13 +372,16 @@ def _dispatch(argv: list[str]) -> int:
             raise UsageError(f"unknown command {argv[0]!r}", hint="commands: " + ", ".join(known))
         func: Callable[[list[str]], int] = plugin.load()
         return func(argv[1:])
-    parser = build_parser()
+    listing = not argv or argv[0] in ("help", "-h", "--help")
+    if listing:  # only then: reading the packages' summaries is no cost for `gpulock run`
+        from gpulock.commands import summaries
+
+        parser = build_parser(summaries())
+    else:
+        parser = build_parser()
     args = parser.parse_args(argv)
     if args.cmd is None or args.cmd == "help":
         parser.print_help()
-        names = sorted(_plugins())
-        if names:
-            print("\ncommands from installed packages: " + ", ".join(names))
         return EX_OK if args.cmd == "help" else EX_USAGE
     handler: Callable[[argparse.Namespace], int] = _HANDLERS[args.cmd]
     return handler(args)
@@ -374,6 +391,13 @@ def _settings(args: argparse.Namespace) -> Any:
     from gpulock.core.settings import load
 
     return load(args.config, args.state_dir)
+
+
+def _check_gpu(settings: Any, gpu: int) -> None:
+    """A ``--gpu`` this machine does not have is a usage error naming the GPUs it has."""
+    from gpulock.core.devices import check_gpu
+
+    check_gpu(gpu, settings.config)
 
 
 # --- run -----------------------------------------------------------------------------------
@@ -486,9 +510,12 @@ def cmd_history(args: argparse.Namespace) -> int:
     settings = _settings(args)
     since = parse_since(args.since, time.time()) if args.since else None
     kinds = set(args.event or ())
+    logged = list(events.read(settings.state_dir, since_wall=since))
+    if args.gpu is not None and all(e.get("gpu") != args.gpu for e in logged):
+        _check_gpu(settings, args.gpu)  # a GPU of the past may be asked about, a typo not
     selected = [
         e
-        for e in events.read(settings.state_dir, since_wall=since)
+        for e in logged
         if (args.gpu is None or e.get("gpu") == args.gpu) and (not kinds or e["event"] in kinds)
     ]
     if args.limit is not None:
@@ -511,6 +538,8 @@ def _history_line(e: dict[str, Any]) -> str:
     # Agents' and the fleet's events name their agent; the lock's name their holder.
     label_key = "name" if "name" in e else "agent"
     who = f"{e.get(label_key, '')}[{e.get('pid', '')}]" if "pid" in e else ""
+    if not who and isinstance(e.get("name"), str):
+        who = e["name"]  # no pid to show (a tenant's model): the name all the same
     details: list[str] = []
     for k, v in e.items():
         if k in _SHOWN or v is None or (who and k == label_key):
@@ -584,6 +613,8 @@ def cmd_evict(args: argparse.Namespace) -> int:
     from gpulock.residents import eviction, registry
 
     settings = _settings(args)
+    if args.gpu is not None:
+        _check_gpu(settings, args.gpu)
     matches = eviction.find(settings, args.target, gpu=args.gpu, tenant=args.tenant)
     if not matches:
         known = sorted({r.id if r.tenant else r.name for r in registry.all_records(settings)})
@@ -600,7 +631,8 @@ def cmd_evict(args: argparse.Namespace) -> int:
         print(json.dumps({"results": [asdict(r) for r in results]}, indent=2))
     else:
         for r in results:
-            print(f"{r.name} ({r.id}, pid {r.pid}, gpu{r.gpu}): {r.outcome}: {r.detail}")
+            pid = f", pid {r.pid}" if r.pid is not None else ""  # a tenant's server: unknown
+            print(f"{r.name} ({r.id}{pid}, gpu{r.gpu}): {r.outcome}: {r.detail}")
     return EX_OK if all(r.ok for r in results) else EX_ERROR
 
 

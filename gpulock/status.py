@@ -37,9 +37,11 @@ Reading status never changes the queue.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gpulock.core import clusterview, devices, level
@@ -81,8 +83,25 @@ def line(settings: Settings, gpu: int) -> list[Place]:
 
 
 def gpu_indices(settings: Settings, report: devices.DeviceReport) -> list[int]:
-    """GPUs to show: those probed plus any with a queue folder."""
-    return sorted({d.index for d in report.devices} | set(queue_gpus(settings)))
+    """GPUs to show: those probed plus any other with a queue folder that holds something.
+
+    An empty queue folder of a GPU the probe does not list is debris (a ``--gpu 7`` taken
+    before such indices were refused), not a GPU: shown only when nothing could be probed.
+    """
+    probed = {d.index for d in report.devices}
+    extra = {
+        g
+        for g in queue_gpus(settings)
+        if g not in probed and (not probed or _has_files(settings.gpu_dir(g, create=False)))
+    }
+    return sorted(probed | extra)
+
+
+def _has_files(path: Path) -> bool:
+    try:
+        return bool(os.listdir(path))
+    except OSError:
+        return False
 
 
 def entry(qdir: QueueDir, tf: TicketFile, position: int, now_w: float) -> dict[str, Any]:

@@ -85,6 +85,9 @@ class Verdict:
     gpu: int | None = None
     need_bytes: int | None = None
     warm: bool = False
+    # Why a cloud candidate was refused when the reason is an accounting limit: "budget" (its
+    # daily_budget or router.daily_budget) or "rate" (its rate_limit); None otherwise.
+    limit: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +189,10 @@ def _judge_cloud(c: Candidate, host: Host, warm: bool) -> Verdict:
     spent = host.spend_today_usd.get(key, 0.0)
     if c.daily_budget_usd is not None and spent >= c.daily_budget_usd:
         return Verdict(
-            c, False, f"daily budget spent: ${spent:.4f} of {format_usd(c.daily_budget_usd)} today"
+            c,
+            False,
+            f"daily budget spent: ${spent:.4f} of {format_usd(c.daily_budget_usd)} today",
+            limit="budget",
         )
     total = sum(host.spend_today_usd.values())
     if host.daily_budget_usd is not None and total >= host.daily_budget_usd:
@@ -195,11 +201,15 @@ def _judge_cloud(c: Candidate, host: Host, warm: bool) -> Verdict:
             False,
             f"cloud budget spent: ${total:.4f} of {format_usd(host.daily_budget_usd)} today "
             "(router.daily_budget)",
+            limit="budget",
         )
     used = host.requests_last_min.get(key, 0)
     if c.rate_limit_per_min is not None and used >= c.rate_limit_per_min:
         return Verdict(
-            c, False, f"rate limit: {used} requests in the last minute (of {c.rate_limit_per_min})"
+            c,
+            False,
+            f"rate limit: {used} requests in the last minute (of {c.rate_limit_per_min})",
+            limit="rate",
         )
     return Verdict(c, True, f"cloud, ${spent:.4f} spent today", warm=warm)
 

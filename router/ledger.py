@@ -189,12 +189,15 @@ def record_call(
     tier: str = "",
     tokens_in: int = 0,
     tokens_out: int = 0,
+    count_request: bool = True,
     reserved_usd: float = 0.0,
     now_wall: float | None = None,
 ) -> None:
     """Count one request, its tokens and cost; a success also ends the failures-in-a-row count.
 
-    ``reserved_usd``: what ``reserve`` already counted for this call (settled here)."""
+    ``count_request=False``: the request is already in the rate limit's window (counted when
+    it began, by ``router.accounting.admit``).  ``reserved_usd``: what ``reserve`` already
+    counted for this call (settled here)."""
     now = time.time() if now_wall is None else now_wall
     with change(settings, now_wall=now) as led:
         for axis, name in zip(USAGE_AXES, (agent, task, tier), strict=True):
@@ -203,7 +206,7 @@ def record_call(
             row["tokens_in"] += tokens_in
             row["tokens_out"] += tokens_out
             row["cost_usd"] = round(row["cost_usd"] + cost_usd, 8)
-        if tier == "cloud" or not tier:
+        if count_request and (tier == "cloud" or not tier):
             led.requests.setdefault(key, []).append(now)
         if cost_usd or reserved_usd:
             spent = led.spend_usd.get(key, 0.0) + cost_usd - reserved_usd
@@ -221,10 +224,12 @@ def record_failure(
     base_s: float,
     max_s: float,
     retry_after_s: float | None = None,
+    count_request: bool = True,
     now_wall: float | None = None,
 ) -> float:
     """Start a cooldown for ``key``: ``base_s`` doubled for each failure in a row, or the
-    server's Retry-After when it gave one.  Returns the cooldown's length in seconds."""
+    server's Retry-After when it gave one.  Returns the cooldown's length in seconds.
+    ``count_request=False``: the request is already in the rate limit's window."""
     now = time.time() if now_wall is None else now_wall
     with change(settings, now_wall=now) as led:
         prev = led.cooldowns.get(key) or {}
@@ -233,7 +238,8 @@ def record_failure(
         if retry_after_s is not None and retry_after_s > 0:
             length = min(max_s, retry_after_s)
         led.cooldowns[key] = {"until_wall": now + length, "reason": reason, "failures": n}
-        led.requests.setdefault(key, []).append(now)
+        if count_request:
+            led.requests.setdefault(key, []).append(now)
     return length
 
 

@@ -8,8 +8,9 @@ task's candidates are judged again without it, and the call goes to the next tha
 call (budget, rate limit, cooldown: they change as calls are made) and given up the same way,
 without a cooldown.  When none is left, ``NoModelAvailable`` lists every candidate and why.
 
-Every call is accounted: a ``call`` event (task, agent, tier, model, tokens in and out, latency,
-estimated cost) in the event log, and cloud spend and requests in the ledger.
+Every call is accounted through ``router.accounting`` (the path ``gpulock serve``'s calls take
+too): a ``call`` event (task, agent, tier, model, tokens in and out, latency, estimated cost) in
+the event log, and spend, usage and cloud requests in the ledger.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpulock.core.settings import Settings
-from router import budget, ledger, probe
+from router import accounting, budget, probe
 from router.backends import BackendError, Result
 from router.choose import Choice, Verdict, choose, cid
 from router.errors import NoModelAvailable
@@ -204,19 +205,18 @@ class Model:
             self.choice = self._choose_again()
 
     def _still_fits(self) -> Verdict:
-        """The chosen candidate, a cloud one judged again first: calls spend its budget and
-        rate limit, and other agents' errors cool it down, so a handle kept for hours must not
-        go on calling past them.  When it no longer fits, the call moves on, as on a failure."""
+        """The chosen candidate, admitted by the accounting (``router.accounting.admit``): a
+        cloud one is judged again first (calls spend its budget and rate limit, and other
+        agents' errors cool it down, so a handle kept for hours must not go on calling past
+        them) and its request counted.  When it no longer fits, the call moves on, as on a
+        failure."""
         v = self._verdict
         c = v.candidate
-        if c.tier != "cloud":
-            return v  # a local model's limits (the lock, the governor) apply inside the call
-        now = choose(self.task, [c], probe.host(self._settings, [c], self._table.settings))
-        if now.chosen is not None:
+        now = accounting.admit(self._settings, self._table.settings, self.task, c)
+        if now.ok:
             return v
-        why = now.verdicts[0].reason
-        self.fallbacks.append(f"{c.name}: {why}")
-        self._move_on(c, why)
+        self.fallbacks.append(f"{c.name}: {now.reason}")
+        self._move_on(c, now.reason)
         return self._verdict
 
     def _backend(self, v: Verdict) -> Any:
@@ -281,34 +281,18 @@ class Model:
         if self._reservation is not None:
             budget.release(self._settings, self._reservation)
             self._reservation = None
-        key = cid(c)
-        self._failed[key] = e.short
-        rs = self._table.settings
-        cooled = None
-        if _cools_down(e):
-            cooled = ledger.record_failure(
-                self._settings,
-                key,
-                reason=e.short,
-                base_s=rs.cooldown_s,
-                max_s=rs.max_cooldown_s,
-                retry_after_s=e.retry_after_s,
-            )
-            if self._settings.config.section("cluster") is not None:
-                from router import peers
-
-                peers.share_cooldown(self._settings, key, cooled, e.short)
-                if c.host is not None:  # the peer itself: no host sends it work for a while
-                    peers.share_cooldown(self._settings, f"peer:{c.host}", cooled, e.short)
-        self.fallbacks.append(f"{c.name}: {e.short}")
-        self._call_event(
+        self._failed[cid(c)] = e.short
+        accounting.failed(
+            self._settings,
+            self._table.settings,
             c,
-            ok=False,
-            elapsed=elapsed,
-            error=e.short,
-            detail=e.detail,
-            cooldown_s=cooled,
+            e,
+            task=self.task,
+            agent=self.agent,
+            latency_s=elapsed,
+            host=c.host or _here(self._settings),
         )
+        self.fallbacks.append(f"{c.name}: {e.short}")
         if retry:
             self._move_on(c, e.short)
 
@@ -344,66 +328,24 @@ class Model:
 
     def _account(self, v: Verdict, tokens_in: int, tokens_out: int, elapsed: float) -> None:
         c = v.candidate
-        cost = (tokens_in * c.price_in_per_1k + tokens_out * c.price_out_per_1k) / 1000
         r, self._reservation = self._reservation, None
-        ledger.record_call(
+        cost = accounting.record(
             self._settings,
-            cid(c),
-            cost_usd=cost,
-            agent=self.agent,
+            c,
             task=self.task,
-            tier=c.tier,
+            agent=self.agent,
             tokens_in=tokens_in,
             tokens_out=tokens_out,
+            latency_s=elapsed,
             reserved_usd=r.amount_usd if r is not None else 0.0,
+            gpu=v.gpu,
+            host=c.host or _here(self._settings),
         )
         if r is not None:
             budget.settled(self._settings, r, cost)
-        self._call_event(
-            c,
-            ok=True,
-            elapsed=elapsed,
-            gpu=v.gpu,
-            tokens_in=tokens_in,
-            tokens_out=tokens_out,
-            cost_usd=round(cost, 8),
-        )
-
-    def _call_event(self, c: Candidate, *, ok: bool, elapsed: float, **fields: Any) -> None:
-        """One ``call`` event: who called, which model, how it went (see the module doc)."""
-        counts = {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0}
-        self._settings.emit(
-            "call",
-            task=self.task,
-            agent=self.agent,
-            tier=c.tier,
-            model=c.name,
-            ok=ok,
-            latency_s=round(elapsed, 6),
-            host=c.host or _here(self._settings),
-            **{**counts, **fields},
-        )
 
 
 def _here(settings: Settings) -> str:
     from router.peers import here_name
 
     return here_name(settings)
-
-
-# HTTP statuses that blame this one request (its keywords, its size), not the endpoint.
-_REQUEST_FAULTS = frozenset({400, 413, 422})
-
-
-def _cools_down(e: BackendError) -> bool:
-    """Whether a failure should keep every agent off this candidate for a while.
-
-    A long GPU queue is not the model's fault, and a request refused for its own content (HTTP
-    400, 413, 422; a prompt longer than a local model's context) says nothing about the next
-    agent's request; these fall back without a cooldown.  Everything else (429, 5xx, timeouts,
-    refused connections, 401/403/404, a model that will not load) cools the candidate down for
-    all.
-    """
-    if e.kind in ("busy", "request"):
-        return False
-    return not (e.kind == "client" and e.status in _REQUEST_FAULTS)

@@ -259,7 +259,7 @@ class Gateway:
         body = await asyncio.to_thread(exposition, self.settings)
         return Response(body, media_type=CONTENT_TYPE)
 
-    def measured(self, request: Request, status_code: int, duration_s: float) -> None:
+    def measured(self, request: Request, response: Response, duration_s: float) -> None:
         """One ``gateway-request`` event: what the metrics' request histogram counts.  For a
         stream, the time to its first piece (the response's start).  Labels stay bounded: a
         name that resolved to nothing is not one of them."""
@@ -269,8 +269,8 @@ class Gateway:
             task=meta.task if meta is not None else "",
             tier=meta.tier if meta is not None else "",
             model=meta.model if meta is not None else "",
-            outcome=_outcome(status_code),
-            status=status_code,
+            outcome=_outcome(response.status_code, response.headers.get("x-gpulock-refused")),
+            status=response.status_code,
             duration_s=round(duration_s, 6),
         )
 
@@ -306,7 +306,7 @@ def build_app(
                 msg = f"internal error ({type(e).__name__}); see the gpulock serve log"
                 response = error_response(ApiError(500, msg, type="server_error"), request.url.path)
             if measured:
-                g.measured(request, response.status_code, time.monotonic() - started)
+                g.measured(request, response, time.monotonic() - started)
             return response
 
         return endpoint
@@ -350,10 +350,12 @@ def build_app(
     return KeyCheck(app, keys)
 
 
-def _outcome(status_code: int) -> str:
-    """A request's outcome, as a bounded label."""
+def _outcome(status_code: int, refused: str | None = None) -> str:
+    """A request's outcome, as a bounded label (``refused``: the accounting's limit, if any)."""
     if status_code < 400:
         return "ok"
+    if refused in ("budget", "rate"):
+        return "over-budget" if refused == "budget" else "rate-limited"
     return {429: "queue-full", 499: "hung-up", 504: "deadline"}.get(
         status_code, "refused" if status_code < 500 else "error"
     )

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from gpulock.cli import Parser, run_command
 from gpulock.core.errors import GpulockError
+from gpulock.core.extras import install_hint
 from serve import config as serve_config
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def _main(argv: list[str]) -> int:
         import uvicorn
     except ImportError as e:
         raise GpulockError(
-            f"gpulock serve needs its extra ({e})", hint="pip install 'gpulock[serve]'"
+            f"gpulock serve needs its extra ({e})", hint=install_hint("serve")
         ) from None
     from router.routes import load_table
     from serve.app import build_app

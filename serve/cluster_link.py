@@ -274,7 +274,7 @@ class ClusterLink:
         meta = Meta(c.task, c.tier, c.name, (time.monotonic() - start) * 1000, None, loc.host)
         stack = AsyncExitStack()
         try:
-            return await d.run(ask, Opened(meta, stack), engine)
+            return await d.run(ask, Opened(meta, stack, peer_c), engine)
         except BaseException:
             await stack.aclose()
             raise

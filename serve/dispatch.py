@@ -10,6 +10,7 @@ called through that tenant: ``router.backends.tenant``).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpulock.core.errors import ConfigError, LockTimeout
 from gpulock.core.settings import Settings
-from router import ledger, probe
+from router import accounting, probe
 from router.backends import BackendError
 from router.backends.tenant import TenantBackend
 from router.choose import Choice, Host, Verdict, choose, cid
@@ -68,9 +69,11 @@ class Meta:
 class Opened:
     """A request with its candidate chosen and its place held: the answer, or its stream."""
 
-    def __init__(self, meta: Meta, stack: AsyncExitStack) -> None:
+    def __init__(self, meta: Meta, stack: AsyncExitStack, candidate: Candidate) -> None:
         self.meta = meta
         self.stack = stack
+        self.candidate = candidate  # what answered: its price is what the call costs
+        self.started = time.monotonic()
         self.answer: Answer | None = None
         self.vectors: list[list[float]] = []
         self.tokens_in = 0
@@ -170,6 +173,7 @@ class Dispatcher:
         task, cands = self.resolve(ask.model)
         deadline_at = None if deadline_s is None else time.monotonic() + deadline_s
         failed: dict[str, str] = {}
+        refused: dict[str, Verdict] = {}  # cid -> accounting's refusal (a budget, a rate limit)
         start = time.monotonic()
         while True:
             left = None if deadline_at is None else max(0.0, deadline_at - time.monotonic())
@@ -181,9 +185,18 @@ class Dispatcher:
                     return opened
             v = choice.chosen
             if v is None:
-                raise self._none_left(task, choice, deadline_s)
+                raise self._none_left(task, choice, deadline_s, refused)
             c = v.candidate
+            # Budgets and rate limits: judged and spent where router.get_model's are.
+            admitted = accounting.admit(self.settings, self.table.settings, task, c)
+            if not admitted.ok:
+                if cid(c) in refused:  # refused twice: the chooser and the ledger disagree
+                    failed[cid(c)] = admitted.reason
+                refused[cid(c)] = admitted
+                self._fallback(task, agent, c, admitted.reason)
+                continue
             stack = AsyncExitStack()
+            tried = time.monotonic()
             try:
                 return await self._try(ask, v, agent, left, start, stack, task)
             except LockTimeout:
@@ -195,7 +208,16 @@ class Dispatcher:
                 if e.kind == "request" or (e.kind == "client" and e.status in REQUEST_FAULTS):
                     raise ApiError(400, f"{c.name}: {e}", code="invalid_request") from None
                 failed[cid(c)] = e.short
-                self._cool(c, e)
+                accounting.failed(
+                    self.settings,
+                    self.table.settings,
+                    c,
+                    e,
+                    task=task,
+                    agent=agent,
+                    latency_s=time.monotonic() - tried,
+                    via="serve",
+                )
                 self._fallback(task, agent, c, e.short)
             except BaseException:
                 await stack.aclose()
@@ -234,7 +256,7 @@ class Dispatcher:
             ask = replace(ask, params={**ask.params, "max_tokens": c.max_tokens})  # the route's
         host = self.cluster.cc.host if self.cluster is not None else None
         meta = Meta(task, c.tier, c.name, (time.monotonic() - start) * 1000, ticket, host)
-        return await self.run(ask, Opened(meta, stack), self._engine(v))
+        return await self.run(ask, Opened(meta, stack, c), self._engine(v))
 
     async def run(
         self, ask: Ask, opened: Opened, engine: LocalEngine | RemoteEngine | TenantEngine
@@ -264,11 +286,22 @@ class Dispatcher:
         host = probe.host(self.settings, cands, self.table.settings, warm=warm)
         return choose(task, cands, host, deadline_s=left, exclude=failed), host
 
-    def _none_left(self, task: str, choice: Choice, deadline_s: float | None) -> ApiError:
+    def _none_left(
+        self, task: str, choice: Choice, deadline_s: float | None, refused: dict[str, Verdict]
+    ) -> ApiError:
         reasons = "; ".join(f"{v.candidate.name}: {v.reason}" for v in choice.verdicts)
         timed = deadline_s is not None and any(
             "deadline" in v.reason for v in choice.verdicts if not v.ok
         )
+        limit = None if timed else accounting.refusal(self.settings, choice, refused)
+        if limit is not None:  # a budget or a rate limit: OpenAI's 429s
+            kind = "insufficient_quota" if limit.kind == "budget" else "rate_limit_exceeded"
+            headers = {"X-Gpulock-Refused": limit.kind}
+            if limit.retry_after_s is not None:
+                headers["Retry-After"] = str(max(1, math.ceil(limit.retry_after_s)))
+            else:
+                headers["x-should-retry"] = "false"  # the openai client: no retry until tomorrow
+            return ApiError(429, limit.message, type=kind, code=kind, headers=headers)
         if timed:
             return ApiError(
                 504,
@@ -320,39 +353,26 @@ class Dispatcher:
     def loaded(self) -> list[_HeldLlama]:
         return [b for b in self._local.values() if b.loaded]
 
-    def _cool(self, c: Candidate, e: BackendError) -> None:
-        if e.kind == "busy":
-            return
-        rs = self.table.settings
-        ledger.record_failure(
-            self.settings,
-            cid(c),
-            reason=e.short,
-            base_s=rs.cooldown_s,
-            max_s=rs.max_cooldown_s,
-            retry_after_s=e.retry_after_s,
-        )
-
     def _fallback(self, task: str, agent: str, c: Candidate, why: str) -> None:
         self.settings.emit(
             "fallback", task=task, agent=agent, from_model=c.name, from_tier=c.tier, error=why
         )
 
     def account(self, opened: Opened, agent: str, tokens_in: int, tokens_out: int) -> None:
+        """Count an answered request, through the router's one accounting path."""
         m = opened.meta
-        self.settings.emit(
-            "call",
+        accounting.record(
+            self.settings,
+            opened.candidate,
             task=m.task,
             agent=agent,
-            tier=m.tier,
-            model=m.model,
-            ok=True,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            latency_s=time.monotonic() - opened.started,
             via="serve",
             waited_ms=round(m.waited_ms, 3),
             ticket=m.ticket,
-            **({"host": m.host} if m.host is not None else {}),
-            tokens_in=tokens_in,
-            tokens_out=tokens_out,
+            **_host_field(m.host),
         )
 
     async def shutdown(self) -> None:
@@ -360,6 +380,11 @@ class Dispatcher:
             await self._http.close()
         for b in list(self._local.values()):
             await asyncio.to_thread(b.unload)
+
+
+def _host_field(host: str | None) -> dict[str, Any]:
+    """The ``call`` event's ``host`` (the cluster host that ran it), without a cluster none."""
+    return {"host": host} if host is not None else {}
 
 
 async def _aclose(it: AsyncIterator[str]) -> None:

@@ -180,7 +180,9 @@ class Cli:
         env["GPULOCK_STATE_DIR"] = str(self.state)
         env["HOME"] = str(self.home)  # no ~/.config/gpulock/config.yaml from the real home
         env["PATH"] = VENV_BIN + os.pathsep + env.get("PATH", "/usr/bin:/bin")
-        env.pop("PYTHONPATH", None)
+        # This checkout's code, whatever an editable install points at (a worktree's tests
+        # must run the worktree, not the main checkout the venv was installed from).
+        env["PYTHONPATH"] = str(REPO)
         if self.simulate is not None:
             env["GPULOCK_SIMULATE"] = self.simulate
         for k, v in extra.items():

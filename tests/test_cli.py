@@ -106,13 +106,13 @@ def test_world_writable_state_folder_is_refused(cli: Cli) -> None:
 
 def test_gpu_that_does_not_exist_is_an_error(cli: Cli) -> None:
     r = cli.run("run", "--gpu", "3", "--", "true")
-    assert_clean_error(r, 1)
+    assert_clean_error(r, 2)  # a bad --gpu is a usage error
     assert "gpu3 does not exist" in error_lines(r.stderr)[0], r.describe()
     assert ticket_files(cli, 3) == [] and not cli.events("acquire")
 
 
 def test_refused_gpu_leaves_no_phantom_queue_in_status(cli: Cli) -> None:
-    assert cli.run("run", "--gpu", "3", "--", "true").code == 1
+    assert cli.run("run", "--gpu", "3", "--", "true").code == 2
     assert [g["gpu"] for g in cli.status()["gpus"]] == [0]
 
 

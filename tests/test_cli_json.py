@@ -57,7 +57,11 @@ def test_json_after_the_double_dash_is_the_commands_own(cli: Cli) -> None:
 def test_governor_once_json(cli: Cli) -> None:
     r = cli.run("governor", "--once", "--dry-run", "--json")
     assert r.code == 0, r.describe()
-    assert json.loads(r.stdout) == {"dry_run": True, "level": "normal", "actions": [], "lines": []}
+    doc = json.loads(r.stdout)
+    assert {k: doc[k] for k in ("dry_run", "level", "actions", "lines")} == {
+        "dry_run": True, "level": "normal", "actions": [], "lines": []
+    }  # fmt: skip
+    assert {"level_before", "signals", "thresholds"} <= set(doc), doc  # the decision's grounds
     r = cli.run("governor", "--json")
     assert (r.code, r.stderr) == (2, ""), r.describe()
     assert error_of(r)["message"] == "--json goes with --once"

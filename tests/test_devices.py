@@ -138,10 +138,10 @@ def test_without_the_package_the_problem_names_the_extra() -> None:
         "print(devices.probe(None, {}).problem)\n"
         "print(devices.nvml_available())\n"
     )
-    assert out.splitlines() == [
-        "no NVIDIA driver information: nvidia-ml-py is not installed (pip install 'gpulock[nvml]')",
-        "False",
-    ]
+    problem, available = out.splitlines()
+    assert problem.startswith("no NVIDIA driver information: nvidia-ml-py is not installed ("), out
+    assert "install" in problem and "[nvml]'" in problem, out  # the form for this install
+    assert available == "False"
 
 
 def test_without_torch_torch_memory_is_none() -> None:

@@ -160,17 +160,44 @@ def test_dry_run_prints_and_changes_nothing(sim: World, cli: Cli) -> None:
     r = governor(cli, sim, "--dry-run", "--once")
     assert r.code == 0, r.describe()
     lines = r.stdout.splitlines()
-    assert len(lines) == 1, r.describe()
+    # The decision first (level, signals against thresholds), then one line per action.
+    assert lines[0] == "level: normal (unchanged)", r.describe()
+    assert lines[1] == "gpu0: 9.0 GiB used of 12.0 GiB (75%), threshold 50%; 4 resident model(s)"
+    assert lines[2].startswith("host: memory pressure some "), lines
+    assert lines[3] == "actions: 1", lines
+    assert len(lines) == 5, r.describe()
     ida = owners["first"].ids["idle-a"]
-    assert lines[0].startswith(
+    assert lines[4].startswith(
         f"would evict idle-a ({ida}) on gpu0: 9.0 GiB used > 6.0 GiB (50%) at "
     ), lines
-    assert lines[0].endswith(", 4.0 GiB") and "; idle " in lines[0], lines
+    assert lines[4].endswith(", 4.0 GiB") and "; idle " in lines[4], lines
     assert names(sim) == ["busy", "idle-a", "idle-b", "pinned"]
     assert owners["first"].unloaded() == [] and owners["second"].unloaded() == []
     assert sim.events() == [e for e in sim.events() if e["event"] == "resident"]
     assert not (sim.state / "governor.json").exists()
     assert not (sim.state / "governor.lock").exists()
+
+
+def test_dry_run_with_nothing_to_do_still_says_what_it_saw(sim: World, cli: Cli) -> None:
+    start_owner(sim, "small", {"name": "tiny", "bytes": "3GiB"})  # 25 %: under the threshold
+    r = governor(cli, sim, "--dry-run", "--once")
+    assert (r.code, r.stderr) == (0, ""), r.describe()
+    assert r.stdout.splitlines()[:2] == [
+        "level: normal (unchanged)",
+        "gpu0: 3.0 GiB used of 12.0 GiB (25%), threshold 50%; 1 resident model(s)",
+    ], r.describe()
+    assert r.stdout.splitlines()[-1] == "actions: none", r.describe()
+
+    r = governor(cli, sim, "--dry-run", "--once", "--json")
+    assert (r.code, r.stderr) == (0, ""), r.describe()
+    d = r.json()
+    assert (d["dry_run"], d["level"], d["level_before"], d["actions"]) == (
+        True, "normal", "normal", []
+    )  # fmt: skip
+    (gpu,) = d["signals"]["gpus"]
+    assert (gpu["used_bytes"], gpu["total_bytes"], gpu["residents"]) == (3 * GiB, 12 * GiB, 1)
+    assert d["thresholds"]["threshold"] == 0.5 and "psi_some_avg10" in d["signals"], d
+    assert not (sim.state / "governor.json").exists()
 
 
 def test_bad_config_names_file_line_and_key(world: World, cli: Cli) -> None:
@@ -270,6 +297,10 @@ def test_daemon_publishes_stops_on_sigterm_and_runs_once_per_folder(world: World
     os.kill(proc.pid, signal.SIGTERM)
     code = proc.wait(30)  # its loop waits on an Event: it stops at once, not after a pass
     assert code == 0, proc.output()
+    # It says when it starts and when it stops (the journal of a service keeps both).
+    said = proc.err.read_text().splitlines()
+    assert said[0].startswith(f"gpulock governor: started for {world.state} (pid {proc.pid}, ")
+    assert said[-1] == "gpulock governor: stopped by SIGTERM", said
     assert level.read(settings) is None  # its claim went with it
 
     # A governor that dies hard leaves governor.json behind, and it no longer counts.

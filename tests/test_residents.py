@@ -26,6 +26,7 @@ from procs import Child, World, wait_until
 
 import gpulock
 from gpulock.core import devices
+from gpulock.core.events import read as read_events
 from gpulock.residents import adapters, control, eviction, registry
 from gpulock.residents.eviction import AdmissionRefused
 from gpulock.residents.owner import Evicted
@@ -678,6 +679,9 @@ def test_without_nvml_status_prints_cleanly_and_evict_cannot_verify(lab: Lab) ->
     (res,) = r.json()["results"]
     assert res["outcome"] == "unloaded", res
     assert res["detail"] == "unloaded; no memory probe to verify"
+    assert res["freed_bytes"] is None, res  # nothing verified it: not counted as freed
+    (e,) = [x for x in read_events(lab.settings().state_dir) if x["event"] == "evict"]
+    assert e["freed_bytes"] is None and e["declared_bytes"] == 1024**3, e
     assert o.has("unloaded", "m")
 
 

@@ -28,14 +28,15 @@ from functools import cache
 from typing import Any, TypeVar
 
 from gpulock.core.config import Config
-from gpulock.core.errors import ConfigError
+from gpulock.core.errors import ConfigError, NoSuchGpu
 from gpulock.core.units import parse_size
 
 SIMULATE_ENV = "GPULOCK_SIMULATE"
+# One folder per GPU the NVIDIA driver drives: a count without importing pynvml, which
+# `gpulock run` must not pay for (see known_gpus).
+DRIVER_GPUS = "/proc/driver/nvidia/gpus"
 
-NO_PACKAGE = (
-    "no NVIDIA driver information: nvidia-ml-py is not installed (pip install 'gpulock[nvml]')"
-)
+NO_PACKAGE = "no NVIDIA driver information: nvidia-ml-py is not installed"
 
 T = TypeVar("T")
 
@@ -147,6 +148,43 @@ def _simulated(index: int, size: int, used_by: Callable[[int], int] | None) -> D
     return Device(index, f"simulated GPU {index}", "simulated", size, used, free)
 
 
+def known_gpus(
+    config: Config | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    driver_dir: str = DRIVER_GPUS,
+) -> tuple[tuple[int, ...], str] | None:
+    """The GPU indices this machine has and where that came from; None when it cannot tell.
+
+    Simulated GPUs are exact.  Real ones are counted in the driver's ``/proc`` folder (one
+    entry per GPU), never through NVML: importing pynvml is what every ``gpulock run`` must
+    not pay for.  Inside a container the driver may list GPUs the container cannot see, so
+    the count can only be too high: a GPU refused here surely does not exist.  No driver
+    folder (no NVIDIA driver, another vendor) is "cannot tell", never "no GPU".
+    """
+    sizes = simulated_sizes(config, environ)
+    if sizes is not None:
+        return tuple(range(len(sizes))), "simulated"
+    try:
+        count = len(os.listdir(driver_dir))
+    except OSError:
+        return None
+    return (tuple(range(count)), "NVIDIA") if count else None
+
+
+def check_gpu(
+    gpu: int,
+    config: Config | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    driver_dir: str = DRIVER_GPUS,
+) -> None:
+    """``NoSuchGpu`` (naming the GPUs there are) for an index this machine does not have."""
+    known = known_gpus(config, environ, driver_dir=driver_dir)
+    if known is not None and gpu not in known[0]:
+        raise NoSuchGpu(gpu, *known)
+
+
 def total_bytes(
     gpu: int, config: Config | None = None, environ: Mapping[str, str] | None = None
 ) -> int | None:
@@ -242,7 +280,9 @@ def _nvml_module() -> tuple[Any, str | None]:
     try:
         import pynvml
     except ImportError:
-        return None, NO_PACKAGE
+        from gpulock.core.extras import install_hint  # here: only when the package is missing
+
+        return None, f"{NO_PACKAGE} ({install_hint('nvml')})"
     return _nvml_init(pynvml)
 
 

@@ -8,6 +8,7 @@
     └── LockError
         ├── LockTimeout (TimeoutError)  the GPU could not be had in time
         ├── NeedTooLarge (ValueError)   a need that can never fit the GPU
+        ├── NoSuchGpu (ValueError)      a GPU index this machine does not have (exit 2)
         └── NotPermitted (PermissionError)  breaking or killing someone else's ticket
 
 Every error carries its fields as attributes, pickles across processes (``__reduce__`` rebuilds
@@ -126,6 +127,31 @@ class NeedTooLarge(LockError, ValueError):
             f"need {format_size(need_bytes)} can never fit gpu{gpu}: "
             f"{format_size(budget_bytes)} is its memory less the reserve",
             hint="ask for less, or lower 'reserve' in the config",
+        )
+
+
+class NoSuchGpu(LockError, ValueError):
+    """A GPU index this machine (or its ``simulate:`` GPUs) does not have: a usage error.
+
+    ``known`` are the indices it has, ``source`` where that came from (``simulated``, ``nvidia
+    driver``).  The CLI exits 2 (``exit_code``), as for any other bad argument.
+    """
+
+    exit_code = 2
+
+    def __init__(self, gpu: int, known: tuple[int, ...], source: str) -> None:
+        self.gpu = gpu
+        self.known = tuple(known)
+        self.source = source
+        have = ", ".join(f"gpu{i}" for i in self.known) or "none"
+        count = f"{len(self.known)} {source} GPU" + ("" if len(self.known) == 1 else "s")
+        super().__init__(
+            f"gpu{gpu} does not exist: this machine has {count}: {have}",
+            hint=(
+                "check --gpu, the config's default_gpu, and simulate: or $GPULOCK_SIMULATE"
+                if source == "simulated"
+                else "check --gpu and the config's default_gpu; nvidia-smi -L lists the GPUs"
+            ),
         )
 
 

@@ -39,7 +39,7 @@ from types import TracebackType
 
 from gpulock.core import devices, identity
 from gpulock.core.config import Config
-from gpulock.core.errors import LockError, LockTimeout, NeedTooLarge
+from gpulock.core.errors import LockTimeout, NeedTooLarge
 from gpulock.core.settings import Settings, load
 from gpulock.core.state import atomic_write
 from gpulock.core.units import parse_duration, parse_size
@@ -320,13 +320,7 @@ def enqueue(
     warm_paths = prefetch_mod.check_paths(prefetch or ())
 
     # Before QueueDir() creates gpu<N>/: a refused GPU must leave no queue folder behind.
-    simulated = devices.simulated_sizes(cfg)
-    if simulated is not None and gpu_i >= len(simulated):
-        raise LockError(
-            f"gpu{gpu_i} does not exist: {len(simulated)} simulated GPU(s), "
-            f"gpu0..gpu{len(simulated) - 1}",
-            hint="check --gpu, default_gpu and GPULOCK_SIMULATE",
-        )
+    devices.check_gpu(gpu_i, cfg)  # NoSuchGpu, naming the GPUs there are
     held: dict[int, Lease] = _held.__dict__.setdefault("leases", {})
     mine = held.get(gpu_i) if nested else None
     if mine is not None and mine.held:

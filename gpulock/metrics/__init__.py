@@ -16,8 +16,7 @@ the textfile, the HTTP listener), ``config`` (the ``metrics:`` section), ``cli``
 from __future__ import annotations
 
 from gpulock.core.errors import GpulockError
-
-EXTRA_HINT = "pip install 'gpulock[metrics]'"
+from gpulock.core.extras import install_hint
 
 
 def require_client() -> None:
@@ -27,5 +26,5 @@ def require_client() -> None:
     except ImportError:
         raise GpulockError(
             "metrics need the prometheus-client package, which is not installed",
-            hint=EXTRA_HINT,
+            hint=install_hint("metrics"),
         ) from None

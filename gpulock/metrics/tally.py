@@ -231,7 +231,7 @@ def _evict(t: Tally, e: dict[str, Any]) -> None:
     outcome = _text(e.get("outcome"), "unknown")
     t.add("gpulock_evictions", (reason, outcome, tenant))
     freed = _num(e.get("freed_bytes"))
-    if freed is not None and outcome in ("freed", "unloaded", "owner-gone"):
+    if freed is not None and outcome == "freed":  # only what a probe saw come back
         t.add("gpulock_evicted_bytes", (reason, tenant), freed)
 
 

@@ -172,7 +172,7 @@ class _Builder:
                 self._close_res(rid, ts, "evict")
             if inside:
                 self.evictions += 1
-                self.evictions_freed += outcome in EVICTED
+                self.evictions_freed += outcome == "freed"  # verified; "unloaded" is not
                 detail = f"{outcome}: {as_text(e.get('reason') or e.get('detail'))}"
                 self._mark(kind, ts, gpu, "resident", name, detail)
             return

@@ -85,21 +85,26 @@ def evict(
     start = time.monotonic()
     reg = Registry(settings)
 
-    def result(outcome: str, detail: str, freed: int | None = None) -> EvictResult:
+    def result(
+        outcome: str, detail: str, freed: int | None = None, unverified: int | None = None
+    ) -> EvictResult:
+        """``freed``: bytes a probe saw come back; ``unverified``: what the model declared,
+        where nothing could check it (in the event as ``declared_bytes``, never as freed)."""
         res = EvictResult(
             record.id, record.name, record.gpu, record.pid, outcome, detail, freed,
             round(time.monotonic() - start, 6),
         )  # fmt: skip
+        declared = {"declared_bytes": unverified} if unverified is not None else {}
         settings.emit(
             "evict", resident=record.id, name=record.name, gpu=record.gpu, pid=record.pid,
-            outcome=outcome, detail=detail, freed_bytes=freed, elapsed_s=res.elapsed_s,
-            force=force, reason=reason,
+            outcome=outcome, detail=detail, freed_bytes=freed, **declared,
+            elapsed_s=res.elapsed_s, force=force, reason=reason,
         )  # fmt: skip
         return res
 
     if not claim.held(reg.claim_path(record.owner)):
         reg.records()  # cleans it
-        return result("owner-gone", "its owner had exited; record removed", record.bytes)
+        return result("owner-gone", "its owner had exited; record removed", unverified=record.bytes)
     before = _memory_of(settings, record)
     try:
         reply = control.ask(
@@ -111,13 +116,17 @@ def evict(
         return result("no-answer", f"owner pid {record.pid} did not answer in {timeout_s:g} s")
     except OSError as e:
         if not claim.held(reg.claim_path(record.owner)):
-            return result("owner-gone", "its owner exited meanwhile", record.bytes)
+            return result("owner-gone", "its owner exited meanwhile", unverified=record.bytes)
         return result("no-answer", f"control socket: {e.strerror or e}")
     if not reply.get("ok"):
         return result(str(reply.get("outcome", "refused")), str(reply.get("detail", "")))
     freed = _verify_freed(settings, record, before, verify_s)
     if freed is None:
-        return result("unloaded", "unloaded; no memory probe to verify", reply.get("bytes"))
+        said = reply.get("bytes")
+        return result(
+            "unloaded", "unloaded; no memory probe to verify",
+            unverified=said if isinstance(said, int) else record.bytes,
+        )  # fmt: skip
     if freed <= 0:
         return result("not-freed", "unloaded but memory not freed", 0)
     return result("freed", f"freed {format_size(freed)}", freed)

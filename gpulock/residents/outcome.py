@@ -10,12 +10,19 @@ class EvictResult:
     id: str
     name: str
     gpu: int
-    pid: int
+    pid: int | None  # None: a tenant model whose server's pid is not known (never a fake 0)
     outcome: str  # freed | unloaded | not-freed | refused | busy | no-answer | owner-gone | gone
     # gone: a tenant model that was no longer loaded when asked
     detail: str
+    # Bytes a probe saw come back (NVML, the simulated count, the server's own listing); None
+    # when nothing could verify it, even where the model is gone ("unloaded", "owner-gone").
     freed_bytes: int | None
     elapsed_s: float
+
+    @property
+    def freed(self) -> bool:
+        """The memory verifiably came back: the only outcome that counts as freed."""
+        return self.outcome == "freed"
 
     @property
     def ok(self) -> bool:

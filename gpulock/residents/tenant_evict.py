@@ -43,12 +43,14 @@ def evict(
     start = time.monotonic()
 
     def result(outcome: str, detail: str, freed: int | None = None) -> EvictResult:
+        pid = record.pid if record.pid > 0 else None  # 0: the server's pid is not known
         res = EvictResult(
-            record.id, record.name, record.gpu, record.pid, outcome, detail, freed,
+            record.id, record.name, record.gpu, pid, outcome, detail, freed,
             round(time.monotonic() - start, 6),
         )  # fmt: skip
+        known = {"pid": pid} if pid is not None else {}  # no pid: none in the event
         settings.emit(
-            "evict", resident=record.id, name=record.name, gpu=record.gpu, pid=record.pid,
+            "evict", resident=record.id, name=record.name, gpu=record.gpu, **known,
             tenant=record.tenant, outcome=outcome, detail=detail, freed_bytes=freed,
             elapsed_s=res.elapsed_s, force=force, reason=reason,
         )  # fmt: skip

@@ -25,6 +25,7 @@ from typing import Any
 from gpulock import acquire
 from gpulock.core import devices
 from gpulock.core.errors import GpulockError, LockTimeout
+from gpulock.core.extras import install_hint
 from gpulock.core.settings import Settings
 from gpulock.residents.adapters import unload_llama
 from router.backends import BackendError, Result
@@ -41,7 +42,7 @@ def _llama_class() -> Any:
     except ImportError as e:
         raise GpulockError(
             f"llama-cpp-python is not installed ({e})",
-            hint="pip install 'gpulock[llama]'",
+            hint=install_hint("llama"),
         ) from None
     _install_log_tap(llama_cpp)
     return Llama

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gpulock.core.errors import GpulockError
+from gpulock.core.extras import install_hint
 from router.backends import BackendError, Result
 from router.routes import Candidate
 
@@ -23,7 +24,7 @@ def _openai() -> Any:
         import openai
     except ImportError as e:
         raise GpulockError(
-            f"the openai client is not installed ({e})", hint="pip install 'gpulock[cloud]'"
+            f"the openai client is not installed ({e})", hint=install_hint("cloud")
         ) from None
     return openai
 

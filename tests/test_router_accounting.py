@@ -1,0 +1,156 @@
+"""``router.accounting``: the one path every model call is admitted and counted by.
+
+No model and no server: candidates from a real route table, the real ledger in a test's state
+folder, threads and processes racing for a rate limit's last request.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from procs import World
+
+from router import accounting, ledger
+from router.choose import Choice, Host, Verdict, choose, cid
+from router.routes import Candidate, Table, load_table
+
+KEY_ENV = "GPULOCK_TEST_ACCOUNTING_KEY"
+
+
+def table(world: World, extra: str, router_section: str = "") -> Table:
+    world.config.write_text(
+        router_section
+        + "routes:\n  t:\n"
+        + "    - {backend: openai, name: remote, model: m, base_url: 'http://127.0.0.1:9/v1',"
+        + f" api_key_env: {KEY_ENV}, price: 1.0{extra}}}\n"
+        + "    - {tier: cpu, backend: llama_cpp, model: /nonexistent.gguf, name: local}\n"
+    )
+    return load_table(world.settings().config)
+
+
+@pytest.fixture(autouse=True)
+def key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KEY_ENV, "sk-unused")
+
+
+def cloud(t: Table) -> Candidate:
+    return t.tasks["t"][0]
+
+
+def test_admit_counts_the_request_and_refuses_past_the_rate_limit(world: World) -> None:
+    t = table(world, ", rate_limit: 2")
+    s, c = world.settings(), cloud(t)
+    verdicts = [accounting.admit(s, t.settings, "t", c) for _ in range(3)]
+    assert [v.ok for v in verdicts] == [True, True, False]
+    assert verdicts[2].limit == "rate"
+    assert verdicts[2].reason == "rate limit: 2 requests in the last minute (of 2)"
+    assert len(ledger.read(s).requests[cid(c)]) == 2  # the refused one is not counted
+
+
+def test_threads_racing_for_the_last_requests_get_exactly_the_limit(world: World) -> None:
+    t = table(world, ", rate_limit: 3")
+    s, c = world.settings(), cloud(t)
+    results: list[bool] = []
+    go = threading.Barrier(8)
+
+    def one() -> None:
+        go.wait()
+        results.append(accounting.admit(s, t.settings, "t", c).ok)
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert sorted(results) == [False] * 5 + [True] * 3
+
+
+def test_processes_share_the_rate_limit(world: World) -> None:
+    t = table(world, ", rate_limit: 2")
+    code = (
+        "import router.accounting as a, router.select as sel\n"
+        "s, t = sel.context()\n"
+        "print(a.admit(s, t.settings, 't', t.tasks['t'][0]).ok)\n"
+    )
+    outs = [
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        for _ in range(3)
+    ]
+    assert [o.stdout.strip() for o in outs] == ["True", "True", "False"], outs[-1].stderr
+    assert not accounting.admit(world.settings(), t.settings, "t", cloud(t)).ok
+
+
+def test_a_spent_budget_is_refused_and_record_spends_it(world: World) -> None:
+    t = table(world, ", daily_budget: 0.02")
+    s, c = world.settings(), cloud(t)
+    assert accounting.admit(s, t.settings, "t", c).ok
+    cost = accounting.record(
+        s, c, task="t", agent="a", tokens_in=15, tokens_out=5, latency_s=0.1, via="test"
+    )
+    assert cost == pytest.approx(0.02)
+    v = accounting.admit(s, t.settings, "t", c)
+    assert (v.ok, v.limit) == (False, "budget")
+    assert v.reason == "daily budget spent: $0.0200 of $0.02 today"
+    led = ledger.read(s)
+    assert led.spend_usd[cid(c)] == pytest.approx(0.02)
+    assert len(led.requests[cid(c)]) == 1  # counted once, by admit, not again by record
+    (e,) = world.events("call")
+    assert (e["task"], e["agent"], e["tier"], e["model"], e["ok"], e["via"]) == (
+        "t",
+        "a",
+        "cloud",
+        "remote",
+        True,
+        "test",
+    )
+    assert (e["tokens_in"], e["tokens_out"], e["cost_usd"]) == (15, 5, pytest.approx(0.02))
+
+
+def test_the_routers_budget_is_a_budget_limit(world: World) -> None:
+    t = table(world, "", "router: {daily_budget: 0.01}\n")
+    s, c = world.settings(), cloud(t)
+    accounting.record(s, c, task="t", agent="a", tokens_in=10, tokens_out=0, latency_s=0.0)
+    v = accounting.admit(s, t.settings, "t", c)
+    assert (v.ok, v.limit) == (False, "budget")
+    assert "(router.daily_budget)" in v.reason
+
+
+def test_local_candidates_are_admitted_without_the_ledger(world: World) -> None:
+    t = table(world, ", rate_limit: 1")
+    s = world.settings()
+    local = t.tasks["t"][1]
+    assert all(accounting.admit(s, t.settings, "t", local).ok for _ in range(3))
+    assert not ledger.path(s).exists()
+
+
+def none_left(t: Table, v_cloud_reason: str, limit: str | None) -> Choice:
+    c, local = t.tasks["t"]
+    verdicts = (Verdict(c, False, v_cloud_reason, limit=limit), Verdict(local, False, "no file"))
+    return Choice("t", None, verdicts, "normal")
+
+
+def test_refusal_says_budget_or_rate_and_when_to_retry(world: World) -> None:
+    t = table(world, ", rate_limit: 2")
+    s, c = world.settings(), cloud(t)
+    now = time.time()
+    with ledger.change(s, now_wall=now) as led:
+        led.requests[cid(c)] = [now - 50, now - 20]
+    r = accounting.refusal(s, none_left(t, "rate limit: ...", "rate"), now_wall=now)
+    assert r is not None and r.kind == "rate"
+    assert r.retry_after_s == pytest.approx(10.0)  # the request 50 s ago leaves the window first
+    assert r.message.startswith("no model available for 't': remote: rate limit")
+    r = accounting.refusal(s, none_left(t, "daily budget spent", "budget"), now_wall=now)
+    assert r is not None and (r.kind, r.retry_after_s) == ("budget", None)
+    assert accounting.refusal(s, none_left(t, "cooling down", None), now_wall=now) is None
+    # An admit refusal on this call stands for the choice's "failed on this call" verdict.
+    refused = {cid(c): choose("t", [c], _host_over_rate(c, now)).verdicts[0]}
+    r = accounting.refusal(s, none_left(t, "failed on this call already", None), refused)
+    assert r is not None and r.kind == "rate"
+
+
+def _host_over_rate(c: Candidate, now: float) -> Host:
+    return Host(env=frozenset({KEY_ENV}), requests_last_min={cid(c): 5}, now_wall=now)

@@ -1,0 +1,301 @@
+"""``gpulock serve``'s calls go through the router's one accounting path (``router.accounting``).
+
+A real ``gpulock serve`` in a child process; its cloud candidates are ``FaultServer``s on
+127.0.0.1 answering canned OpenAI completions (11 tokens in, 3 out: $0.014 a call at
+``price: 1.0``); a local ``tiny-cpu`` candidate is the tiny llama.cpp model.  Clients are the
+official ``openai`` and ``ollama`` ones.  What is proved: a cloud candidate's ``daily_budget`` and
+``rate_limit`` hold for serve's requests as for ``router.get_model``'s; a refused request is a
+429 in the API's shape (OpenAI ``insufficient_quota`` / ``rate_limit_exceeded``, Ollama
+``{"error": ...}``), or falls back to the next candidate exactly where ``get_model`` does; and
+serve's calls reach ``gpulock status``'s usage, ``gpulock route --explain``, the report's cost
+and the metrics (``gpulock_router_cost_usd_total``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import ollama
+import openai
+import pytest
+from metrics_helpers import parse, promtool_check, value
+from procs import wait_until
+from router_servers import OK_TOKENS_IN, OK_TOKENS_OUT, FaultServer
+from serve_server import GatewayProc
+
+import router
+from gpulock.core.settings import load
+from router import ledger
+from router.tiny_model import ensure_tiny_llama
+
+KEY_ENV = "GPULOCK_TEST_ACCOUNTING_KEY"
+SECRET = "sk-accounting-3b1f0c9e7d2a4e68"  # noqa: S105
+CALL_USD = (OK_TOKENS_IN + OK_TOKENS_OUT) * 1.0 / 1000  # price: 1.0 per 1k tokens, both ways
+MSG = [{"role": "user", "content": "hello"}]
+
+
+@dataclass
+class Setup:
+    gateway: GatewayProc
+    upstream: FaultServer
+    env: dict[str, str]
+    config: Path
+    state: Path
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gpulock", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, **self.env},
+        )
+
+
+def cloud(name: str, base_url: str, model: str, extra: str) -> str:
+    return (
+        f"- {{tier: cloud, backend: openai, name: {name}, model: {model}, base_url: '{base_url}',"
+        f" api_key_env: {KEY_ENV}, price: 1.0, max_tokens: 8{extra}}}"
+    )
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    root = tmp_path_factory.mktemp("serve-accounting")
+    tiny = ensure_tiny_llama(root)
+    upstream = FaultServer(mode="ok").start()
+    u = upstream.base_url
+    local = f"- {{tier: cpu, backend: llama_cpp, model: {tiny}, n_ctx: 256, max_tokens: 4}}"
+    config = root / "gpulock.yaml"
+    config.write_text(
+        textwrap.dedent(
+            """\
+            routes:
+              budgeted:
+                {budgeted}
+              plain:
+                {plain}
+              burst:
+                {burst}
+              limited:
+                {limited}
+              ollama-limited:
+                {ollama_limited}
+              spills:
+                {spills}
+                {local}
+            """
+        ).format(
+            budgeted=cloud("paid", u, "m-budget", ", daily_budget: 0.05"),
+            plain=cloud("plain", u, "m-plain", ""),
+            burst=cloud("burst", u, "m-burst", ", rate_limit: 2"),
+            limited=cloud("capped", u, "m-rate", ", rate_limit: 2"),
+            ollama_limited=cloud("capped-ollama", u, "m-rate-ollama", ", rate_limit: 2"),
+            spills=cloud("small-budget", u, "m-spill", ", daily_budget: 0.01"),
+            local=local,
+        )
+    )
+    state = root / "state"
+    env = {
+        "GPULOCK_CONFIG": str(config),
+        "GPULOCK_STATE_DIR": str(state),
+        KEY_ENV: SECRET,
+        "NO_PROXY": "127.0.0.1,localhost",
+    }
+    g = GatewayProc(root / "serve.log", env=env)
+    try:
+        yield Setup(g.start(), upstream, env, config, state)
+    finally:
+        g.stop()
+        upstream.stop()
+
+
+def oa(g: GatewayProc) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{g.url}/v1", api_key="unused", max_retries=0)
+
+
+def hits(f: FaultServer, model: str) -> int:
+    return sum(1 for h in f.hits if h.body.get("model") == model)
+
+
+def gateway_count(g: GatewayProc, outcome: str) -> float:
+    r = g.request("GET", "/metrics")
+    assert r.status == 200
+    return sum(
+        v
+        for (name, labels), v in parse(r.body.decode()).items()
+        if name == "gpulock_gateway_request_duration_seconds_count"
+        and ("outcome", outcome) in labels
+    )
+
+
+def test_a_daily_budget_holds_for_serve_and_the_refusal_is_openais_429(setup: Setup) -> None:
+    c = oa(setup.gateway)
+    served, refused = 0, []
+    for _ in range(6):
+        try:
+            c.chat.completions.create(model="budgeted", messages=MSG)  # type: ignore[arg-type]
+            served += 1
+        except openai.RateLimitError as e:
+            refused.append(e)
+    # $0.014 a call against $0.05: the fourth call starts at $0.042 and ends past the budget,
+    # as router.get_model's would (the budget is judged before each call).
+    assert served == 4 and len(refused) == 2
+    assert hits(setup.upstream, "m-budget") == 4
+    for e in refused:
+        assert e.status_code == 429
+        assert (e.type, e.code) == ("insufficient_quota", "insufficient_quota")
+        assert "daily budget spent: $0.0560 of $0.05 today" in e.message
+        assert e.response.headers["x-should-retry"] == "false"  # no use retrying until tomorrow
+        assert e.response.headers["x-gpulock-refused"] == "budget"
+        assert SECRET not in e.message
+    # The gateway's request histogram says why, not "queue-full".
+    assert gateway_count(setup.gateway, "over-budget") == 2
+
+
+def test_a_rate_limit_holds_for_serve_and_the_refusal_is_openais_429(setup: Setup) -> None:
+    c = oa(setup.gateway)
+    served, refused = 0, []
+    for _ in range(5):
+        try:
+            c.chat.completions.create(model="limited", messages=MSG)  # type: ignore[arg-type]
+            served += 1
+        except openai.RateLimitError as e:
+            refused.append(e)
+    assert served == 2 and len(refused) == 3
+    assert hits(setup.upstream, "m-rate") == 2
+    for e in refused:
+        assert (e.type, e.code) == ("rate_limit_exceeded", "rate_limit_exceeded")
+        assert "rate limit: 2 requests in the last minute (of 2)" in e.message
+        retry = float(e.response.headers["retry-after"])
+        assert 0 < retry <= 60
+        assert e.response.headers["x-gpulock-refused"] == "rate"
+    assert gateway_count(setup.gateway, "rate-limited") >= 3
+
+
+def test_a_burst_of_requests_at_once_gets_no_more_than_the_rate_limit(setup: Setup) -> None:
+    # Judged and counted in one locked change: six requests in flight at once cannot all read
+    # "0 requests in the last minute" before any is counted.
+    async def burst() -> list[int]:
+        c = openai.AsyncOpenAI(base_url=f"{setup.gateway.url}/v1", api_key="x", max_retries=0)
+
+        async def one() -> int:
+            try:
+                await c.chat.completions.create(model="burst", messages=MSG)  # type: ignore[arg-type]
+            except openai.RateLimitError:
+                return 429
+            return 200
+
+        try:
+            return list(await asyncio.gather(*(one() for _ in range(6))))
+        finally:
+            await c.close()
+
+    codes = asyncio.run(burst())
+    assert sorted(codes) == [200, 200, 429, 429, 429, 429]
+    assert hits(setup.upstream, "m-burst") == 2
+
+
+def test_a_streamed_answer_is_counted_with_the_upstreams_usage(setup: Setup) -> None:
+    c = oa(setup.gateway)
+    before = hits(setup.upstream, "m-plain")
+    stream = c.chat.completions.create(model="plain", messages=MSG, stream=True)  # type: ignore[arg-type]
+    assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == "fine"
+    assert hits(setup.upstream, "m-plain") == before + 1
+
+    def counted() -> dict[str, float] | None:  # the stream's end is counted after its last byte
+        row = ledger.read(settings).usage.get("task", {}).get("plain")
+        return row if row is not None and row["calls"] == before + 1 else None
+
+    settings = load(str(setup.config), str(setup.state))
+    wait_until(counted, 30.0, "the streamed call in the ledger")
+    out = setup.cli("status", "--json")
+    row = json.loads(out.stdout)["usage"]["by_task"]["plain"]
+    assert row["calls"] == before + 1
+    assert row["tokens_in"] == OK_TOKENS_IN * (before + 1)
+    assert row["cost_usd"] == pytest.approx(CALL_USD * (before + 1))
+
+
+def test_the_ollama_api_refuses_in_its_own_shape(setup: Setup) -> None:
+    c = ollama.Client(host=setup.gateway.url)
+    for _ in range(2):
+        assert c.chat(model="ollama-limited", messages=MSG).message.content == "fine"
+    with pytest.raises(ollama.ResponseError) as info:
+        c.chat(model="ollama-limited", messages=MSG)
+    assert info.value.status_code == 429
+    assert "rate limit: 2 requests in the last minute (of 2)" in info.value.error
+    raw = setup.gateway.request(
+        "POST", "/api/generate", body={"model": "ollama-limited", "prompt": "x", "stream": False}
+    )
+    assert raw.status == 429
+    body = raw.json()
+    assert list(body) == ["error"] and isinstance(body["error"], str)
+
+
+def test_over_budget_serve_falls_back_to_the_local_candidate_as_get_model_does(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(KEY_ENV, SECRET)  # what serve has: get_model must see the same
+    c = oa(setup.gateway)
+    first = c.chat.completions.with_raw_response.create(model="spills", messages=MSG)  # type: ignore[arg-type]
+    assert first.headers["x-gpulock-tier"] == "cloud"  # $0.014: past its $0.01
+    # get_model, asked now, falls back to the local candidate...
+    m = router.get_model("spills", config=str(setup.config), state_dir=str(setup.state))
+    assert m.tier == "cpu"
+    assert "rejected: cloud small-budget (routes.spills[0]): daily budget spent" in m.why
+    # ...and so does serve, with no 429.
+    for _ in range(2):
+        r = c.chat.completions.with_raw_response.create(model="spills", messages=MSG)  # type: ignore[arg-type]
+        assert r.headers["x-gpulock-tier"] == "cpu"
+    assert hits(setup.upstream, "m-spill") == 1
+
+
+def test_serves_calls_reach_status_explain_report_and_metrics(setup: Setup) -> None:
+    c = oa(setup.gateway)
+    c.chat.completions.create(model="plain", messages=MSG)  # type: ignore[arg-type]
+    # What the earlier tests spent, whatever order they ran in: each cloud model's hits.
+    models = ("m-plain", "m-budget", "m-rate", "m-rate-ollama", "m-spill", "m-burst")
+    paid = {m: hits(setup.upstream, m) for m in models}
+    total = sum(paid.values()) * CALL_USD
+
+    out = setup.cli("status", "--json")
+    assert out.returncode == 0, out.stderr
+    usage = json.loads(out.stdout)["usage"]
+    assert usage is not None, "serve's calls are missing from gpulock status"
+    assert usage["cloud_spend_usd"] == pytest.approx(total, abs=1e-6)
+    assert usage["by_tier"]["cloud"]["calls"] == sum(paid.values())
+    assert usage["by_agent"]["gpulock-serve"]["calls"] >= sum(paid.values())
+    assert usage["by_task"]["plain"]["cost_usd"] == pytest.approx(paid["m-plain"] * CALL_USD)
+
+    out = setup.cli("route", "plain", "--explain")
+    assert f"cloud, ${paid['m-plain'] * CALL_USD:.4f} spent today" in out.stdout, out.stdout
+
+    out = setup.cli("report", "--json")
+    assert out.returncode == 0, out.stderr
+    totals = json.loads(out.stdout)["totals"]
+    assert totals["cost_usd"] == pytest.approx(total, abs=1e-6)
+
+    r = setup.gateway.request("GET", "/metrics")
+    assert r.status == 200
+    text = r.body.decode()
+    promtool_check(text)
+    samples = parse(text)
+    got = value(samples, "gpulock_router_cost_usd_total", task="plain", tier="cloud", model="plain")
+    assert got == pytest.approx(paid["m-plain"] * CALL_USD)
+    calls = value(
+        samples,
+        "gpulock_router_calls_total",
+        task="plain",
+        tier="cloud",
+        model="plain",
+        outcome="ok",
+    )
+    assert calls == paid["m-plain"]
