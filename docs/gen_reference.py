@@ -52,6 +52,7 @@ GUIDES: Mapping[str, str] = {
     "fleet": "../agents.md",
     "report": "../report.md",
     "serve": "../serve.md",
+    "cluster": "../cluster.md",
 }
 
 
@@ -171,6 +172,7 @@ PAGE_TITLES: Mapping[str, str] = {
     "agents.md": "Agents and fleets",
     "report.md": "The report",
     "serve.md": "Serve: the HTTP API",
+    "cluster.md": "Cluster: several hosts as one pool",
     "prefetch.md": "Cold starts",
 }
 
@@ -277,6 +279,7 @@ SECTIONS: tuple[Section, ...] = (
         defaults="DEFAULTS",
     ),
     Section(("serve",), "serve.config", {"serve": "KEYS"}, "../serve.md"),
+    Section(("cluster",), "cluster.config", {"cluster": "KEYS"}, "../cluster.md"),
     Section(
         ("prefetch",),
         "gpulock.lock.prefetch",
