@@ -251,6 +251,12 @@ class Model:
     def _label(self) -> str:
         return f"{self.agent}:{self.task}" if self.agent else self.task
 
+    def _host_field(self, c: Candidate) -> dict[str, str]:
+        """The ``call`` event's ``host`` in a cluster (the host that ran it); none without."""
+        if c.host is None and self._settings.config.section("cluster") is None:
+            return {}
+        return {"host": c.host or _here(self._settings)}
+
     def _reserve(self, v: Verdict, payload: Any, max_tokens: Any) -> bool:
         """Take a cloud call's request slot (a cluster's shared ``rate_limit``) and reserve its
         most cost against its budgets (router.budget); False: a limit or a budget would be
@@ -290,7 +296,7 @@ class Model:
             task=self.task,
             agent=self.agent,
             latency_s=elapsed,
-            host=c.host or _here(self._settings),
+            **self._host_field(c),
         )
         self.fallbacks.append(f"{c.name}: {e.short}")
         if retry:
@@ -339,7 +345,7 @@ class Model:
             latency_s=elapsed,
             reserved_usd=r.amount_usd if r is not None else 0.0,
             gpu=v.gpu,
-            host=c.host or _here(self._settings),
+            **self._host_field(c),
         )
         if r is not None:
             budget.settled(self._settings, r, cost)
