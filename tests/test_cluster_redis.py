@@ -104,10 +104,13 @@ def test_redis_down_answers_at_once_and_backs_off(tmp_path: Path) -> None:
     assert s.problem is not None and url in s.problem and not s.up
     assert "redis unavailable" in str(e.value)
     gone.start(same_port=True)  # back, but the back-off has not passed: no new try yet
-    with pytest.raises(Unavailable):
-        s.hosts()
-    clock.now += 1.5  # past the first back-off
-    assert s.hosts() == [] and s.up
+    try:
+        with pytest.raises(Unavailable):
+            s.hosts()
+        clock.now += 1.5  # past the first back-off
+        assert s.hosts() == [] and s.up
+    finally:
+        gone.stop()
 
 
 def test_a_frozen_redis_is_treated_as_down(redis: RedisServer) -> None:
