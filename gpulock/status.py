@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulock.core import devices, level
+from gpulock.core import clusterview, devices, level
 from gpulock.core.errors import GpulockError
 from gpulock.core.settings import Settings
 from gpulock.core.units import format_duration, format_size, format_usd
@@ -298,6 +298,7 @@ def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, 
         "residents": _with_next_use(settings, recs, now_w),
         "tenants": tenants,
         "usage": usage_entry(settings, now_w),
+        "cluster": cluster_entry(settings, now_w),
     }
 
 
@@ -346,6 +347,14 @@ def _with_next_use(
         e["next_use_source"] = "unknown" if nu is None else nu.source
         e["next_use_by"] = None if nu is None or not nu.label else nu.label
     return entries
+
+
+def cluster_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
+    """This host's last view of its cluster (written by ``gpulock serve``); None without one."""
+    view = clusterview.read(settings, now_w)
+    if view is None:
+        return None
+    return {"host": view.host, "hosts": view.hosts, "redis": view.redis, "problem": view.problem}
 
 
 LEDGER_FORMAT = "gpulock.ledger/1"  # written by router/ledger.py; read here without the router
@@ -414,6 +423,11 @@ def render(snap: dict[str, Any]) -> str:
             lines.append(f"governor: level {gov['level']} since {since} (pid {gov['pid']})")
         else:
             lines.append(f"governor: not running (last word {gov['published_level']!r} ignored)")
+    if snap.get("cluster"):
+        c = snap["cluster"]
+        lines.append(
+            clusterview.View(c["host"], c["hosts"], c["redis"], c["problem"], 0, 0, 0).line()
+        )
     if snap.get("devices_problem"):
         lines.append(f"devices: {snap['devices_problem']}")
     if not snap["gpus"]:

@@ -83,10 +83,13 @@ def record(
     tokens_in: int,
     tokens_out: int,
     latency_s: float,
+    reserved_usd: float = 0.0,
     **fields: Any,
 ) -> float:
     """Count a call that answered: spend and usage in the ledger, a ``call`` event.  ``fields``
-    go into the event as they are (``gpu``, serve's ``via``, ``ticket``...).  Returns its cost."""
+    go into the event as they are (``gpu``, serve's ``via``, ``ticket``, ``host``...).
+    ``reserved_usd``: what ``router.budget.reserve`` counted before the call (settled here).
+    Returns its cost."""
     cost = cost_usd(c, tokens_in, tokens_out)
     ledger.record_call(
         settings,
@@ -98,6 +101,7 @@ def record(
         tokens_in=tokens_in,
         tokens_out=tokens_out,
         count_request=False,  # admit() counted it when the call began
+        reserved_usd=reserved_usd,
     )
     call_event(
         settings,
@@ -151,6 +155,12 @@ def failed(
             retry_after_s=e.retry_after_s,
             count_request=False,  # admit() counted it when the call began
         )
+        if settings.config.section("cluster") is not None:  # cooled for every host
+            from router import peers
+
+            peers.share_cooldown(settings, cid(c), cooled, e.short)
+            if c.host is not None:  # a peer that failed: no host sends it work for a while
+                peers.share_cooldown(settings, f"peer:{c.host}", cooled, e.short)
     call_event(
         settings,
         c,

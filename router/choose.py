@@ -258,6 +258,14 @@ def _judge_gpu(c: Candidate, host: Host, deadline_s: float | None, warm: bool) -
     return Verdict(c, True, reason, gpu=best.index, need_bytes=need, warm=warm)
 
 
+def line_wait(host: Host, v: Verdict) -> tuple[float | None, int]:
+    """The wait (seconds; None: cannot tell) and tickets ahead on ``v``'s GPU, as judged."""
+    g = next((g for g in host.gpus if g.index == v.gpu), None)
+    if g is None:
+        return 0.0, 0
+    return (_wait_s(g, v.need_bytes) if g.ahead else 0.0), g.ahead
+
+
 def _gpu_problem(
     c: Candidate, g: GpuView, need: int | None, deadline_s: float | None
 ) -> str | None:

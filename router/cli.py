@@ -66,7 +66,11 @@ def _main(argv: list[str]) -> int:
         state_dir=args.state_dir,
     )
     if args.json:
-        print(json.dumps(choice_json(choice), indent=2))
+        from router.peers import here_name
+        from router.select import context
+
+        settings, _table = context(args.config, args.state_dir)
+        print(json.dumps(choice_json(choice, here_name(settings)), indent=2))
     elif args.explain or choice.chosen is None:
         print(choice.explain())
     else:
@@ -75,7 +79,9 @@ def _main(argv: list[str]) -> int:
     return EX_OK if choice.chosen is not None else EX_TEMPFAIL
 
 
-def choice_json(choice: Any) -> dict[str, Any]:
+def choice_json(choice: Any, here: str | None = None) -> dict[str, Any]:
+    """``here``: this host's name, for ``host`` when the chosen candidate runs here."""
+
     def verdict(v: Any) -> dict[str, Any]:
         c = v.candidate
         return {
@@ -94,9 +100,11 @@ def choice_json(choice: Any) -> dict[str, Any]:
             "warm": v.warm,
         }
 
+    chosen = choice.chosen
     return {
         "task": choice.task,
         "level": choice.level,
+        "host": (chosen.candidate.host or here) if chosen else None,
         "chosen": verdict(choice.chosen) if choice.chosen else None,
         "candidates": [verdict(v) for v in choice.verdicts],
     }

@@ -190,12 +190,14 @@ def record_call(
     tokens_in: int = 0,
     tokens_out: int = 0,
     count_request: bool = True,
+    reserved_usd: float = 0.0,
     now_wall: float | None = None,
 ) -> None:
     """Count one request, its tokens and cost; a success also ends the failures-in-a-row count.
 
     ``count_request=False``: the request is already in the rate limit's window (counted when
-    it began, by ``router.accounting.admit``)."""
+    it began, by ``router.accounting.admit``).  ``reserved_usd``: what ``reserve`` already
+    counted for this call (settled here)."""
     now = time.time() if now_wall is None else now_wall
     with change(settings, now_wall=now) as led:
         for axis, name in zip(USAGE_AXES, (agent, task, tier), strict=True):
@@ -206,8 +208,9 @@ def record_call(
             row["cost_usd"] = round(row["cost_usd"] + cost_usd, 8)
         if count_request and (tier == "cloud" or not tier):
             led.requests.setdefault(key, []).append(now)
-        if cost_usd:
-            led.spend_usd[key] = round(led.spend_usd.get(key, 0.0) + cost_usd, 8)
+        if cost_usd or reserved_usd:
+            spent = led.spend_usd.get(key, 0.0) + cost_usd - reserved_usd
+            led.spend_usd[key] = round(max(0.0, spent), 8)
         c = led.cooldowns.get(key)
         if c is not None and c.get("until_wall", 0) <= now:
             del led.cooldowns[key]
@@ -238,3 +241,35 @@ def record_failure(
         if count_request:
             led.requests.setdefault(key, []).append(now)
     return length
+
+
+def reserve(
+    settings: Settings,
+    key: str,
+    amount_usd: float,
+    *,
+    model_budget_usd: float | None,
+    total_budget_usd: float | None,
+    now_wall: float | None = None,
+) -> tuple[bool, float, float]:
+    """Check and count a call's most cost before it runs, under the ledger's lock: two agents
+    at once never spend past a budget (checking before and counting after does).  Returns
+    (reserved?, the model's spend today, all cloud spend today), before this one."""
+    now = time.time() if now_wall is None else now_wall
+    with change(settings, now_wall=now) as led:
+        model = led.spend_usd.get(key, 0.0)
+        total = sum(led.spend_usd.values())
+        over_model = model_budget_usd is not None and model + amount_usd > model_budget_usd + 1e-9
+        over_all = total_budget_usd is not None and total + amount_usd > total_budget_usd + 1e-9
+        if over_model or over_all:
+            return False, model, total
+        led.spend_usd[key] = round(model + amount_usd, 8)
+    return True, model, total
+
+
+def release(
+    settings: Settings, key: str, amount_usd: float, *, now_wall: float | None = None
+) -> None:
+    """Give back a reservation whose call failed (it cost nothing)."""
+    with change(settings, now_wall=now_wall) as led:
+        led.spend_usd[key] = round(max(0.0, led.spend_usd.get(key, 0.0) - amount_usd), 8)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpulock.core.settings import Settings
-from router import accounting, probe
+from router import accounting, budget, probe
 from router.backends import BackendError, Result
 from router.choose import Choice, Verdict, choose, cid
 from router.errors import NoModelAvailable
@@ -49,6 +49,7 @@ class Model:
         self._deadline_at = deadline_at
         self._prefer = prefer
         self._backends: dict[str, Any] = {}
+        self._reservation: Any = None  # router.budget.Reservation of the call under way
         self._failed: dict[str, str] = {}  # cid -> what went wrong, on the call under way
         self.fallbacks: list[str] = []  # "model: why" for each candidate given up on this handle
 
@@ -77,6 +78,11 @@ class Model:
         return self._verdict.gpu
 
     @property
+    def host(self) -> str:
+        """The host that runs the calls: a cluster peer's name, or this host's."""
+        return self.candidate.host or _here(self._settings)
+
+    @property
     def why(self) -> str:
         """What was chosen and why; each other candidate and why not; fallbacks so far."""
         text = self.choice.explain()
@@ -100,7 +106,9 @@ class Model:
         if stream:
             return self._stream("text", prompt, kw)
         return self._call(
-            lambda b, wait, label, args: b.complete(prompt, wait_s=wait, label=label, **args), kw
+            lambda b, wait, label, args: b.complete(prompt, wait_s=wait, label=label, **args),
+            kw,
+            prompt,
         )
 
     def chat(self, messages: list[dict[str, Any]], *, stream: bool = False, **kw: Any) -> Any:
@@ -108,7 +116,9 @@ class Model:
         if stream:
             return self._stream("chat", messages, kw)
         return self._call(
-            lambda b, wait, label, args: b.chat(messages, wait_s=wait, label=label, **args), kw
+            lambda b, wait, label, args: b.chat(messages, wait_s=wait, label=label, **args),
+            kw,
+            messages,
         )
 
     def unload(self) -> None:
@@ -119,13 +129,18 @@ class Model:
     close = unload
 
     def _call(
-        self, run: Callable[[Any, float | None, str, dict[str, Any]], Result], kw: dict[str, Any]
+        self,
+        run: Callable[[Any, float | None, str, dict[str, Any]], Result],
+        kw: dict[str, Any],
+        payload: Any,
     ) -> str:
         self._new_call()
         while True:
             v = self._still_fits()
             # Each attempt its own keywords: the next candidate's default max_tokens is its own.
             args = {"max_tokens": v.candidate.max_tokens, **kw}
+            if not self._reserve(v, payload, args["max_tokens"]):
+                continue
             backend = self._backend(v)
             start = time.monotonic()
             try:
@@ -141,6 +156,8 @@ class Model:
         while True:
             v = self._still_fits()
             args = {"max_tokens": v.candidate.max_tokens, **kw}
+            if not self._reserve(v, payload, args["max_tokens"]):
+                continue
             backend = self._backend(v)
             usage: dict[str, int] = {}
             start = time.monotonic()
@@ -207,7 +224,11 @@ class Model:
         key = f"{cid(c)}|{c.n_ctx}|{v.gpu}"
         b = self._backends.get(key)
         if b is None:
-            if c.local:
+            if c.host is not None:  # a cluster peer's gateway
+                from router.backends.peer import PeerBackend
+
+                b = PeerBackend(c, agent=self.agent, me=_here(self._settings))
+            elif c.local:
                 from router.backends import llama_cpp
 
                 b = llama_cpp.backend_for(c, self._settings, gpu=v.gpu, need=v.need_bytes)
@@ -230,8 +251,42 @@ class Model:
     def _label(self) -> str:
         return f"{self.agent}:{self.task}" if self.agent else self.task
 
+    def _host_field(self, c: Candidate) -> dict[str, str]:
+        """The ``call`` event's ``host`` in a cluster (the host that ran it); none without."""
+        if c.host is None and self._settings.config.section("cluster") is None:
+            return {}
+        return {"host": c.host or _here(self._settings)}
+
+    def _reserve(self, v: Verdict, payload: Any, max_tokens: Any) -> bool:
+        """Take a cloud call's request slot (a cluster's shared ``rate_limit``) and reserve its
+        most cost against its budgets (router.budget); False: a limit or a budget would be
+        passed, and the call has moved on to the next candidate."""
+        self._reservation = None
+        c = v.candidate
+        rs = self._table.settings
+        limited = budget.take_request(self._settings, c)
+        if limited is not None:
+            self._failed[cid(c)] = limited
+            self.fallbacks.append(f"{c.name}: {limited}")
+            self._move_on(c, limited)
+            return False
+        if not budget.needed(c, rs):
+            return True
+        limit = max_tokens if isinstance(max_tokens, int) else c.max_tokens
+        r = budget.reserve(self._settings, rs, c, budget.bound_usd(c, payload, limit))
+        if isinstance(r, str):
+            self._failed[cid(c)] = r
+            self.fallbacks.append(f"{c.name}: {r}")
+            self._move_on(c, r)
+            return False
+        self._reservation = r
+        return True
+
     def _give_up(self, v: Verdict, e: BackendError, elapsed: float, *, retry: bool = True) -> None:
         c = v.candidate
+        if self._reservation is not None:
+            budget.release(self._settings, self._reservation)
+            self._reservation = None
         self._failed[cid(c)] = e.short
         accounting.failed(
             self._settings,
@@ -241,6 +296,7 @@ class Model:
             task=self.task,
             agent=self.agent,
             latency_s=elapsed,
+            **self._host_field(c),
         )
         self.fallbacks.append(f"{c.name}: {e.short}")
         if retry:
@@ -277,13 +333,25 @@ class Model:
         )
 
     def _account(self, v: Verdict, tokens_in: int, tokens_out: int, elapsed: float) -> None:
-        accounting.record(
+        c = v.candidate
+        r, self._reservation = self._reservation, None
+        cost = accounting.record(
             self._settings,
-            v.candidate,
+            c,
             task=self.task,
             agent=self.agent,
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             latency_s=elapsed,
+            reserved_usd=r.amount_usd if r is not None else 0.0,
             gpu=v.gpu,
+            **self._host_field(c),
         )
+        if r is not None:
+            budget.settled(self._settings, r, cost)
+
+
+def _here(settings: Settings) -> str:
+    from router.peers import here_name
+
+    return here_name(settings)

@@ -137,11 +137,24 @@ def host(
         missing_files=frozenset(c.model for c in candidates if c.local and not _file(c.model)),
         spend_today_usd=dict(led.spend_usd),
         daily_budget_usd=rs.daily_budget_usd,
-        cooldown_until=led.cooldown_until(),
+        cooldown_until=_cooldowns(settings, led),
         requests_last_min=led.requests_last_min(now),
         now_wall=now,
         vram_of=vram_of,
     )
+
+
+def _cooldowns(settings: Settings, led: ledger.Ledger) -> dict[str, tuple[float, str]]:
+    """This host's cooldowns, and in a cluster every host's (the later end wins)."""
+    mine = led.cooldown_until()
+    if settings.config.section("cluster") is None:
+        return mine
+    from router import peers
+
+    for key, (until, why) in peers.shared_cooldowns(settings).items():
+        if until > mine.get(key, (0.0, ""))[0]:
+            mine[key] = (until, why)
+    return mine
 
 
 def _file(path: str) -> bool:

@@ -105,6 +105,8 @@ class Candidate:
     tenant: str | None = None
     keep_alive_s: float | None = None  # Ollama's keep_alive for a persistent call; None: its own
     parallel: int = 1  # requests `gpulock serve` runs at once under one ticket of this model
+    # The cluster peer that runs it (router.peers: its gateway is ``base_url``); None: here.
+    host: str | None = None
 
     @property
     def local(self) -> bool:

@@ -109,7 +109,12 @@ def decide(
     if prefer is not None and prefer not in TIERS and not any(preferred(c, prefer) for c in cands):
         raise UnknownPreference(task, prefer, TIERS, list(dict.fromkeys(c.name for c in cands)))
     host = probe.host(settings, cands, table.settings, warm=probe.warm_models())
-    return settings, table, choose(task, cands, host, deadline_s=deadline, prefer=prefer)
+    choice = choose(task, cands, host, deadline_s=deadline, prefer=prefer)
+    if settings.config.section("cluster") is not None:  # a peer may start it sooner
+        from router import peers
+
+        choice = peers.relocate(settings, choice, host, deadline)
+    return settings, table, choice
 
 
 def get_model(
@@ -140,6 +145,7 @@ def get_model(
         agent=who,
         tier=chosen.candidate.tier if chosen else None,
         model=chosen.candidate.name if chosen else None,
+        **({"host": chosen.candidate.host} if chosen and chosen.candidate.host else {}),
         reason=chosen.reason if chosen else None,
         rejected=[
             {"model": v.candidate.name, "tier": v.candidate.tier, "reason": v.reason}
@@ -148,6 +154,10 @@ def get_model(
     )
     if chosen is None:
         raise NoModelAvailable(task, choice)
+    if chosen.candidate.host is not None:
+        from router import peers
+
+        peers.count_sent(settings, chosen.candidate.host)
     deadline_at = None if deadline is None else time.monotonic() + deadline
     return Model(task, table, settings, choice, agent=who, deadline_at=deadline_at, prefer=prefer)
 

@@ -171,8 +171,11 @@ class Gateway:
     async def _open(self, request: Request, ask: Ask, agent: str) -> Opened:
         deadline = self.deadline(request)
         try:
+            # A request a peer forwarded (cluster) runs here: no second hop.
+            local_only = "x-gpulock-from" in request.headers
             opened = await unless_hung_up(
-                request, self.d.open(ask, agent=agent, deadline_s=deadline)
+                request,
+                self.d.open(ask, agent=agent, deadline_s=deadline, local_only=local_only),
             )
             request.state.meta = opened.meta  # for the gateway-request event
             return opened
@@ -238,7 +241,16 @@ class Gateway:
     async def health(self, request: Request) -> Response:
         line = self.d.line
         running = sum(line.held().values())
-        return JSONResponse({"status": "ok", "waiting": line.waiting, "running": running})
+        out: dict[str, Any] = {"status": "ok", "waiting": line.waiting, "running": running}
+        if self.d.cluster is not None:
+            out["cluster"] = self.d.cluster.health()
+        return JSONResponse(out)
+
+    async def gpulock_cluster(self, request: Request) -> Response:
+        """The fleet, as ``gpulock cluster --json`` prints it (404 without a cluster)."""
+        if self.d.cluster is None:
+            raise ApiError(404, "this gpulock serve is not in a cluster (config: cluster:)")
+        return JSONResponse(self.d.cluster.fleet_object())
 
     async def metrics(self, request: Request) -> Response:
         """The Prometheus exposition of this state folder (as ``gpulock metrics`` prints it)."""
@@ -313,6 +325,7 @@ def build_app(
         Route("/", guarded(g.root), methods=["GET", "HEAD"]),
         Route("/health", guarded(g.health), methods=["GET"]),
         Route("/gpulock/status", guarded(g.gpulock_status), methods=["GET"]),
+        Route("/gpulock/cluster", guarded(g.gpulock_cluster), methods=["GET"]),
         Route("/metrics", guarded(g.metrics), methods=["GET"]),
     ]
 

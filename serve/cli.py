@@ -9,12 +9,17 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from gpulock.cli import Parser, run_command
 from gpulock.core.errors import GpulockError
 from gpulock.core.extras import install_hint
 from serve import config as serve_config
+
+if TYPE_CHECKING:
+    from gpulock.core.settings import Settings
+    from serve.dispatch import Dispatcher
 
 DESCRIPTION = """\
 Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models) and
@@ -92,8 +97,11 @@ def _main(argv: list[str]) -> int:
 
     table = load_table(settings.config)
     dispatcher = Dispatcher(settings, table, Line(settings, sc.max_queue))
+    halt_cluster = _join_cluster(settings, dispatcher)
 
     async def shutdown() -> None:
+        if halt_cluster is not None:
+            halt_cluster()
         await dispatcher.shutdown()
 
     app = build_app(
@@ -116,6 +124,24 @@ def _main(argv: list[str]) -> int:
         timeout_graceful_shutdown=5,
     )
     return 0
+
+
+def _join_cluster(settings: Settings, dispatcher: Dispatcher) -> Callable[[], None] | None:
+    """With a ``cluster:`` section: publish this host and route across hosts (the ``redis``
+    client and the cluster package are imported only then)."""
+    from cluster import config as cluster_config
+
+    cc = cluster_config.load(settings.config)
+    if cc is None:
+        return None
+    from cluster.store import _client_module
+    from serve.cluster_link import ClusterLink
+
+    _client_module()  # a missing extra fails here, with the pip command, not at the first beat
+    link = ClusterLink(settings, cc, dispatcher)
+    dispatcher.cluster = link
+    link.heartbeat.tick()  # the first beat before the first request: peers are known at once
+    return link.start()
 
 
 def _url_host(host: str) -> str:

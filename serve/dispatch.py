@@ -15,14 +15,14 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpulock.core.errors import ConfigError, LockTimeout
 from gpulock.core.settings import Settings
 from router import accounting, probe
 from router.backends import BackendError
 from router.backends.tenant import TenantBackend
-from router.choose import Choice, Verdict, choose, cid
+from router.choose import Choice, Host, Verdict, choose, cid
 from router.routes import Candidate, Table, tenant_candidate
 from serve.engines import (
     Answer,
@@ -37,6 +37,9 @@ from serve.engines import (
 from serve.errors import ApiError, unknown_model
 from serve.line import Line, QueueFull
 
+if TYPE_CHECKING:
+    from serve.cluster_link import ClusterLink
+
 # HTTP statuses that blame the request, not the candidate: no fallback, the client hears it.
 REQUEST_FAULTS = frozenset({400, 413, 422})
 
@@ -50,13 +53,17 @@ class Meta:
     model: str
     waited_ms: float
     ticket: int | None = None  # the GPU ticket the request ran under (gpu tier)
+    host: str | None = None  # the cluster host that ran it (None: no cluster)
 
     def headers(self) -> dict[str, str]:
-        return {
+        out = {
             "X-Gpulock-Tier": self.tier,
             "X-Gpulock-Model": self.model,
             "X-Gpulock-Waited-Ms": f"{self.waited_ms:.1f}",
         }
+        if self.host is not None:
+            out["X-Gpulock-Host"] = self.host
+        return out
 
 
 class Opened:
@@ -98,6 +105,7 @@ class Dispatcher:
         self._http: Any = None  # aiohttp.ClientSession for remote candidates, made on first use
         self._local: dict[tuple[Any, ...], _HeldLlama] = {}
         self._tenants: dict[tuple[Any, ...], TenantBackend] = {}
+        self.cluster: ClusterLink | None = None  # set by `gpulock serve` with a cluster: section
 
     def http(self) -> Any:
         """The one client session for OpenAI-compatible servers (made inside the event loop)."""
@@ -158,7 +166,10 @@ class Dispatcher:
 
     # --- a request ---------------------------------------------------------------------------
 
-    async def open(self, ask: Ask, *, agent: str, deadline_s: float | None) -> Opened:
+    async def open(
+        self, ask: Ask, *, agent: str, deadline_s: float | None, local_only: bool = False
+    ) -> Opened:
+        """``local_only``: a request a peer forwarded here runs here (no second hop)."""
         task, cands = self.resolve(ask.model)
         deadline_at = None if deadline_s is None else time.monotonic() + deadline_s
         failed: dict[str, str] = {}
@@ -166,7 +177,12 @@ class Dispatcher:
         start = time.monotonic()
         while True:
             left = None if deadline_at is None else max(0.0, deadline_at - time.monotonic())
-            choice = self._choose(task, cands, left, failed)
+            choice, host = self._choose(task, cands, left, failed)
+            if self.cluster is not None and not local_only:
+                # A peer that starts it sooner takes it (it waits in the peer's line there).
+                opened = await self.cluster.relocate(self, ask, choice, host, agent, left)
+                if opened is not None:
+                    return opened
             v = choice.chosen
             if v is None:
                 raise self._none_left(task, choice, deadline_s, refused)
@@ -234,11 +250,19 @@ class Dispatcher:
                 )
             )
             ticket = slot.ticket
+            if self.cluster is not None:  # how long a request takes here, for the peers
+                stack.callback(self.cluster.observe, v.gpu, time.monotonic())
         if ask.kind != "embed" and "max_tokens" not in ask.params:
             ask = replace(ask, params={**ask.params, "max_tokens": c.max_tokens})  # the route's
-        meta = Meta(task, c.tier, c.name, (time.monotonic() - start) * 1000, ticket)
-        opened = Opened(meta, stack, c)
-        engine = self._engine(v)
+        host = self.cluster.cc.host if self.cluster is not None else None
+        meta = Meta(task, c.tier, c.name, (time.monotonic() - start) * 1000, ticket, host)
+        return await self.run(ask, Opened(meta, stack, c), self._engine(v))
+
+    async def run(
+        self, ask: Ask, opened: Opened, engine: LocalEngine | RemoteEngine | TenantEngine
+    ) -> Opened:
+        """Call ``engine``: the answer, the vectors, or the stream's first piece."""
+        stack = opened.stack
         if ask.kind == "embed":
             opened.vectors, opened.tokens_in = await engine.embed(ask.inputs)
             await stack.aclose()
@@ -257,10 +281,10 @@ class Dispatcher:
 
     def _choose(
         self, task: str, cands: tuple[Candidate, ...], left: float | None, failed: dict[str, str]
-    ) -> Choice:
+    ) -> tuple[Choice, Host]:
         warm = probe.warm_models() | {cid(b.candidate) for b in self._local.values() if b.loaded}
         host = probe.host(self.settings, cands, self.table.settings, warm=warm)
-        return choose(task, cands, host, deadline_s=left, exclude=failed)
+        return choose(task, cands, host, deadline_s=left, exclude=failed), host
 
     def _none_left(
         self, task: str, choice: Choice, deadline_s: float | None, refused: dict[str, Verdict]
@@ -348,6 +372,7 @@ class Dispatcher:
             via="serve",
             waited_ms=round(m.waited_ms, 3),
             ticket=m.ticket,
+            **_host_field(m.host),
         )
 
     async def shutdown(self) -> None:
@@ -355,6 +380,11 @@ class Dispatcher:
             await self._http.close()
         for b in list(self._local.values()):
             await asyncio.to_thread(b.unload)
+
+
+def _host_field(host: str | None) -> dict[str, Any]:
+    """The ``call`` event's ``host`` (the cluster host that ran it), without a cluster none."""
+    return {"host": host} if host is not None else {}
 
 
 async def _aclose(it: AsyncIterator[str]) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("gpulock", "router", "governor", "agents", "serve")
+PACKAGES = ("gpulock", "router", "governor", "agents", "serve", "cluster")
 
 # gpulock's rooms, lowest first: a module may import its own room and the rooms below it.
 ROOMS = ("core", "lock", "tenants", "residents", "face", "views")

@@ -28,6 +28,7 @@ DOORS = {
     "governor": ("gpulock.arbiter", "gpulock.metrics."),
     # agents: gpulock.pool runs a pooled agent's workers (@agent(workers=...), issue 21)
     "agents": ("gpulock.report.", "gpulock.pool."),
+    "cluster": (),  # the public face, core and the CLI toolkit are all it needs
 }
 
 

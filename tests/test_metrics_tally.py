@@ -154,7 +154,7 @@ EMPTY: dict[str, Any] = {"gpus": [], "devices": [], "residents": [], "governor":
             ]
             * 2,
             "gpulock_router_calls",
-            ("t", "cloud", "m", "ok"),
+            ("t", "cloud", "m", "ok", ""),
             2,
         ),
         (
@@ -179,7 +179,7 @@ EMPTY: dict[str, Any] = {"gpus": [], "devices": [], "residents": [], "governor":
         (
             [{"event": "call", "task": "t", "tier": "gpu", "model": "m", "ok": False}],
             "gpulock_router_calls",
-            ("t", "gpu", "m", "error"),
+            ("t", "gpu", "m", "error", ""),
             1,
         ),
         (

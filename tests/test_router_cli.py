@@ -106,8 +106,9 @@ def test_json_is_the_documented_object(cli: Cli, tiny: Path) -> None:
     r = cli.run("route", "summarize", "--json", "--config", str(cfg))
     assert r.code == 0, r.describe()
     data = r.json()
-    assert set(data) == {"task", "level", "chosen", "candidates"}
+    assert set(data) == {"task", "level", "host", "chosen", "candidates"}
     assert (data["task"], data["level"]) == ("summarize", "normal")
+    assert isinstance(data["host"], str) and data["host"]  # this host's (no cluster: the hostname)
     assert all(set(v) == VERDICT_KEYS for v in data["candidates"])
     gpu, cpu = data["candidates"]
     assert data["chosen"] == gpu

@@ -377,7 +377,7 @@ def test_a_spent_daily_budget_moves_to_the_next_candidate(
     configure(
         world,
         "t:\n"
-        + cloud("capped", fault.base_url, extra=", daily_budget: 0.01")
+        + cloud("capped", fault.base_url, extra=", daily_budget: 0.01, max_tokens: 3")
         + cloud("steady", llama_server.base_url),
     )
     assert router.get_model("t").complete("x") == "fine"  # 11 in + 3 out: $0.0115
@@ -396,7 +396,7 @@ def test_a_handle_kept_between_calls_stops_at_the_budget(
     configure(
         world,
         "t:\n"
-        + cloud("capped", fault.base_url, extra=", daily_budget: 0.01")
+        + cloud("capped", fault.base_url, extra=", daily_budget: 0.01, max_tokens: 3")
         + cloud("steady", llama_server.base_url),
     )
     m = router.get_model("t")
@@ -417,7 +417,9 @@ def test_the_routers_daily_budget_covers_every_cloud_candidate(
     fault.mode = "ok"
     configure(
         world,
-        "t:\n" + cloud("a", fault.base_url) + cloud("b", fault.base_url, model="other"),
+        "t:\n"
+        + cloud("a", fault.base_url, extra=", max_tokens: 3")
+        + cloud("b", fault.base_url, model="other", extra=", max_tokens: 3"),
         "daily_budget: 0.01\n",
     )
     assert router.get_model("t").complete("x") == "fine"

@@ -297,5 +297,6 @@ def test_serves_calls_reach_status_explain_report_and_metrics(setup: Setup) -> N
         tier="cloud",
         model="plain",
         outcome="ok",
+        host="",  # the cluster host that ran it: none without a cluster
     )
     assert calls == paid["m-plain"]

@@ -56,10 +56,10 @@ Sizes read like ``6GiB``, ``800MiB``, ``2GB`` or ``512M``; durations like ``30s`
 (see ``gpulock.core.units``).
 
 Sections owned by the other packages (``watchdog``, ``governor``, ``routes``, ``router``,
-``agents``, ``metrics``, ``serve``) and by other modules (``prefetch``: ``gpulock.lock.prefetch``;
-``eviction``: ``gpulock.core.foresight``) are kept as read, in ``Config.sections``, and validated
-by their owners; ``Config.error`` lets them report a bad value with this file's name and the
-value's line.
+``agents``, ``metrics``, ``serve``, ``cluster``) and by other modules (``prefetch``:
+``gpulock.lock.prefetch``; ``eviction``: ``gpulock.core.foresight``) are kept as read, in
+``Config.sections``, and validated by their owners; ``Config.error`` lets them report a bad value
+with this file's name and the value's line.
 Any other top-level key is an error, so that a typo is not silently ignored.
 """
 
@@ -127,6 +127,7 @@ SECTIONS: Final[frozenset[str]] = frozenset(
     # The other packages' sections: validated by them, kept raw here with their lines.
     {"watchdog", "governor", "routes", "router", "agents", "metrics", "serve", "prefetch"}
     | {"eviction"}  # gpulock.core.foresight.policy_of
+    | {"cluster"}  # owned by the cluster package (docs/cluster.md)
 )
 
 # Aliases can make a small file expand into a huge tree ("billion laughs"); a config never needs

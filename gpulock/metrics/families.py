@@ -35,6 +35,7 @@ def families(snap: Mapping[str, Any], tally: Tally) -> list[Metric]:
     _residents(snap, gauges)
     _governor(snap, gauges)
     _usage(snap, gauges)
+    _cluster(snap, gauges)
     for spec in (s for s in BY_NAME.values() if s.kind == "gauge"):
         g = GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
         for key, value in sorted(gauges.get(spec.name, {}).items()):
@@ -151,6 +152,15 @@ _THRESHOLDS = {
     "swap_bytes_per_s": "swap_bytes_per_s",
     "oom_reports": "oom_reports",
 }
+
+
+def _cluster(snap: Mapping[str, Any], g: Gauges) -> None:
+    """From this host's view of its cluster (``gpulock serve``'s heartbeat): absent without."""
+    view = _mapping(snap.get("cluster"))
+    if not view:
+        return
+    _set(g, "cluster_hosts", (), view.get("hosts"))
+    _set(g, "cluster_redis_up", (), 1 if view.get("redis") == "ok" else 0)
 
 
 def _governor(snap: Mapping[str, Any], g: Gauges) -> None:

@@ -69,11 +69,12 @@ COUNTERS = (
     _c("router_routes", "routing decisions by task and the tier chosen (none)", "task", "tier"),
     _c(
         "router_calls",
-        "model calls by task, tier, model and outcome",
+        "model calls by task, tier, model, outcome and the cluster host that ran them",
         "task",
         "tier",
         "model",
         "outcome",
+        "host",  # bounded: the hosts of a cluster ("" without one)
     ),
     _c("router_input_tokens", "prompt tokens of model calls", "task", "tier", "model"),
     _c("router_output_tokens", "completion tokens of model calls", "task", "tier", "model"),
@@ -160,6 +161,14 @@ GAUGES = (
     _g("governor_last_pass_timestamp_seconds", "when the governor last published"),
     _g("router_cloud_spend_today_usd", "cloud spend so far today (local day)"),
     _g("router_daily_budget_usd", "router.daily_budget (absent when unset)"),
+    _g(
+        "cluster_hosts",
+        "live hosts of the cluster, as this host last saw them (no cluster: absent)",
+    ),
+    _g(
+        "cluster_redis_up",
+        "1 while the cluster's Redis answers this host, else 0 (no cluster: absent)",
+    ),
 )
 
 ALL = COUNTERS + HISTOGRAMS + GAUGES

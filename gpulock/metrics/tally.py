@@ -254,7 +254,7 @@ def _route(t: Tally, e: dict[str, Any]) -> None:
 def _call(t: Tally, e: dict[str, Any]) -> None:
     task, tier, model = _text(e.get("task")), _text(e.get("tier")), _text(e.get("model"))
     outcome = "ok" if e.get("ok") is True else "error"
-    t.add("gpulock_router_calls", (task, tier, model, outcome))
+    t.add("gpulock_router_calls", (task, tier, model, outcome, _text(e.get("host"))))
     for field_name, metric in (
         ("tokens_in", "gpulock_router_input_tokens"),
         ("tokens_out", "gpulock_router_output_tokens"),

@@ -1,0 +1,129 @@
+"""Where a gpu candidate runs: this host or a live peer, by the smallest expected start (pure).
+
+A location's expected start is its line's wait estimate, plus the candidate's load time unless
+it is warm there, plus ``remote_penalty`` for a peer (the network, and the risk).  Ties stay
+local.  A peer whose governor says ``freeze``, one without a gateway, one whose report is older
+than three heartbeats, or one that failed on this call is not a location.
+
+Heartbeats are seconds old when read, so a burst of agents would all pile onto the one peer that
+looked idle (herding).  Two counts keep them apart: the peer's report counts the requests in
+its line (waiting ones are in its estimate), and this host counts the requests it has itself
+sent to each peer since that peer's last heartbeat: each adds one typical hold (``hold_s``) to
+the peer's wait.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from cluster.config import GONE_AFTER_HEARTBEATS
+from cluster.report import HostReport
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    host: str
+    local: bool
+    start_s: float
+    reason: str  # "starts in ~0 s (warm)", "~41 s behind 2 tickets"
+    gateway: str | None = None
+    gpu: int | None = None
+
+    @property
+    def label(self) -> str:
+        return "here" if self.local else self.host
+
+
+def here(
+    host: str, wait_s: float | None, ahead: int, *, warm: bool, load_s: float, gpu: int | None
+) -> Location:
+    """This host's own location, from the router's verdict on the local line."""
+    wait = wait_s or 0.0
+    start = wait + (0.0 if warm else load_s)
+    return Location(host, True, start, _reason(start, ahead, warm, load_s), gpu=gpu)
+
+
+def alive(report: HostReport, now_wall: float) -> bool:
+    return now_wall - report.at_wall <= GONE_AFTER_HEARTBEATS * max(report.heartbeat_s, 0.1)
+
+
+def peer(
+    report: HostReport,
+    name: str,
+    *,
+    sent: int = 0,
+    penalty_s: float = 0.0,
+    deadline_s: float | None = None,
+) -> Location | None:
+    """``report``'s location for candidate ``name``; None when it cannot run it now (or its
+    line's wait passes the deadline, as a local line's would)."""
+    runs = report.runs(name)
+    if runs is None or report.gateway is None or report.level == "freeze":
+        return None
+    gpus = [g for g in report.gpus if not runs.gpus or g.index in runs.gpus]
+    if not gpus:
+        return None
+
+    def wait(g_wait: float | None, hold_s: float, ahead: int) -> float:
+        base = g_wait if g_wait is not None else ahead * hold_s  # unknown: a hold per ticket
+        return base + sent * hold_s
+
+    best = min(gpus, key=lambda g: wait(g.est_wait_s, g.hold_s, g.holding + g.waiting))
+    ahead = best.holding + best.waiting + sent
+    line_s = wait(best.est_wait_s, best.hold_s, best.holding + best.waiting) + penalty_s
+    if deadline_s is not None and ahead and line_s > deadline_s:
+        return None
+    warm = name in report.warm
+    start = wait(best.est_wait_s, best.hold_s, best.holding + best.waiting) + penalty_s
+    start += 0.0 if warm else runs.load_s
+    return Location(
+        report.host,
+        False,
+        start,
+        _reason(start, ahead, warm, runs.load_s),
+        gateway=report.gateway,
+        gpu=best.index,
+    )
+
+
+def locations(
+    name: str,
+    local: Location | None,
+    reports: Sequence[HostReport],
+    *,
+    me: str,
+    now_wall: float,
+    penalty_s: float,
+    sent: Mapping[str, int] | None = None,
+    exclude: Collection[str] = (),
+    deadline_s: float | None = None,
+) -> list[Location]:
+    """Every location for ``name``, best first (ties: this host first)."""
+    sent = sent or {}
+    out = [local] if local is not None else []
+    for r in reports:
+        if r.host == me or r.host in exclude or not alive(r, now_wall):
+            continue
+        loc = peer(r, name, sent=sent.get(r.host, 0), penalty_s=penalty_s, deadline_s=deadline_s)
+        if loc is not None:
+            out.append(loc)
+    # sorted() is stable and the local one is first: an equal start stays here.
+    return sorted(out, key=lambda loc: (round(loc.start_s, 6), not loc.local))
+
+
+def explain(tier: str, name: str, locs: Sequence[Location]) -> str:
+    """``gpu tiny-gpu on b: starts in ~0 s (warm); here: ~41 s behind 2 tickets``."""
+    if not locs:
+        return f"{tier} {name}: nowhere to run"
+    best, rest = locs[0], locs[1:]
+    where = "here" if best.local else f"on {best.host}"
+    text = f"{tier} {name} {where}: {best.reason}"
+    return text + "".join(f"; {loc.label}: {loc.reason}" for loc in rest)
+
+
+def _reason(start_s: float, ahead: int, warm: bool, load_s: float) -> str:
+    text = f"starts in ~{start_s:.0f} s"
+    if ahead:
+        text = f"~{start_s:.0f} s behind {ahead} ticket{'s' if ahead != 1 else ''}"
+    return text + (" (warm)" if warm else f" (load ~{load_s:.0f} s)")

@@ -1,0 +1,353 @@
+"""``gpulock serve`` in a cluster: what it publishes of this host, and where a request runs.
+
+Imported only when the config has a ``cluster:`` section (the ``cluster`` package and its
+``redis`` client stay unloaded otherwise).  ``report(now)`` is the heartbeat's view of this
+host: each GPU's line (holders, waiters, the router's wait estimate for a newcomer), the gpu
+candidates of the route table that fit one of its GPUs, which are warm, and the requests in
+flight.  ``place(...)`` compares this host's verdict with the live peers' reports
+(``cluster.place``) and names the location with the smallest expected start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Collection
+from contextlib import AsyncExitStack
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from cluster import cooldowns, spend
+from cluster.config import ClusterConfig
+from cluster.fleet import fleet_object, spend_entry
+from cluster.heartbeat import Heartbeat
+from cluster.place import Location, here, locations
+from cluster.report import GpuLine, HostReport, Runs, load_estimate_s
+from cluster.store import Unavailable
+from gpulock.core.settings import Settings
+from router import ledger, probe
+from router.backends import BackendError
+from router.choose import Choice, Host, Verdict, cid, line_wait
+from router.routes import Candidate
+from router.waitest import quantile
+from serve.engines import Ask, RemoteEngine
+
+if TYPE_CHECKING:
+    from serve.dispatch import Dispatcher, Opened
+
+FROM_HEADER = "X-Gpulock-From"  # a forwarded request: the peer runs it itself (no second hop)
+
+
+class PeerEngine(RemoteEngine):
+    """A peer's gateway: its OpenAI API, with ``model`` = the candidate's name, the agent's
+    name and what is left of the deadline, and this host's key when it has one.  A peer that
+    sends no response headers within ``peer_timeout`` past its expected start (a frozen host
+    still accepts connections) fails like a refused connection: the next location is tried."""
+
+    def __init__(
+        self, c: Candidate, client: Any, *, agent: str, left_s: float | None, me: str,
+        key_env: str | None, header_timeout_s: float,
+    ) -> None:  # fmt: skip
+        super().__init__(c, client)
+        self.agent = agent
+        self.left_s = left_s
+        self.me = me
+        self.key_env = key_env
+        self.header_timeout_s = header_timeout_s
+
+    def _headers(self) -> dict[str, str]:
+        out = {"X-Gpulock-Agent": self.agent, FROM_HEADER: self.me}
+        if self.left_s is not None:
+            out["X-Gpulock-Deadline"] = f"{self.left_s:.3f}s"
+        key = os.environ.get(self.key_env or "") if self.key_env else None
+        if key:
+            out["Authorization"] = f"Bearer {key}"
+        return out
+
+    def _timeout(self) -> Any:
+        import aiohttp
+
+        return aiohttp.ClientTimeout(
+            total=self.candidate.timeout_s,
+            sock_connect=self.header_timeout_s,
+            sock_read=self.header_timeout_s,
+        )
+
+
+class ClusterLink:
+    def __init__(self, settings: Settings, cc: ClusterConfig, dispatcher: Dispatcher) -> None:
+        self.settings = settings
+        self.cc = cc
+        self.d = dispatcher
+        self._holds: dict[int, float] = {}  # gpu -> typical hold, as of the last heartbeat
+        # gpu -> a request's time on it (moving average): serve's requests share a ticket, so
+        # the tickets' holds say little about how long one more request takes.
+        self._request_s: dict[int, float] = {}
+        self.heartbeat = Heartbeat(
+            settings, cc, self.report, ledger_spend=lambda: ledger.read(settings).spend_usd
+        )
+
+    # --- what this host publishes ------------------------------------------------------------
+
+    def _warm(self) -> set[str]:
+        return probe.warm_models() | {cid(b.candidate) for b in self.d.loaded()}
+
+    def report(self, now_wall: float) -> HostReport:
+        gpu_cands = [c for c in self.d.candidates() if c.tier == "gpu"]
+        rs = self.d.table.settings
+        host = probe.host(self.settings, gpu_cands, rs, warm=self._warm(), now_wall=now_wall)
+        extra_waiting = self.d.line.waiting  # requests waiting inside serve, behind a shared ticket
+        gpus = []
+        for g in host.gpus:
+            hold = self._request_s.get(g.index) or _typical_hold(
+                self.settings, g.index, rs.hold_estimate_s
+            )
+            self._holds[g.index] = hold
+            holding = sum(1 for q in g.line if q.held_s is not None)
+            est = g.est_wait_s if g.ahead else 0.0
+            if est is not None:
+                est += extra_waiting * hold
+            gpus.append(
+                GpuLine(
+                    g.index,
+                    g.total_bytes,
+                    g.free_bytes,
+                    holding,
+                    g.ahead - holding + extra_waiting,
+                    est,
+                    hold,
+                )
+            )
+        runs = []
+        for c in gpu_cands:
+            need = host.vram_of(c)
+            fits = tuple(
+                g.index
+                for g in host.gpus
+                if (c.gpu is None or g.index == c.gpu)
+                and (need is None or g.budget_bytes is None or need <= g.budget_bytes)
+            )
+            if fits:
+                runs.append(Runs(c.name, load_estimate_s(need), fits))
+        warm = {c.name for c in gpu_cands if cid(c) in host.warm}
+        in_flight = sum(self.d.line.held().values()) + self.d.line.waiting
+        return HostReport(
+            host=self.cc.host,
+            gateway=self.cc.gateway,
+            at_wall=now_wall,
+            heartbeat_s=self.cc.heartbeat_s,
+            level=host.level,
+            gpus=tuple(gpus),
+            candidates=tuple(runs),
+            warm=frozenset(warm),
+            in_flight=in_flight,
+            pid=os.getpid(),
+        )
+
+    # --- where a request runs ----------------------------------------------------------------
+
+    def place(
+        self,
+        v: Verdict,
+        here_wait: tuple[float | None, int] | None,
+        exclude: Collection[str],
+        deadline_s: float | None = None,
+    ) -> list[Location]:
+        """This host (unless ``here_wait`` is None: its line is past the deadline) and every
+        live peer that runs ``v``'s candidate, best first."""
+        c = v.candidate
+        local = None
+        if here_wait is not None:
+            local = here(
+                self.cc.host,
+                here_wait[0],
+                here_wait[1],
+                warm=cid(c) in self._warm(),
+                load_s=load_estimate_s(v.need_bytes),
+                gpu=v.gpu,
+            )
+        fleet = self.heartbeat.fleet
+        if not fleet.redis_ok:
+            return [local] if local is not None else []
+        return locations(
+            c.name,
+            local,
+            fleet.reports,
+            me=self.cc.host,
+            now_wall=time.time(),
+            penalty_s=self.cc.remote_penalty_s,
+            sent=self.heartbeat.sent(),
+            exclude=set(exclude) | fleet.cooling,
+            deadline_s=deadline_s,
+        )
+
+    async def relocate(
+        self,
+        d: Dispatcher,
+        ask: Ask,
+        choice: Choice,
+        host: Host,
+        agent: str,
+        left: float | None,
+    ) -> Opened | None:
+        """The request, forwarded to a peer that starts its gpu candidate sooner; None: run
+        it here.  A local gpu candidate passed over only for its line (past the deadline) is
+        offered to the peers too, in route order (as ``router.peers.relocate`` does)."""
+        for v in choice.verdicts:
+            c = v.candidate
+            if v is choice.chosen:
+                if c.tier == "gpu" and c.local:
+                    wait, ahead = line_wait(host, v)
+                    # Requests waiting inside this server (behind its shared ticket) are not
+                    # tickets: each adds a typical hold to the wait here, as they do in the
+                    # report the peers read.
+                    queued = d.line.waiting
+                    if queued and v.gpu is not None:
+                        wait = (wait or 0.0) + queued * self._holds.get(v.gpu, 0.0)
+                    here_wait = (wait, ahead + queued)
+                    return await self.try_peers(d, ask, v, here_wait, agent, left)
+                return None
+            if c.tier == "gpu" and c.local and not v.ok and " queue: " in v.reason:
+                opened = await self.try_peers(d, ask, v, None, agent, left)
+                if opened is not None:
+                    return opened
+        return None
+
+    async def try_peers(
+        self,
+        d: Dispatcher,
+        ask: Ask,
+        v: Verdict,
+        here_wait: tuple[float | None, int] | None,
+        agent: str,
+        left: float | None,
+    ) -> Opened | None:
+        """Forward to the best peer while a peer starts sooner than this host; None: run here.
+
+        A peer that refuses, sends no headers in time, or dies before its first piece is
+        skipped for this call and the next location is tried; this host comes last."""
+        start = time.monotonic()
+        failed: set[str] = set()
+        while True:
+            locs = self.place(v, here_wait, failed, left)
+            if not locs or locs[0].local:
+                return None
+            loc = locs[0]
+            try:
+                return await self.forward(d, ask, v, loc, agent, left, start)
+            except BackendError as e:
+                if e.kind == "request" or e.status in (400, 413, 422):
+                    raise  # the request's fault: another host would refuse it too
+                failed.add(loc.host)
+                self.peer_failed(loc, e, v.candidate.task, agent)
+                await asyncio.to_thread(self.cool_peer, loc.host, e.short)
+
+    async def forward(
+        self,
+        d: Dispatcher,
+        ask: Ask,
+        v: Verdict,
+        loc: Location,
+        agent: str,
+        left: float | None,
+        start: float,
+    ) -> Opened:
+        """Send the request to the peer at ``loc``; it waits in the peer's line there."""
+        from serve.dispatch import Meta, Opened
+
+        c = v.candidate
+        assert loc.gateway is not None
+        peer_c = replace(c, backend="openai", model=c.name, base_url=loc.gateway + "/v1")
+        engine = PeerEngine(
+            peer_c,
+            d.http(),
+            agent=agent,
+            left_s=left,
+            me=self.cc.host,
+            key_env=self.cc.api_key_env,
+            header_timeout_s=self.cc.peer_timeout_s + loc.start_s,
+        )
+        if ask.kind != "embed" and "max_tokens" not in ask.params:
+            ask = replace(ask, params={**ask.params, "max_tokens": c.max_tokens})
+        self.heartbeat.count_sent(loc.host)
+        meta = Meta(c.task, c.tier, c.name, (time.monotonic() - start) * 1000, None, loc.host)
+        stack = AsyncExitStack()
+        try:
+            return await d.run(ask, Opened(meta, stack, peer_c), engine)
+        except BaseException:
+            await stack.aclose()
+            raise
+
+    def peer_failed(self, loc: Location, e: BackendError, task: str, agent: str) -> None:
+        self.settings.emit(
+            "fallback",
+            task=task,
+            agent=agent,
+            from_model=f"{loc.host}",
+            from_tier="peer",
+            host=loc.host,
+            error=e.short,
+        )
+
+    def observe(self, gpu: int, began: float) -> None:
+        """A local request on ``gpu`` ended: fold its time into the moving average."""
+        took = time.monotonic() - began
+        old = self._request_s.get(gpu)
+        self._request_s[gpu] = took if old is None else 0.7 * old + 0.3 * took
+        self._holds[gpu] = self._request_s[gpu]
+
+    def cool_peer(self, host: str, why: str) -> None:
+        """The peer cools down for every host (Redis; off the event loop)."""
+        until = time.time() + self.d.table.settings.cooldown_s
+        try:
+            cooldowns.share(self.heartbeat.store, cooldowns.peer(host), until, why, self.cc.host)
+        except Unavailable:
+            pass  # this host skips it for this call; its report expires by itself
+
+    def health(self) -> dict[str, Any]:
+        """``/health``'s ``cluster`` entry: hosts seen and Redis's state."""
+        f = self.heartbeat.fleet
+        return {
+            "host": self.cc.host,
+            "hosts": len(f.reports) if f.redis_ok else None,
+            "redis": "ok" if f.redis_ok else "down",
+            "problem": f.problem,
+        }
+
+    def fleet_object(self) -> dict[str, Any]:
+        """The fleet as the last heartbeat read it (``GET /gpulock/cluster``)."""
+        f = self.heartbeat.fleet
+        now = time.time()
+        obj = fleet_object(
+            f.reports,
+            me=self.cc.host,
+            redis_ok=f.redis_ok,
+            problem=f.problem,
+            now_wall=now,
+            cooling=f.cooling,
+        )
+        day = spend.day_key("", f.read_wall or now).removeprefix("spend:")
+        budget = self.d.table.settings.daily_budget_usd
+        obj["spend"] = spend_entry(dict(f.spend), budget, day) if f.redis_ok else None
+        return obj
+
+    def start(self) -> Callable[[], None]:
+        """Start the heartbeat thread; the returned function stops it (and withdraws)."""
+        from router import peers
+
+        peers.feed_cooldowns(lambda: dict(self.heartbeat.fleet.cooldowns))
+        thread, stop = self.heartbeat.start()
+
+        def halt() -> None:
+            stop.set()
+            thread.join(timeout=2.0)
+
+        return halt
+
+
+def _typical_hold(settings: Settings, gpu: int, default_s: float) -> float:
+    """The median of this GPU's recent holds (``router.hold_estimate`` before any): what one
+    more request adds to a peer's wait, for the requests sent since its last heartbeat."""
+    history = probe.hold_history(settings.state_dir, gpu, default_s)
+    return quantile(history.gpu, 0.5) if history.gpu else default_s
