@@ -79,6 +79,18 @@ def test_time_of_day_reads_local_time() -> None:
     assert nu.at_wall == pytest.approx(21 * DAY + 5 * 3600.0)
 
 
+@pytest.mark.parametrize("utc_offset_h", [0, 2])
+def test_a_rhythm_that_runs_across_midnight_is_not_a_time_of_day(utc_offset_h: int) -> None:
+    # every 15 minutes for two hours, the last a minute before 00:13 local: the sessions fall
+    # on two calendar dates, minutes apart, which says nothing about tomorrow's time of day
+    off = utc_offset_h * 3600.0
+    now = 20 * DAY + 13 * 60 - off
+    past = uses("soon", *(now - 60 - 900 * k for k in range(8)))
+    nu = one("soon", history=past, now=now, utc_offset_s=off)
+    assert nu.source == "rhythm"
+    assert nu.at_wall == pytest.approx(now - 60 + 900)
+
+
 def test_a_waiter_in_line_needs_its_model_now() -> None:
     past = uses("big", *(NOW - 1000 - 3600 * k for k in range(5)))  # next by rhythm in 43 min
     nu = one("big", planned=[fs.Planned("big", NOW - 5, "waiter", "report")], history=past)

@@ -310,35 +310,29 @@ def _from_history(
 
 
 def _time_of_day(starts: Sequence[float], now: float, utc_offset_s: float) -> float | None:
-    """The next local time of day at which sessions began on two or more distinct days.
+    """The next local time of day at which sessions began on two or more different days.
 
-    Linear: sessions fall into ``TOD_WINDOW_S`` slots of the day; a slot counts the days of
-    its own sessions and of its two neighbours (so "within 15 minutes" is at most 30 apart).
+    Linear: sessions fall into ``TOD_WINDOW_S`` slots of the day; a slot counts its own
+    sessions and its two neighbours' (so "within 15 minutes" is at most 30 apart).  Different
+    days means at least half a day apart, not two calendar dates: a 15-minute rhythm that runs
+    across midnight is not a time of day.
     """
     slots = int(DAY_S // TOD_WINDOW_S)
-    days: dict[int, set[int]] = {}
+    seen: dict[int, list[float]] = {}  # slot -> the sessions' start times in it
     first: dict[int, float] = {}  # slot -> the earliest time of day seen in it
     for t in starts:
-        day, tod = divmod(t + utc_offset_s, DAY_S)
+        tod = (t + utc_offset_s) % DAY_S
         slot = int(tod // TOD_WINDOW_S)
-        if slot in days:
-            days[slot].add(int(day))
-            if tod < first[slot]:
-                first[slot] = tod
-        else:
-            days[slot] = {int(day)}
+        seen.setdefault(slot, []).append(t)
+        if slot not in first or tod < first[slot]:
             first[slot] = tod
     now_local = now + utc_offset_s
     today = math.floor(now_local / DAY_S) * DAY_S
     best: float | None = None
-    empty: set[int] = set()
     for slot, tod in first.items():
-        own = days[slot]
-        if len(own) < 2:
-            before = days.get((slot - 1) % slots, empty)
-            after = days.get((slot + 1) % slots, empty)
-            if not (before or after) or len(own | before | after) < 2:
-                continue
+        near = seen[slot] + seen.get((slot - 1) % slots, []) + seen.get((slot + 1) % slots, [])
+        if max(near) - min(near) < DAY_S / 2:
+            continue
         at = today + tod
         if at < now_local - BURST_S:
             at += DAY_S
