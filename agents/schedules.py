@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
+from gpulock.core import cronexpr
+
 if TYPE_CHECKING:
     from agents.fleetplan import JobSpec
 
@@ -36,15 +38,7 @@ SCHEDULE_HINT: Final = (
     "crontab: minute hour day month weekday, e.g. '*/5 * * * *' or '0 3 * * 1-5' "
     "(a sixth field in front is seconds); or use every: 10m"
 )
-_ALIASES: Final = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
+_ALIASES: Final = cronexpr.ALIASES  # one list of @daily and friends, shared with foresight
 _WEEKDAYS: Final = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")  # cron's numbering: 0..6
 
 

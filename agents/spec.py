@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from gpulock.core import cronexpr
 from gpulock.core.errors import GpulockError
 from gpulock.core.units import parse_duration, parse_size
 
@@ -42,15 +43,7 @@ _CRON_FIELDS: Final[tuple[tuple[str, int, int, Mapping[str, int]], ...]] = (
 
 
 # As cron has them; '@reboot' is not a time, so it is not a schedule here.
-_CRON_ALIASES: Final = (
-    "@yearly",
-    "@annually",
-    "@monthly",
-    "@weekly",
-    "@daily",
-    "@midnight",
-    "@hourly",
-)
+_CRON_ALIASES: Final = tuple(cronexpr.ALIASES)
 
 
 class AgentError(GpulockError):

@@ -183,7 +183,7 @@ def _forwarder(child: list[int], caught: list[int]) -> Callable[[int, FrameType 
         if not child:  # the command is not running yet: remember, never raise
             caught.append(signum)
             return
-        if signum in (signal.SIGINT, signal.SIGQUIT) and _terminal_delivers():
+        if signum in (signal.SIGINT, signal.SIGQUIT) and terminal_delivers():
             return
         targets = [] if child[0] <= 0 else [child[0]]  # <= 0 once reaped: its pid may be reused
         for pid in dict.fromkeys([*targets, *_children()]):
@@ -195,7 +195,7 @@ def _forwarder(child: list[int], caught: list[int]) -> Callable[[int, FrameType 
     return forward
 
 
-def _terminal_delivers() -> bool:
+def terminal_delivers() -> bool:
     """True when we run in the terminal's foreground group: the tty signalled everyone."""
     for stream in (sys.stdin, sys.stderr):
         try:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from gpulock.core.settings import Settings
 from gpulock.core.state import ENV_STATE_DIR
 from gpulock.lock.lease import ENV_TICKET, Lease
 from gpulock.pool import policy, record
+from gpulock.runner import terminal_delivers
 
 ENV_WORKER = "GPULOCK_POOL_WORKER"
 ENV_SIZE = "GPULOCK_POOL_SIZE"
@@ -299,7 +299,7 @@ class Pool:
             self.stop_signal = signum
             self._cancel_ask()
             self._release_held()
-        from_tty = signum == signal.SIGINT and _terminal_delivers()
+        from_tty = signum == signal.SIGINT and terminal_delivers()
         for w in self.running.values():
             if not from_tty:
                 self._signal(w, signum)
@@ -395,18 +395,6 @@ def _nested(lease: Lease) -> GpulockError:
         f"${ENV_TICKET}): its workers would all share that one ticket",
         hint="start gpulock pool outside 'gpulock run', so each worker holds its own ticket",
     )
-
-
-def _terminal_delivers() -> bool:
-    """True when we run in the terminal's foreground group: the tty signalled everyone."""
-    for stream in (sys.stdin, sys.stderr):
-        try:
-            fd = stream.fileno()
-            if os.isatty(fd):
-                return os.tcgetpgrp(fd) == os.getpgrp()
-        except (OSError, ValueError, AttributeError):
-            continue
-    return False
 
 
 __all__: Sequence[str] = ("ENV_SIZE", "ENV_WORKER", "Pool", "PoolFailed", "PoolSpec", "run_pool")
