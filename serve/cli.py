@@ -7,7 +7,9 @@ and aiohttp (the ``serve`` extra) are imported only here, when the server starts
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -32,7 +34,8 @@ EPILOG = """\
 Listening on anything but loopback needs API keys: serve.api_keys_env names the environment
 variable that holds them (comma- or whitespace-separated); every request then sends
 Authorization: Bearer KEY.  exit codes: 0 stopped; 1 error (bad config: file, line and key are
-named); 2 usage (bad --listen, or a non-loopback address without keys)."""
+named; or the address is already in use); 2 usage (bad --listen, or a non-loopback address
+without keys)."""
 
 
 def build_parser(prog: str = "gpulock serve") -> argparse.ArgumentParser:
@@ -94,6 +97,7 @@ def _main(argv: list[str]) -> int:
     from serve.app import build_app
     from serve.dispatch import Dispatcher
     from serve.line import Line
+    from serve.protocol import protocol
 
     table = load_table(settings.config)
     dispatcher = Dispatcher(settings, table, Line(settings, sc.max_queue))
@@ -105,8 +109,14 @@ def _main(argv: list[str]) -> int:
         await dispatcher.shutdown()
 
     app = build_app(
-        settings, dispatcher, keys=keys, max_body=sc.max_body_bytes, on_shutdown=shutdown
+        settings,
+        dispatcher,
+        keys=keys,
+        max_body=sc.max_body_bytes,
+        read_timeout=sc.read_timeout_s,
+        on_shutdown=shutdown,
     )
+    sock = bind(host, port)  # before anything says "listening": a taken port is an error
     logging.basicConfig(level=logging.INFO, format="gpulock serve: %(message)s")
     print(
         f"gpulock serve: listening on http://{_url_host(host)}:{port} "
@@ -114,15 +124,22 @@ def _main(argv: list[str]) -> int:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(
+    if not table.tasks:
+        print(
+            "gpulock serve: no routes are configured, so every model name is answered 404; "
+            "add a routes: section (see examples/tiny.yaml) or pass --config examples/tiny.yaml",
+            file=sys.stderr,
+            flush=True,
+        )
+    config = uvicorn.Config(
         app,
-        host=host,
-        port=port,
         log_level="warning",
         access_log=False,  # an access log line per request; Authorization is never logged
         lifespan="on",
         timeout_graceful_shutdown=5,
+        http=protocol(max_header=sc.max_header_bytes, read_timeout=sc.read_timeout_s),
     )
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 
@@ -142,6 +159,35 @@ def _join_cluster(settings: Settings, dispatcher: Dispatcher) -> Callable[[], No
     dispatcher.cluster = link
     link.heartbeat.tick()  # the first beat before the first request: peers are known at once
     return link.start()
+
+
+class PortInUse(GpulockError):
+    """The listen address is taken (another gpulock serve, or Ollama on its port)."""
+
+    exit_code = 1
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now, so that a taken port is reported before the server
+    says it listens (uvicorn would print its own ``[Errno 98]`` and exit 3)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        where = f"{_url_host(host)}:{port}"
+        if e.errno == errno.EADDRINUSE:
+            raise PortInUse(
+                f"{where} is already in use",
+                hint=f"stop what listens there (ss -ltnp 'sport = :{port}'), "
+                "or pick another address with --listen HOST:PORT or serve.listen",
+            ) from None
+        raise PortInUse(f"cannot listen on {where}: {e.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _url_host(host: str) -> str:
