@@ -328,6 +328,11 @@ _TYPES: Final = {
 
 
 def _check(v: Any, s: Schema, path: str, param: str | None) -> None:
+    if isinstance(v, dict) and s.get("type") == "object":
+        for k in s.get("required", ()):
+            if k not in v:
+                sub = s.get("properties", {}).get(k, {})
+                raise Invalid(sub.get("x-message") or f"'{k}' is required", param or k)
     if not _fits(v, s):
         msg = s.get("x-message") or f"'{path or 'body'}' does not fit: {_say(s)}"
         raise Invalid(msg, param)
@@ -350,11 +355,6 @@ def _fits(v: Any, s: Schema) -> bool:
     t = s.get("type")
     if t is not None and not _TYPES[t](v):
         return False
-    if isinstance(v, dict):
-        for k in s.get("required", ()):
-            if k not in v:
-                sub = s.get("properties", {}).get(k, {})
-                raise Invalid(sub.get("x-message") or f"'{k}' is required", k)
     if "enum" in s and v not in s["enum"]:
         return False
     if isinstance(v, int | float) and not isinstance(v, bool):
