@@ -27,6 +27,7 @@ from gpulock import status
 from gpulock.core.errors import GpulockError
 from gpulock.core.settings import Settings
 from gpulock.core.units import parse_duration
+from router.backends import BackendError
 from serve import api_ollama, api_openai, schema
 from serve.asgi import KeyCheck, Streamed, error_response, read_body, unless_hung_up
 from serve.dispatch import Dispatcher, Opened
@@ -233,9 +234,15 @@ class Gateway:
             self.d.account(opened, agent, opened.usage.tokens_in, opened.usage.tokens_out)
         except ApiError as e:
             yield render(e)
+        except BackendError as e:
+            log.info("stream of %s broke off: %s", opened.meta.model, e.short)
+            self.d.broke(opened, agent, e)
+            msg = f"{opened.meta.model}: the answer broke off mid-stream ({e.short})"
+            yield render(ApiError(502, msg, type="server_error", code="upstream_broke_off"))
         except Exception as e:
             log.warning("stream of %s broke off: %s", opened.meta.model, type(e).__name__)
-            yield render(ApiError(502, f"the answer broke off mid-stream ({type(e).__name__})"))
+            msg = f"{opened.meta.model}: the answer broke off mid-stream ({type(e).__name__})"
+            yield render(ApiError(502, msg, type="server_error", code="upstream_broke_off"))
         finally:
             await opened.close()
 

@@ -360,6 +360,22 @@ class Dispatcher:
     def loaded(self) -> list[_HeldLlama]:
         return [b for b in self._local.values() if b.loaded]
 
+    def broke(self, opened: Opened, agent: str, e: BackendError) -> None:
+        """A stream that broke after its first word: too late to fall back, but the call is
+        counted as failed and its candidate cools down as one that failed before would."""
+        c = opened.candidate
+        accounting.failed(
+            self.settings,
+            self.table.settings,
+            c,
+            e,
+            task=opened.meta.task,
+            agent=agent,
+            latency_s=time.monotonic() - opened.started,
+            via="serve",
+        )
+        self._fallback(opened.meta.task, agent, c, e.short)
+
     def _fallback(self, task: str, agent: str, c: Candidate, why: str) -> None:
         self.settings.emit(
             "fallback", task=task, agent=agent, from_model=c.name, from_tier=c.tier, error=why
