@@ -130,6 +130,7 @@ class Gateway:
     async def ollama_generate(self, request: Request) -> Response:
         body = await self.body(request, schema.OLLAMA_GENERATE)
         ask = api_ollama.generate_ask(body)
+        self.agent(request)  # checked here too: a load takes no place in the line
         if not ask.prompt:
             self.d.resolve(ask.model)  # 404 for an unknown model, as Ollama answers
             return JSONResponse(api_ollama.loaded(ask.model))
@@ -166,7 +167,7 @@ class Gateway:
         models are gpulock's routes, not files this server manages."""
         what = request.url.path.removeprefix("/api/").split("/")[0]
         raise ApiError(
-            501,
+            404,  # not 501: a model this server cannot fetch is, to the client, not here
             f"gpulock serve does not {what} models: its models are the tasks and candidates of "
             "the routes: config (GET /api/tags lists them)",
             code="not_implemented",
@@ -376,8 +377,9 @@ def build_app(
         Route("/openapi.json", guarded(g.openapi), methods=["GET"]),
     ]
     for what in ("pull", "push", "create", "copy", "delete"):
-        routes.append(Route(f"/api/{what}", guarded(g.ollama_refused), methods=["POST", "DELETE"]))
-    routes.append(Route("/api/blobs/{digest}", guarded(g.ollama_refused), methods=["HEAD", "POST"]))
+        method = "DELETE" if what == "delete" else "POST"  # as Ollama's API has them
+        routes.append(Route(f"/api/{what}", guarded(g.ollama_refused), methods=[method]))
+    routes.append(Route("/api/blobs/{digest}", guarded(g.ollama_refused), methods=["POST"]))
 
     async def not_found(request: Request, exc: Exception) -> Response:
         code = getattr(exc, "status_code", 404)

@@ -146,7 +146,8 @@ ERROR_STATUSES: dict[str, str] = {
     "413": "the body is over serve.max_body",
     "429": "serve.max_queue requests wait already (Retry-After), or a budget or rate limit",
     "431": "the request's headers are over serve.max_header",
-    "501": "an Ollama endpoint gpulock serve does not implement (model files)",
+    "404m": "an Ollama model-file endpoint (pull, push, create, copy, delete): gpulock serve "
+    "does not manage model files; its models are the routes: config",
     "502": "the model's server broke off",
     "503": "no model of the route can answer now (Retry-After)",
     "504": "no model of the route can answer within X-Gpulock-Deadline",
@@ -165,7 +166,7 @@ def _json(s: Schema, description: str = "OK", headers: dict[str, Any] | None = N
 
 def _errors(ollama: bool, codes: tuple[str, ...]) -> dict[str, Any]:
     ref = {"$ref": "#/components/schemas/" + ("OllamaError" if ollama else "OpenAIError")}
-    return {c: _json(ref, ERROR_STATUSES[c]) for c in codes}
+    return {c[:3]: _json(ref, ERROR_STATUSES[c]) for c in codes}
 
 
 _GEN_CODES = ("400", "401", "404", "408", "413", "429", "431", "502", "503", "504")
@@ -297,11 +298,19 @@ def document(models: list[str] | None = None) -> dict[str, Any]:
     }
     for what in ("pull", "push", "create", "copy", "delete"):
         paths[f"/api/{what}"] = {
-            "post": {
+            "delete" if what == "delete" else "post": {
                 "summary": f"refused: gpulock serve does not {what} model files",
-                "responses": _errors(True, ("401", "501")),
+                "responses": _errors(True, ("401", "404m")),
             }
         }
+    blob = {
+        "summary": "refused: gpulock serve does not take model files",
+        "parameters": [
+            {"name": "digest", "in": "path", "required": True, "schema": {"type": "string"}}
+        ],
+        "responses": _errors(True, ("401", "404m")),
+    }
+    paths["/api/blobs/{digest}"] = {"post": blob}
     return {
         "openapi": "3.1.0",
         "info": {
