@@ -174,8 +174,11 @@ def bind(host: str, port: int) -> socket.socket:
     """The listening socket, bound now, so that a taken port is reported before the server
     says it listens (uvicorn would print its own ``[Errno 98]`` and exit 3)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+    # without it a kept-alive client waits ~40 ms (Nagle and delayed ACKs) for each answer.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
         sock.listen(2048)
