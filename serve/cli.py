@@ -27,10 +27,12 @@ if TYPE_CHECKING:
 
 DESCRIPTION = """\
 Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models) and
-the Ollama API (/api/chat, /api/generate, /api/embed, /api/tags, /api/ps, /api/version) for
-every task and model of the route table (config: routes:).  A request for a GPU model waits in
-the same per-GPU line as `gpulock run` jobs, under the name of its X-Gpulock-Agent header.
-Also GET /gpulock/status (as `gpulock status --json`) and GET /health."""
+the Ollama API (/api/chat, /api/generate, /api/embed, /api/embeddings, /api/show, /api/tags,
+/api/ps, /api/version) for every task and model of the route table (config: routes:).  A
+request for a GPU model waits in the same per-GPU line as `gpulock run` jobs, under the name of
+its X-Gpulock-Agent header.
+Also GET /gpulock/status (as `gpulock status --json`), GET /health, GET /metrics and
+GET /openapi.json (the OpenAPI 3.1 document of all of these)."""
 
 EPILOG = """\
 Listening on anything but loopback needs API keys: serve.api_keys_env names the environment

@@ -81,8 +81,9 @@ class GuardedHttp(HttpToolsProtocol):
         if not self._in_head or self.transport.is_closing():
             return
         busy = self.cycle is not None and not self.cycle.response_complete
-        if busy:
-            return  # a pipelined request still runs: its own timeouts apply
+        if busy:  # a pipelined request waits for the one before: look again later
+            self._head_timer = self.loop.call_later(self.read_timeout, self._head_timed_out)
+            return
         if self._head_bytes == 0 and self.cycle is None:
             self.transport.close()  # connected and said nothing: nobody to answer
             return
