@@ -374,7 +374,6 @@ class Dispatcher:
             latency_s=time.monotonic() - opened.started,
             via="serve",
         )
-        self._fallback(opened.meta.task, agent, c, e.short)
 
     def _fallback(self, task: str, agent: str, c: Candidate, why: str) -> None:
         self.settings.emit(
