@@ -291,10 +291,11 @@ class Invalid(ValueError):
     """A body that does not fit its endpoint: ``message`` for the client, ``param`` the
     top-level key at fault (OpenAI's ``param``)."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, *, explained: bool = False):
         super().__init__(message)
         self.message = message
         self.param = param
+        self.explained = explained  # the message is a schema's own x-message
 
 
 def loads(data: bytes) -> Any:
@@ -332,10 +333,19 @@ def _check(v: Any, s: Schema, path: str, param: str | None) -> None:
         for k in s.get("required", ()):
             if k not in v:
                 sub = s.get("properties", {}).get(k, {})
-                raise Invalid(sub.get("x-message") or f"'{k}' is required", param or k)
+                said = sub.get("x-message")
+                raise Invalid(said or f"'{k}' is required", param or k, explained=bool(said))
     if not _fits(v, s):
-        msg = s.get("x-message") or f"'{path or 'body'}' does not fit: {_say(s)}"
-        raise Invalid(msg, param)
+        typed = [a for a in s.get("anyOf", ()) if "type" in a and _TYPES[a["type"]](v)]
+        if len(typed) == 1:  # the one alternative of this type may say more precisely
+            try:
+                _check(v, typed[0], path, param)
+            except Invalid as inner:
+                if inner.explained:
+                    raise
+        if "x-message" in s:
+            raise Invalid(s["x-message"], param, explained=True)
+        raise Invalid(f"'{path or 'body'}' does not fit: {_say(s)}", param)
     for k, sub in s.get("properties", {}).items():
         if isinstance(v, dict) and k in v:
             _check(v[k], sub, f"{path}.{k}" if path else k, param or k)
