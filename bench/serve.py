@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import signal
 import socket
 import statistics
@@ -146,7 +147,12 @@ async def one(client: Any, url: str, stream: bool) -> float:
 def session(clients: int = 1) -> Any:
     import aiohttp  # the lightest client: the load generator shares the machine's cores
 
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients))
+    # Every request carries LiteLLM's key (its proxy refuses to start without one); the upstream
+    # and gpulock serve (keys off) ignore it, so all paths send the same bytes.
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=clients),
+        headers={"Authorization": f"Bearer {LITELLM_KEY}"},
+    )
 
 
 async def latency(urls: dict[str, str], n: int, stream: bool) -> dict[str, list[float]]:
@@ -231,6 +237,7 @@ def tree_hwm_kib(sid: int) -> int | None:
 
 
 LITELLM_SPEC = "litellm[proxy]"
+LITELLM_KEY = "sk-" + secrets.token_hex(16)  # its master key, for this run only
 
 
 def litellm_venv() -> tuple[Path | None, str]:
@@ -261,7 +268,13 @@ def start_litellm(exe: Path, up_url: str, port: int, tmp: Path) -> subprocess.Po
         f"      model: openai/m\n      api_base: {up_url}\n      api_key: bench\n"
         "litellm_settings:\n  telemetry: false\n"
     )
-    env = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False"}
+    env = {
+        **os.environ,
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_TELEMETRY": "False",
+        "LITELLM_MASTER_KEY": LITELLM_KEY,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no fetch from the internet at start
+    }
     return subprocess.Popen(
         [str(exe), "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port),
          "--num_workers", "1"],
