@@ -103,6 +103,9 @@ def _main(argv: list[str]) -> int:
     from serve.line import Line
     from serve.protocol import protocol
 
+    # Bound before anything says "listening" or joins a cluster: a taken port is an error.
+    sock = bind(host, port)
+    fewer_arenas()
     table = load_table(settings.config)
     dispatcher = Dispatcher(settings, table, Line(settings, sc.max_queue))
     halt_cluster = _join_cluster(settings, dispatcher)
@@ -120,8 +123,6 @@ def _main(argv: list[str]) -> int:
         read_timeout=sc.read_timeout_s,
         on_shutdown=shutdown,
     )
-    sock = bind(host, port)  # before anything says "listening": a taken port is an error
-    fewer_arenas()
     logging.basicConfig(level=logging.INFO, format="gpulock serve: %(message)s")
     print(
         f"gpulock serve: listening on http://{_url_host(host)}:{port} "
