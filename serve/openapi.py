@@ -290,6 +290,16 @@ def document(models: list[str] | None = None) -> dict[str, Any]:
             _json({"type": "object", "required": ["status", "waiting", "running"]}),
         ),
         "/gpulock/status": _get("as `gpulock status --json`", any_obj),
+        "/gpulock/cluster": {
+            "get": {
+                "summary": "the fleet, as `gpulock cluster --json` (404 without a cluster:)",
+                "responses": {
+                    "200": any_obj,
+                    **_errors(False, ("401",)),
+                    "404": _json({"$ref": "#/components/schemas/OpenAIError"}, "not in a cluster"),
+                },
+            }
+        },
         "/metrics": _get(
             "the Prometheus exposition",
             {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}},

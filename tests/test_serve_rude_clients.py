@@ -158,7 +158,7 @@ def test_clients_hanging_up_at_every_moment_leave_nothing_behind(
         assert jobs and all(c == 0 for c in jobs), jobs
         return got
 
-    wave(CLIENTS // 2)  # warm: the model loaded, the allocator's pools grown
+    wave(CLIENTS)  # warm: the model loaded, the allocator's pools grown to this load
     wait_until(lambda: nothing_left(world, g), WAIT_S, world.describe)
     before = rss_kib(pid)
     got = wave(CLIENTS)
