@@ -104,6 +104,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/gguf_header.py
 	$(BIN)/python bench/checkpoint.py
 	$(BIN)/python bench/serve.py
+	$(BIN)/python bench/serve_abuse.py
 	$(BIN)/python bench/prefetch.py
 	$(BIN)/python bench/cluster.py
 

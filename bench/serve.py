@@ -20,6 +20,12 @@ are ``aiohttp`` sessions in this process.
     slices (direct, gateway, direct, ...): requests per second of each, and the ratio.
 (d) The gateway's memory: peak resident set (VmHWM) after the run.
 
+LiteLLM's proxy (``litellm[proxy]``, no database) stands in front of the same upstream as a
+third column, measured in the same way in the same run: installed by this benchmark into its own
+virtual environment under ``~/.cache/gpulock-bench/litellm`` (``$XDG_CACHE_HOME`` respected;
+never a dependency of gpulock), skipped with a message where it cannot be installed, or with
+``--no-litellm``.  Its CPU and memory are those of its whole process tree.
+
 Everything shares this machine's cores (clients, gateway and upstream): on 2 cores the
 throughput ratio at 64 clients measures CPU more than waiting.  Targets: <= 2 ms added p50,
 <= 5 ms TTFT overhead, >= 90 % of direct throughput at 64 clients.
@@ -31,6 +37,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import signal
 import socket
 import statistics
@@ -140,18 +147,24 @@ async def one(client: Any, url: str, stream: bool) -> float:
 def session(clients: int = 1) -> Any:
     import aiohttp  # the lightest client: the load generator shares the machine's cores
 
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients))
+    # Every request carries LiteLLM's key (its proxy refuses to start without one); the upstream
+    # and gpulock serve (keys off) ignore it, so all paths send the same bytes.
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=clients),
+        headers={"Authorization": f"Bearer {LITELLM_KEY}"},
+    )
 
 
-async def latency(direct: str, via: str, n: int, stream: bool) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {"direct": [], "gateway": []}
+async def latency(urls: dict[str, str], n: int, stream: bool) -> dict[str, list[float]]:
+    """``n`` rounds, each calling every url once in turn: seconds per call, by name."""
+    out: dict[str, list[float]] = {name: [] for name in urls}
     async with session() as c:
-        for _ in range(20):  # warm both paths (connections, the router's caches)
-            await one(c, direct, stream)
-            await one(c, via, stream)
+        for _ in range(20):  # warm every path (connections, the router's caches)
+            for url in urls.values():
+                await one(c, url, stream)
         for _ in range(n):
-            out["direct"].append(await one(c, direct, stream))
-            out["gateway"].append(await one(c, via, stream))
+            for name, url in urls.items():
+                out[name].append(await one(c, url, stream))
     return out
 
 
@@ -191,6 +204,87 @@ def vm_hwm_kib(pid: int) -> int | None:
     return None
 
 
+def session_pids(sid: int) -> list[int]:
+    """Every live process of session ``sid`` (a server started with ``start_new_session``)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # field 6 of stat: the session id
+            pids.append(int(d))
+    return pids
+
+
+def tree_cpu_s(sid: int) -> float:
+    total = 0.0
+    for pid in session_pids(sid):
+        try:
+            total += cpu_s(pid)
+        except OSError:
+            pass
+    return total
+
+
+def tree_hwm_kib(sid: int) -> int | None:
+    sizes = [vm_hwm_kib(p) for p in session_pids(sid)]
+    known = [k for k in sizes if k is not None]
+    return sum(known) if known else None
+
+
+LITELLM_SPEC = "litellm[proxy]"
+LITELLM_KEY = "sk-" + secrets.token_hex(16)  # its master key, for this run only
+
+
+def litellm_venv() -> tuple[Path | None, str]:
+    """LiteLLM's proxy in its own virtual environment under the cache folder, installed on
+    first use: (its ``litellm`` command, "") or (None, why it is skipped)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    venv = cache / "gpulock-bench" / "litellm"
+    exe = venv / "bin" / "litellm"
+    if exe.exists():
+        return exe, ""
+    print(f"installing {LITELLM_SPEC} into {venv} (once; a few minutes) ...", flush=True)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", LITELLM_SPEC]
+        r = subprocess.run(pip, capture_output=True, text=True, timeout=1800)
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"could not create its virtual environment ({e})"
+    if r.returncode != 0 or not exe.exists():
+        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+        return None, f"pip install {LITELLM_SPEC} failed: {tail[0][:200]}"
+    return exe, ""
+
+
+def start_litellm(exe: Path, up_url: str, port: int, tmp: Path) -> subprocess.Popen[bytes]:
+    cfg = tmp / "litellm.yaml"
+    cfg.write_text(
+        "model_list:\n  - model_name: fast\n    litellm_params:\n"
+        f"      model: openai/m\n      api_base: {up_url}\n      api_key: bench\n"
+        "litellm_settings:\n  telemetry: false\n"
+    )
+    env = {
+        **os.environ,
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_TELEMETRY": "False",
+        "LITELLM_MASTER_KEY": LITELLM_KEY,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no fetch from the internet at start
+    }
+    return subprocess.Popen(
+        [str(exe), "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port),
+         "--num_workers", "1"],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=400)
@@ -199,10 +293,13 @@ def main(argv: list[str] | None = None) -> int:
         "--upstream-ms", type=int, default=0, help="the upstream's time per answer (default 0)"
     )
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument(
+        "--no-litellm", action="store_true", help="leave out LiteLLM's proxy (the third column)"
+    )
     args = ap.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="gpulock-bench-serve-"))
-    up_port, gw_port = free_port(), free_port()
+    up_port, gw_port, lite_port = free_port(), free_port(), free_port()
     up_url = f"http://127.0.0.1:{up_port}/v1"
     config = tmp / "gpulock.yaml"
     config.write_text(
@@ -222,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         KEY_ENV: "bench",
         "PYTHONPATH": str(REPO),
     }
+    lite_exe, skipped = (None, "--no-litellm") if args.no_litellm else litellm_venv()
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", UPSTREAM, str(up_port), str(args.upstream_ms)],
@@ -235,42 +333,51 @@ def main(argv: list[str] | None = None) -> int:
             stderr=subprocess.DEVNULL,
         ),
     ]
+    if lite_exe is not None:
+        procs.append(start_litellm(lite_exe, up_url, lite_port, tmp))
     results: dict[str, Any] = {}
+    names = ["direct", "gpulock serve"]
     try:
         wait_up(f"{up_url}/models", procs[0])
         wait_up(f"http://127.0.0.1:{gw_port}/health", procs[1])
-        direct = f"{up_url}/chat/completions"
-        via = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
-        cpu0 = [cpu_s(p.pid) for p in procs]
-        lat = asyncio.run(latency(direct, via, args.requests, False))
-        cpu1 = [cpu_s(p.pid) for p in procs]
-        # Per request through the gateway: the upstream served 2 requests (one direct, one
-        # forwarded) per round, the gateway 1.
-        n_req = args.requests + 20
-        results["cpu_ms_per_request"] = {
-            "upstream": (cpu1[0] - cpu0[0]) / (2 * n_req) * 1e3,
-            "gateway": (cpu1[1] - cpu0[1]) / n_req * 1e3,
+        urls = {
+            "direct": f"{up_url}/chat/completions",
+            "gpulock serve": f"http://127.0.0.1:{gw_port}/v1/chat/completions",
         }
-        ttft = asyncio.run(latency(direct, via, args.requests // 2, True))
+        if lite_exe is not None:
+            try:
+                wait_up(f"http://127.0.0.1:{lite_port}/health/liveliness", procs[2])
+                urls["LiteLLM"] = f"http://127.0.0.1:{lite_port}/v1/chat/completions"
+                names.append("LiteLLM")
+            except SystemExit as e:
+                skipped = f"its proxy did not start ({e})"
+        by_name = dict(zip(["direct", "gpulock serve", "LiteLLM"], procs, strict=False))
+        cpu0 = {n: tree_cpu_s(by_name[n].pid) for n in names}
+        lat = asyncio.run(latency(urls, args.requests, False))
+        cpu1 = {n: tree_cpu_s(by_name[n].pid) for n in names}
+        # Per request: the upstream served one request per path and round, each proxy one.
+        n_req = args.requests + 20
+        cpu = {n: (cpu1[n] - cpu0[n]) / n_req * 1e3 for n in names[1:]}
+        cpu["upstream"] = (cpu1["direct"] - cpu0["direct"]) / (len(names) * n_req) * 1e3
+        results["cpu_ms_per_request"] = cpu
+        ttft = asyncio.run(latency(urls, args.requests // 2, True))
         rows = []
-        for name, data in (("latency, non-streaming", lat), ("time to first token", ttft)):
-            d50, d99 = pct(data["direct"], 0.5) * 1e3, pct(data["direct"], 0.99) * 1e3
-            g50, g99 = pct(data["gateway"], 0.5) * 1e3, pct(data["gateway"], 0.99) * 1e3
-            rows.append((name, d50, d99, g50, g99))
-            results[name] = {"direct_ms": [d50, d99], "gateway_ms": [g50, g99]}
-        tput = {}
+        for what, data in (("latency, non-streaming", lat), ("time to first token", ttft)):
+            row = {n: (pct(data[n], 0.5) * 1e3, pct(data[n], 0.99) * 1e3) for n in names}
+            rows.append((what, row))
+            results[what] = {n: list(v) for n, v in row.items()}
+        tput: dict[int, dict[str, float]] = {}
         for n in (1, 8, 64):
-            # Alternating slices, so that both paths see the same (shared, changing) load.
+            # Alternating slices, so that every path sees the same (shared, changing) load.
             slices = 4
-            ds: list[float] = []
-            gs: list[float] = []
+            got: dict[str, list[float]] = {name: [] for name in names}
             for _ in range(slices):
-                ds.append(asyncio.run(throughput(direct, n, args.seconds / slices)))
-                gs.append(asyncio.run(throughput(via, n, args.seconds / slices)))
-            tput[n] = (statistics.mean(ds), statistics.mean(gs))
-        results["throughput_rps"] = {str(n): list(v) for n, v in tput.items()}
-        hwm = vm_hwm_kib(procs[1].pid)
-        results["gateway_vm_hwm_kib"] = hwm
+                for name in names:
+                    got[name].append(asyncio.run(throughput(urls[name], n, args.seconds / slices)))
+            tput[n] = {name: statistics.mean(v) for name, v in got.items()}
+        results["throughput_rps"] = {str(n): v for n, v in tput.items()}
+        hwm = {n: tree_hwm_kib(by_name[n].pid) for n in names[1:]}
+        results["vm_hwm_kib"] = hwm
     finally:
         for p in procs:
             try:
@@ -279,43 +386,73 @@ def main(argv: list[str] | None = None) -> int:
                 pass
             p.wait()
 
+    proxies = names[1:]
     load1 = os.getloadavg()[0]
     print(
-        f"\ngpulock serve vs the same upstream called directly ({os.cpu_count()} CPUs, "
-        f"load average {load1:.1f}; the upstream answers after {args.upstream_ms} ms)\n"
+        f"\n{' and '.join(proxies)} vs the same upstream called directly ({os.cpu_count()} "
+        f"CPUs, load average {load1:.1f}; the upstream answers after {args.upstream_ms} ms)\n"
     )
-    print("| measurement | direct p50 / p99 | via gpulock serve p50 / p99 | added p50 / p99 |")
-    print("| --- | --- | --- | --- |")
-    for name, d50, d99, g50, g99 in rows:
-        print(
-            f"| {name} | {d50:.2f} / {d99:.2f} ms | {g50:.2f} / {g99:.2f} ms | "
-            f"{g50 - d50:.2f} / {g99 - d99:.2f} ms |"
-        )
-    print("\n| concurrent clients | direct req/s | via gpulock serve req/s | ratio |")
-    print("| --- | --- | --- | --- |")
-    for n, (d, g) in tput.items():
-        print(f"| {n} | {d:.0f} | {g:.0f} | {100 * g / d:.0f} % |")
-    mem = f"{hwm / 1024:.0f} MiB" if hwm else "?"
-    cpu = results["cpu_ms_per_request"]
+    if skipped:
+        print(f"(LiteLLM's column is left out: {skipped})\n")
+    head = "| measurement | direct p50 / p99 |"
+    for p in proxies:
+        head += f" via {p} p50 / p99 | {p} adds p50 / p99 |"
+    print(head)
+    print("|" + " --- |" * (2 + 2 * len(proxies)))
+    for what, row in rows:
+        d50, d99 = row["direct"]
+        line = f"| {what} | {d50:.2f} / {d99:.2f} ms |"
+        for p in proxies:
+            g50, g99 = row[p]
+            line += f" {g50:.2f} / {g99:.2f} ms | {g50 - d50:.2f} / {g99 - d99:.2f} ms |"
+        print(line)
     print(
-        f"\nCPU per request (non-streaming): gateway {cpu['gateway']:.2f} ms, upstream "
-        f"{cpu['upstream']:.2f} ms; gateway peak RSS (VmHWM): {mem}"
+        "\n| concurrent clients | direct req/s |"
+        + "".join(f" {p} req/s | ratio |" for p in proxies)
     )
-    added = rows[0][3] - rows[0][1]
-    ttft_added = rows[1][3] - rows[1][1]
-    ratio = tput[64][1] / tput[64][0]
+    print("|" + " --- |" * (2 + 2 * len(proxies)))
+    for n, v in tput.items():
+        print(
+            f"| {n} | {v['direct']:.0f} |"
+            + "".join(f" {v[p]:.0f} | {100 * v[p] / v['direct']:.0f} % |" for p in proxies)
+        )
+
+    def mib(k: int | None) -> str:
+        return f"{k / 1024:.0f} MiB" if k else "?"
+
+    print(
+        "\nCPU per request (non-streaming): "
+        + ", ".join(f"{p} {cpu[p]:.2f} ms" for p in proxies)
+        + f", upstream {cpu['upstream']:.2f} ms; peak RSS (VmHWM): "
+        + ", ".join(f"{p} {mib(hwm[p])}" for p in proxies)
+    )
+    g = "gpulock serve"
+    added = rows[0][1][g][0] - rows[0][1]["direct"][0]
+    added99 = rows[0][1][g][1] - rows[0][1]["direct"][1]
+    ttft_added = rows[1][1][g][0] - rows[1][1]["direct"][0]
+    ratio = tput[64][g] / tput[64]["direct"]
     verdict = [
         ("added p50 <= 2 ms", added <= 2.0),
         ("TTFT overhead <= 5 ms", ttft_added <= 5.0),
         ("64 clients >= 90 %", ratio >= 0.9),
     ]
     failed = [n for n, ok in verdict if not ok]
+    lite = ""
+    if "LiteLLM" in proxies:
+        la = rows[0][1]["LiteLLM"][0] - rows[0][1]["direct"][0]
+        lite = (
+            f"; LiteLLM adds {la:.2f} ms p50, serves {tput[64]['LiteLLM']:.0f} req/s at 64 "
+            f"clients (gpulock serve {tput[64][g]:.0f}), CPU {cpu['LiteLLM']:.2f} ms/request, "
+            f"RSS {mib(hwm['LiteLLM'])}"
+        )
+    else:
+        lite = f"; LiteLLM left out ({skipped})"
     print(
-        f"\nsummary: gpulock serve adds {added:.2f} ms p50 ({rows[0][4] - rows[0][2]:.2f} ms p99) "
-        f"non-streaming, {ttft_added:.2f} ms to the first token; throughput "
-        + ", ".join(f"{n}: {100 * g / d:.0f} %" for n, (d, g) in tput.items())
-        + f" of direct; gateway CPU {cpu['gateway']:.2f} ms/request; RSS {mem}; "
-        + ("PASS" if not failed else "FAILED: " + ", ".join(failed))
+        f"\nsummary: gpulock serve adds {added:.2f} ms p50 ({added99:.2f} ms p99) non-streaming, "
+        f"{ttft_added:.2f} ms to the first token; throughput "
+        + ", ".join(f"{n}: {100 * v[g] / v['direct']:.0f} %" for n, v in tput.items())
+        + f" of direct; gateway CPU {cpu[g]:.2f} ms/request; RSS {mib(hwm[g])}{lite}; "
+        + ("PASS" if not failed else "FAILED: bench/serve.py (" + ", ".join(failed) + ")")
     )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -187,6 +187,22 @@ def _details() -> dict[str, Any]:
     }
 
 
+def show(model: str, n_ctx: int, tier: str) -> dict[str, Any]:
+    """``/api/show``: what the ``ollama`` client, Open WebUI and Continue read before a chat;
+    the context length under ``model_info["<architecture>.context_length"]``, as Ollama
+    reports it."""
+    return {
+        "modelfile": f"# {model}: a model of gpulock serve's routes (tier {tier})\n",
+        "parameters": f"num_ctx {n_ctx}",
+        "template": "{{ .Prompt }}",
+        "license": "",
+        "details": _details(),
+        "model_info": {"general.architecture": "gpulock", "gpulock.context_length": n_ctx},
+        "capabilities": ["completion"],
+        "modified_at": now_iso(),
+    }
+
+
 def tags(entries: list[tuple[str, int]]) -> dict[str, Any]:
     """``/api/tags``: (name, size in bytes) for each name, tasks first."""
     stamp = now_iso()

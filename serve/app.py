@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
@@ -27,8 +27,9 @@ from gpulock import status
 from gpulock.core.errors import GpulockError
 from gpulock.core.settings import Settings
 from gpulock.core.units import parse_duration
-from serve import api_ollama, api_openai
-from serve.asgi import KeyCheck, Streamed, error_response, unless_hung_up
+from router.backends import BackendError
+from serve import api_ollama, api_openai, schema
+from serve.asgi import KeyCheck, Streamed, error_response, read_body, unless_hung_up
 from serve.dispatch import Dispatcher, Opened
 from serve.engines import Ask
 from serve.errors import ApiError, bad_request
@@ -41,31 +42,26 @@ AGENT_MAX = 64
 class Gateway:
     """The endpoints, around one Dispatcher."""
 
-    def __init__(self, settings: Settings, dispatcher: Dispatcher, max_body: int) -> None:
+    def __init__(
+        self, settings: Settings, dispatcher: Dispatcher, max_body: int, read_timeout: float
+    ) -> None:
         self.settings = settings
         self.d = dispatcher
         self.max_body = max_body
+        self.read_timeout = read_timeout
 
     # --- request parts -----------------------------------------------------------------------
 
-    async def body(self, request: Request) -> dict[str, Any]:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
-            raise ApiError(413, f"request body over serve.max_body ({self.max_body} bytes)")
-        data = bytearray()
+    async def body(self, request: Request, shape: schema.Schema) -> dict[str, Any]:
+        """The request's JSON body, read within ``max_body`` and ``read_timeout``, its nesting
+        bounded, and checked against its endpoint's ``shape`` (``serve.schema``)."""
+        data = await read_body(request, self.max_body, self.read_timeout)
         try:
-            async for chunk in request.stream():
-                data += chunk
-                if len(data) > self.max_body:
-                    raise ApiError(413, f"request body over serve.max_body ({self.max_body} bytes)")
-        except ClientDisconnect:
-            raise ApiError(499, "the client closed the request") from None
-        try:
-            obj = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            raise bad_request("the request body is not valid JSON") from None
-        if not isinstance(obj, dict):
-            raise bad_request("the request body must be a JSON object")
+            obj = schema.loads(data)
+            schema.validate(obj, shape)
+        except schema.Invalid as e:
+            raise bad_request(e.message, e.param) from None
+        assert isinstance(obj, dict)
         return obj
 
     @staticmethod
@@ -93,16 +89,18 @@ class Gateway:
     # --- the generation endpoints ------------------------------------------------------------
 
     async def openai_chat(self, request: Request) -> Response:
-        return await self._openai(request, api_openai.chat_ask)
+        return await self._openai(request, api_openai.chat_ask, schema.OPENAI_CHAT)
 
     async def openai_completions(self, request: Request) -> Response:
-        return await self._openai(request, api_openai.completion_ask)
+        return await self._openai(request, api_openai.completion_ask, schema.OPENAI_COMPLETION)
 
     async def openai_embeddings(self, request: Request) -> Response:
-        return await self._openai(request, api_openai.embed_ask)
+        return await self._openai(request, api_openai.embed_ask, schema.OPENAI_EMBEDDINGS)
 
-    async def _openai(self, request: Request, parse: Callable[[dict[str, Any]], Ask]) -> Response:
-        body = await self.body(request)
+    async def _openai(
+        self, request: Request, parse: Callable[[dict[str, Any]], Ask], shape: schema.Schema
+    ) -> Response:
+        body = await self.body(request, shape)
         ask = parse(body)
         agent = self.agent(request)
         opened = await self._open(request, ask, agent)
@@ -125,28 +123,63 @@ class Gateway:
         )
 
     async def ollama_chat(self, request: Request) -> Response:
-        return await self._ollama(request, api_ollama.chat_ask)
+        return await self._ollama(
+            request, api_ollama.chat_ask, await self.body(request, schema.OLLAMA_CHAT)
+        )
 
     async def ollama_generate(self, request: Request) -> Response:
-        body = await self.body(request)
+        body = await self.body(request, schema.OLLAMA_GENERATE)
         ask = api_ollama.generate_ask(body)
+        self.agent(request)  # checked here too: a load takes no place in the line
         if not ask.prompt:
             self.d.resolve(ask.model)  # 404 for an unknown model, as Ollama answers
             return JSONResponse(api_ollama.loaded(ask.model))
         return await self._ollama(request, api_ollama.generate_ask, body)
 
     async def ollama_embed(self, request: Request) -> Response:
-        return await self._ollama(request, api_ollama.embed_ask)
+        return await self._ollama(
+            request, api_ollama.embed_ask, await self.body(request, schema.OLLAMA_EMBED)
+        )
+
+    async def ollama_embeddings(self, request: Request) -> Response:
+        """The older ``/api/embeddings``: one ``prompt``, one ``embedding`` back."""
+        started = time.monotonic()
+        body = await self.body(request, schema.OLLAMA_EMBEDDINGS)
+        ask = api_ollama.embed_ask({"model": body["model"], "input": [body.get("prompt", "")]})
+        agent = self.agent(request)
+        opened = await self._open(request, ask, agent)
+        self.d.account(opened, agent, opened.tokens_in, 0)
+        obj = api_ollama.embeddings(ask.model, opened.vectors, opened.tokens_in, started)
+        return JSONResponse({"embedding": obj["embeddings"][0]}, headers=opened.meta.headers())
+
+    async def ollama_show(self, request: Request) -> Response:
+        """``/api/show``: a model's details and context length (Open WebUI, Continue and the
+        ``ollama`` client ask it before a chat)."""
+        body = await self.body(request, schema.OLLAMA_SHOW)
+        name = body.get("model") or body.get("name")
+        if not isinstance(name, str) or not name:
+            raise bad_request("model is required")
+        _, cands = self.d.resolve(name)  # 404 in Ollama's shape for an unknown name
+        return JSONResponse(api_ollama.show(name, cands[0].n_ctx, cands[0].tier))
+
+    async def ollama_refused(self, request: Request) -> Response:
+        """The model-file endpoints of Ollama (pull, push, create, copy, delete, blobs): the
+        models are gpulock's routes, not files this server manages."""
+        what = request.url.path.removeprefix("/api/").split("/")[0]
+        raise ApiError(
+            404,  # not 501: a model this server cannot fetch is, to the client, not here
+            f"gpulock serve does not {what} models: its models are the tasks and candidates of "
+            "the routes: config (GET /api/tags lists them)",
+            code="not_implemented",
+        )
 
     async def _ollama(
         self,
         request: Request,
         parse: Callable[[dict[str, Any]], Ask],
-        body: dict[str, Any] | None = None,
+        body: dict[str, Any],
     ) -> Response:
         started = time.monotonic()
-        if body is None:
-            body = await self.body(request)
         ask = parse(body)
         agent = self.agent(request)
         opened = await self._open(request, ask, agent)
@@ -202,9 +235,15 @@ class Gateway:
             self.d.account(opened, agent, opened.usage.tokens_in, opened.usage.tokens_out)
         except ApiError as e:
             yield render(e)
+        except BackendError as e:
+            log.info("stream of %s broke off: %s", opened.meta.model, e.short)
+            self.d.broke(opened, agent, e)
+            msg = f"{opened.meta.model}: the answer broke off mid-stream ({e.short})"
+            yield render(ApiError(502, msg, type="server_error", code="upstream_broke_off"))
         except Exception as e:
             log.warning("stream of %s broke off: %s", opened.meta.model, type(e).__name__)
-            yield render(ApiError(502, f"the answer broke off mid-stream ({type(e).__name__})"))
+            msg = f"{opened.meta.model}: the answer broke off mid-stream ({type(e).__name__})"
+            yield render(ApiError(502, msg, type="server_error", code="upstream_broke_off"))
         finally:
             await opened.close()
 
@@ -274,6 +313,11 @@ class Gateway:
             duration_s=round(duration_s, 6),
         )
 
+    async def openapi(self, request: Request) -> Response:
+        from serve.openapi import document
+
+        return JSONResponse(document(self.d.known()))
+
     async def gpulock_status(self, request: Request) -> Response:
         snap = await asyncio.to_thread(status.snapshot, self.settings)
         return JSONResponse(snap)
@@ -285,9 +329,10 @@ def build_app(
     *,
     keys: tuple[str, ...],
     max_body: int,
+    read_timeout: float = 30.0,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
 ) -> ASGIApp:
-    g = Gateway(settings, dispatcher, max_body)
+    g = Gateway(settings, dispatcher, max_body, read_timeout)
 
     def guarded(fn: Callable[[Request], Awaitable[Response]], *, measured: bool = False) -> Any:
         """``measured``: a generation endpoint, counted in a ``gateway-request`` event."""
@@ -319,7 +364,9 @@ def build_app(
         Route("/api/chat", guarded(g.ollama_chat, measured=True), methods=["POST"]),
         Route("/api/generate", guarded(g.ollama_generate, measured=True), methods=["POST"]),
         Route("/api/embed", guarded(g.ollama_embed, measured=True), methods=["POST"]),
-        Route("/api/tags", guarded(g.ollama_tags), methods=["GET"]),
+        Route("/api/embeddings", guarded(g.ollama_embeddings, measured=True), methods=["POST"]),
+        Route("/api/show", guarded(g.ollama_show), methods=["POST"]),
+        Route("/api/tags", guarded(g.ollama_tags), methods=["GET", "HEAD"]),
         Route("/api/ps", guarded(g.ollama_ps), methods=["GET"]),
         Route("/api/version", guarded(g.ollama_version), methods=["GET"]),
         Route("/", guarded(g.root), methods=["GET", "HEAD"]),
@@ -327,7 +374,12 @@ def build_app(
         Route("/gpulock/status", guarded(g.gpulock_status), methods=["GET"]),
         Route("/gpulock/cluster", guarded(g.gpulock_cluster), methods=["GET"]),
         Route("/metrics", guarded(g.metrics), methods=["GET"]),
+        Route("/openapi.json", guarded(g.openapi), methods=["GET"]),
     ]
+    for what in ("pull", "push", "create", "copy", "delete"):
+        method = "DELETE" if what == "delete" else "POST"  # as Ollama's API has them
+        routes.append(Route(f"/api/{what}", guarded(g.ollama_refused), methods=[method]))
+    routes.append(Route("/api/blobs/{digest}", guarded(g.ollama_refused), methods=["POST"]))
 
     async def not_found(request: Request, exc: Exception) -> Response:
         code = getattr(exc, "status_code", 404)

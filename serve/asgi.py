@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -141,3 +141,51 @@ async def unless_hung_up(request: Request, work: Awaitable[T]) -> T:
     finally:
         finished = True
         watcher.cancel()
+
+
+DRAIN_MAX = 64 << 20  # past max_body, read and drop up to this much more, then just close
+
+
+async def read_body(request: Request, max_body: int, read_timeout: float) -> bytes:
+    """The request's body: at most ``max_body`` bytes, all of it within ``read_timeout``.
+
+    A body over ``max_body`` is answered 413 only after the rest of it is read and dropped (up
+    to ``DRAIN_MAX``, within the same time): a server that answers and closes with the body
+    unread resets the connection, and the client never reads the 413.  Past the bound the
+    connection closes all the same (``Connection: close`` on every such answer).
+    """
+    over = ApiError(
+        413,
+        f"request body over serve.max_body ({max_body} bytes)",
+        code="body_too_large",
+        headers={"Connection": "close"},
+    )
+    length = request.headers.get("content-length")
+    declared = int(length) if length is not None and length.isdigit() else None
+    expects = request.headers.get("expect", "").lower() == "100-continue"
+    if declared is not None and declared > max_body and (expects or declared > DRAIN_MAX):
+        raise over  # nothing sent yet (100-continue), or too much to drain: answer, close
+    data = bytearray()
+    stream = request.stream()
+    try:
+        async with asyncio.timeout(read_timeout):
+            async for chunk in stream:
+                if len(data) + len(chunk) > max_body:
+                    dropped = len(data) + len(chunk)
+                    data = bytearray()
+                    async for more in stream:
+                        dropped += len(more)
+                        if dropped > DRAIN_MAX:
+                            break
+                    raise over
+                data += chunk
+    except TimeoutError:
+        raise ApiError(
+            408,
+            f"the request body did not arrive within serve.read_timeout ({read_timeout:g} s)",
+            code="timeout",
+            headers={"Connection": "close"},
+        ) from None
+    except ClientDisconnect:
+        raise ApiError(499, "the client closed the request") from None
+    return bytes(data)

@@ -8,6 +8,9 @@
                                          # comma- or whitespace-separated
       max_queue: 256            # requests waiting for a model at once; past it, 429
       max_body: 8MiB            # largest request body; past it, 413
+      max_header: 16KiB         # largest request line + headers; past it, 431
+      read_timeout: 30s         # a request's headers, and then its body, must arrive within
+                                # this; past it, 408 and the connection closed
 
 Errors name the config file, the line and the key, like every gpulock config error.  The keys
 themselves are read from the environment when the server starts and never appear in an error,
@@ -23,10 +26,10 @@ from typing import Any
 from gpulock.core import apikeys
 from gpulock.core.config import Config
 from gpulock.core.errors import GpulockError
-from gpulock.core.units import parse_size
+from gpulock.core.units import parse_duration, parse_size
 
 DEFAULT_LISTEN = "127.0.0.1:11435"
-KEYS = ("listen", "api_keys_env", "max_queue", "max_body")
+KEYS = ("listen", "api_keys_env", "max_queue", "max_body", "max_header", "read_timeout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +39,8 @@ class ServeConfig:
     api_keys_env: str | None = None
     max_queue: int = 256
     max_body_bytes: int = 8 << 20
+    max_header_bytes: int = 16 << 10
+    read_timeout_s: float = 30.0
 
 
 class ListenError(GpulockError):
@@ -88,6 +93,8 @@ def load(cfg: Config) -> ServeConfig:
         api_keys_env=env,
         max_queue=_count(cfg, "serve.max_queue", raw.get("max_queue", 256)),
         max_body_bytes=_size(cfg, "serve.max_body", raw.get("max_body", "8MiB")),
+        max_header_bytes=_size(cfg, "serve.max_header", raw.get("max_header", "16KiB")),
+        read_timeout_s=_duration(cfg, "serve.read_timeout", raw.get("read_timeout", "30s")),
     )
 
 
@@ -113,3 +120,13 @@ def _size(cfg: Config, key: str, value: Any) -> int:
     if n <= 0:
         raise cfg.error(key, f"expected a size above 0, got {value!r}")
     return n
+
+
+def _duration(cfg: Config, key: str, value: Any) -> float:
+    try:
+        s = parse_duration(value, key=None)
+    except (ValueError, TypeError) as e:
+        raise cfg.error(key, str(e)) from None
+    if s <= 0:
+        raise cfg.error(key, f"expected a duration above 0, got {value!r}")
+    return s

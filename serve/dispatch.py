@@ -185,7 +185,7 @@ class Dispatcher:
                     return opened
             v = choice.chosen
             if v is None:
-                raise self._none_left(task, choice, deadline_s, refused)
+                raise self._none_left(task, choice, deadline_s, refused, ask.model)
             c = v.candidate
             # Budgets and rate limits: judged and spent where router.get_model's are.
             admitted = accounting.admit(self.settings, self.table.settings, task, c)
@@ -287,9 +287,16 @@ class Dispatcher:
         return choose(task, cands, host, deadline_s=left, exclude=failed), host
 
     def _none_left(
-        self, task: str, choice: Choice, deadline_s: float | None, refused: dict[str, Verdict]
+        self,
+        task: str,
+        choice: Choice,
+        deadline_s: float | None,
+        refused: dict[str, Verdict],
+        asked: str,
     ) -> ApiError:
         reasons = "; ".join(f"{v.candidate.name}: {v.reason}" for v in choice.verdicts)
+        # The name the client asked for: a candidate's name is not its task's.
+        what = f"{task!r}" if asked == task else f"{asked!r} (of task {task!r})"
         timed = deadline_s is not None and any(
             "deadline" in v.reason for v in choice.verdicts if not v.ok
         )
@@ -305,13 +312,13 @@ class Dispatcher:
         if timed:
             return ApiError(
                 504,
-                f"no model for {task!r} can answer within the deadline: {reasons}",
+                f"no model for {what} can answer within the deadline: {reasons}",
                 type="timeout_error",
                 code="deadline_exceeded",
             )
         return ApiError(
             503,
-            f"no model available for {task!r}: {reasons}",
+            f"no model available for {what}: {reasons}",
             type="server_error",
             code="model_unavailable",
             headers={"Retry-After": "5"},
@@ -352,6 +359,21 @@ class Dispatcher:
 
     def loaded(self) -> list[_HeldLlama]:
         return [b for b in self._local.values() if b.loaded]
+
+    def broke(self, opened: Opened, agent: str, e: BackendError) -> None:
+        """A stream that broke after its first word: too late to fall back, but the call is
+        counted as failed and its candidate cools down as one that failed before would."""
+        c = opened.candidate
+        accounting.failed(
+            self.settings,
+            self.table.settings,
+            c,
+            e,
+            task=opened.meta.task,
+            agent=agent,
+            latency_s=time.monotonic() - opened.started,
+            via="serve",
+        )
 
     def _fallback(self, task: str, agent: str, c: Candidate, why: str) -> None:
         self.settings.emit(

@@ -331,12 +331,14 @@ class RemoteEngine:
                     await r.read()
                     _check(r.status, r.headers)
                 n = 0
+                finished = False  # [DONE] or a finish_reason seen: else the stream was cut
                 async for raw in r.content:  # one line at a time
                     line = raw.decode("utf-8", "replace").strip()
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
                     if data == "[DONE]":
+                        finished = True
                         break
                     try:
                         chunk = json.loads(data)
@@ -349,12 +351,15 @@ class RemoteEngine:
                     for choice in chunk.get("choices") or []:
                         if choice.get("finish_reason"):
                             usage.finish_reason = choice["finish_reason"]
+                            finished = True
                         piece = choice.get("text")
                         if piece is None:
                             piece = (choice.get("delta") or {}).get("content")
                         if piece:
                             n += 1
                             yield piece
+                if not finished:
+                    raise BackendError("connection", "the stream was cut off before [DONE]")
                 if not usage.tokens_out:
                     usage.tokens_out = n
         except TimeoutError:

@@ -288,6 +288,11 @@ def _chunk(chat: bool, choices: list[dict[str, Any]]) -> dict[str, Any]:
 def _ok_answer(path: str, body: dict[str, Any]) -> dict[str, Any]:
     usage = _usage()
     model = str(body.get("model", "fault"))
+    if path.endswith("/embeddings"):
+        inputs = body.get("input")
+        n = len(inputs) if isinstance(inputs, list) else 1
+        data = [{"object": "embedding", "index": i, "embedding": [0.5, -0.5]} for i in range(n)]
+        return {"object": "list", "data": data, "model": model, "usage": usage}
     if path.endswith("/chat/completions"):
         return {
             "id": "chatcmpl-fault",

@@ -394,3 +394,16 @@ def test_a_deadline_that_runs_out_waiting_for_a_busy_model_is_a_504_not_an_error
     assert [t.name for t in world.tickets().values()] == ["long"]  # "late" took no ticket
     s.close()
     world.wait_event("release", WAIT_S, name="long")
+
+
+def test_a_deadline_504_for_a_candidates_name_names_that_candidate(
+    world: World, start: Callable[..., GatewayProc]
+) -> None:
+    g = start(extra="router: {hold_estimate: 0.01s}\n")
+    holder = world.hold("holder")
+    body = {"model": "tiny-gpu", "messages": MSG}
+    r = g.request("POST", "/v1/chat/completions", body, {"X-Gpulock-Deadline": "0.5"})
+    assert r.status == 504, r.body
+    message = r.json()["error"]["message"]
+    assert message.startswith("no model for 'tiny-gpu' (of task "), message
+    holder.release()

@@ -1,0 +1,195 @@
+"""``gpulock serve`` under a slow-client flood: how much later a normal request is answered.
+
+Run: ``.venv/bin/python bench/serve_abuse.py [--slow N] [--requests N] [--read-timeout S]``
+(~30 s)
+
+The gateway and its upstream are those of ``bench/serve.py`` (a stand-in OpenAI server that
+answers at once, as the cloud-tier route ``fast``).  First ``--requests`` (200) normal requests
+one after another, alone; then more for as long as ``--slow`` (500) connections, opened by a second
+process, send their headers (half of them) or their body (the other half) a byte a second.  The
+gateway's ``serve.read_timeout`` is ``--read-timeout`` (6 s) so that the run also shows the
+flood being closed: the slow connections that got their 408 or were closed before the end.
+Also the gateway's resident memory before and after.  Target: the slowest normal request during
+the flood no more than 100 ms later than the slowest alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("bench_serve", HERE / "serve.py")
+assert _spec is not None and _spec.loader is not None
+bs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bs)
+
+BODY = json.dumps(bs.BODY).encode()
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("VmRSS:"))
+
+
+def normal(port: int, n: int) -> list[float]:
+    """``n`` requests one after another on fresh connections: seconds each."""
+    out = []
+    for _ in range(n):
+        start = time.perf_counter()
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        c.request("POST", "/v1/chat/completions", BODY, {"Content-Type": "application/json"})
+        r = c.getresponse()
+        r.read()
+        c.close()
+        assert r.status == 200, r.status
+        out.append(time.perf_counter() - start)
+    return out
+
+
+async def flood(port: int, n: int, seconds: float) -> dict[str, int]:
+    """``n`` connections sending a byte a second for ``seconds``: how they ended."""
+    ends = {"answered": 0, "closed": 0, "still open": 0}
+    line = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+
+    async def one(i: int) -> None:
+        slow_head = i % 2 == 1
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(line if slow_head else line + b"Content-Length: 4000\r\n\r\n")
+        drip = b"X-Slow: yes\r\n" * 100 if slow_head else b"{" + b" " * 3999
+        stop = time.monotonic() + seconds
+        end = "still open"
+        for k in range(len(drip)):
+            if time.monotonic() > stop:
+                break
+            try:
+                writer.write(drip[k : k + 1])
+                await writer.drain()
+                got = await asyncio.wait_for(reader.read(1), 1.0)
+            except TimeoutError:
+                continue  # nothing yet: the next byte
+            except OSError:
+                end = "closed"
+                break
+            end = "answered" if got else "closed"
+            break
+        ends[end] += 1
+        writer.close()
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return ends
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--slow", type=int, default=500)
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--read-timeout", type=float, default=6.0)
+    ap.add_argument("--flood", nargs=2, metavar=("PORT", "SECONDS"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.flood:
+        ends = asyncio.run(flood(int(args.flood[0]), args.slow, float(args.flood[1])))
+        print(json.dumps(ends), flush=True)
+        return 0
+
+    tmp = Path(tempfile.mkdtemp(prefix="gpulock-bench-abuse-"))
+    up_port, gw_port = bs.free_port(), bs.free_port()
+    up_url = f"http://127.0.0.1:{up_port}/v1"
+    config = tmp / "gpulock.yaml"
+    config.write_text(
+        f"serve: {{read_timeout: {args.read_timeout}s}}\nroutes:\n  fast:\n"
+        f"    - {{tier: cloud, backend: openai, model: m, base_url: {up_url}, "
+        f"api_key_env: {bs.KEY_ENV}}}\n"
+    )
+    env = {
+        **os.environ,
+        "GPULOCK_CONFIG": str(config),
+        "GPULOCK_STATE_DIR": str(tmp / "state"),
+        bs.KEY_ENV: "bench",
+        "PYTHONPATH": str(bs.REPO),
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", bs.UPSTREAM, str(up_port), "0"], env=env, start_new_session=True
+        ),
+        subprocess.Popen(
+            [sys.executable, "-m", "gpulock", "serve", "--listen", f"127.0.0.1:{gw_port}"],
+            env=env,
+            start_new_session=True,
+            stderr=subprocess.DEVNULL,
+        ),
+    ]
+    try:
+        bs.wait_up(f"{up_url}/models", procs[0])
+        bs.wait_up(f"http://127.0.0.1:{gw_port}/health", procs[1])
+        normal(gw_port, 50)  # warm
+        rss0 = rss_kib(procs[1].pid)
+        alone = normal(gw_port, args.requests)
+        seconds = args.read_timeout + 3
+        flooder = subprocess.Popen(
+            [sys.executable, __file__, "--slow", str(args.slow), "--flood", str(gw_port),
+             str(seconds)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        time.sleep(1.5)  # the connections open
+        rss_flood = rss_kib(procs[1].pid)
+        during: list[float] = []
+        while flooder.poll() is None:  # normal requests for as long as the flood lasts
+            during += normal(gw_port, 10)
+        out, _ = flooder.communicate(timeout=60)
+        ends: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        time.sleep(1)
+        rss1 = rss_kib(procs[1].pid)
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+    def row(name: str, v: list[float]) -> str:
+        p50, p99, mx = bs.pct(v, 0.5) * 1e3, bs.pct(v, 0.99) * 1e3, max(v) * 1e3
+        return f"| {name} | {p50:.2f} ms | {p99:.2f} ms | {mx:.2f} ms |"
+
+    load1 = os.getloadavg()[0]
+    print(
+        f"\ngpulock serve: normal requests alone and during {args.slow} slow connections "
+        f"({os.cpu_count()} CPUs, load average {load1:.1f}; serve.read_timeout "
+        f"{args.read_timeout:g} s)\n"
+    )
+    print("| normal requests | p50 | p99 | slowest |")
+    print("| --- | --- | --- | --- |")
+    print(row("alone", alone))
+    print(row(f"during {args.slow} slow clients", during))
+    print(
+        f"\nslow connections: {ends['answered']} answered 408 and closed, {ends['closed']} "
+        f"closed, {ends['still open']} still open at the end; gateway RSS {rss0 / 1024:.1f} MiB "
+        f"before, {rss_flood / 1024:.1f} MiB during, {rss1 / 1024:.1f} MiB after"
+    )
+    added = (max(during) - max(alone)) * 1e3
+    ok = added <= 100 and ends["still open"] == 0
+    print(
+        f"\nsummary: the slowest normal request during {args.slow} slow clients took "
+        f"{max(during) * 1e3:.1f} ms ({added:+.1f} ms against alone); "
+        f"{ends['answered'] + ends['closed']} of {args.slow} slow connections closed by "
+        f"serve.read_timeout; RSS {rss0 / 1024:.1f} -> {rss1 / 1024:.1f} MiB; "
+        + ("PASS" if ok else "FAILED: bench/serve_abuse.py (slowest +100 ms or left open)")
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
