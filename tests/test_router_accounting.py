@@ -85,7 +85,7 @@ def test_processes_share_the_rate_limit(world: World) -> None:
 
 
 def test_a_spent_budget_is_refused_and_record_spends_it(world: World) -> None:
-    t = table(world, ", daily_budget: 0.02")
+    t = table(world, ", daily_budget: 0.02, rate_limit: 100")
     s, c = world.settings(), cloud(t)
     assert accounting.admit(s, t.settings, "t", c).ok
     cost = accounting.record(
@@ -108,6 +108,19 @@ def test_a_spent_budget_is_refused_and_record_spends_it(world: World) -> None:
         "test",
     )
     assert (e["tokens_in"], e["tokens_out"], e["cost_usd"]) == (15, 5, pytest.approx(0.02))
+
+
+def test_without_a_rate_limit_no_request_is_kept(world: World) -> None:
+    # Nothing reads the window of an endpoint without a rate limit; keeping a time stamp a
+    # request there made the ledger (read and written whole each call) grow with the traffic.
+    t = table(world, ", daily_budget: 5")
+    s, c = world.settings(), cloud(t)
+    for _ in range(3):
+        assert accounting.admit(s, t.settings, "t", c).ok
+        accounting.record(s, c, task="t", agent="a", tokens_in=1, tokens_out=1, latency_s=0.0)
+    led = ledger.read(s)
+    assert led.requests.get(cid(c), []) == []
+    assert led.usage["task"]["t"]["calls"] == 3
 
 
 def test_the_routers_budget_is_a_budget_limit(world: World) -> None:

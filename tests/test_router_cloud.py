@@ -111,7 +111,11 @@ def gpulock(*args: str) -> subprocess.CompletedProcess[str]:
 def test_complete_chat_and_stream_are_counted_and_priced(
     world: World, llama_server: LlamaServer
 ) -> None:
-    s = configure(world, "t:\n" + cloud("remote", llama_server.base_url), "daily_budget: 5\n")
+    s = configure(
+        world,
+        "t:\n" + cloud("remote", llama_server.base_url, extra=", rate_limit: 100"),
+        "daily_budget: 5\n",
+    )
     m = router.get_model("t", agent="digest-bot")
     assert (m.tier, m.name, m.candidate.policy) == ("cloud", "remote", "api-fallback")
     assert m.why == "t: cloud remote (routes.t[0]): cloud, $0.0000 spent today"
