@@ -21,7 +21,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,22 +198,52 @@ def record_call(
     ``count_request=False``: the request is already in the rate limit's window (counted when
     it began, by ``router.accounting.admit``).  ``reserved_usd``: what ``reserve`` already
     counted for this call (settled here)."""
+    call = Call(
+        key, cost_usd, agent, task, tier, tokens_in, tokens_out, count_request, reserved_usd
+    )
+    record_calls(settings, [call], now_wall=now_wall)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One answered call, as ``record_call`` counts it."""
+
+    key: str
+    cost_usd: float
+    agent: str = ""
+    task: str = ""
+    tier: str = ""
+    tokens_in: int = 0
+    tokens_out: int = 0
+    count_request: bool = True
+    reserved_usd: float = 0.0
+
+
+def record_calls(
+    settings: Settings, calls: Sequence[Call], *, now_wall: float | None = None
+) -> None:
+    """``record_call`` for each of ``calls``, in one locked change of the ledger."""
     now = time.time() if now_wall is None else now_wall
     with change(settings, now_wall=now) as led:
-        for axis, name in zip(USAGE_AXES, (agent, task, tier), strict=True):
-            row = led.usage.setdefault(axis, {}).setdefault(name, dict.fromkeys(USAGE_FIELDS, 0.0))
-            row["calls"] += 1
-            row["tokens_in"] += tokens_in
-            row["tokens_out"] += tokens_out
-            row["cost_usd"] = round(row["cost_usd"] + cost_usd, 8)
-        if count_request and (tier == "cloud" or not tier):
-            led.requests.setdefault(key, []).append(now)
-        if cost_usd or reserved_usd:
-            spent = led.spend_usd.get(key, 0.0) + cost_usd - reserved_usd
-            led.spend_usd[key] = round(max(0.0, spent), 8)
-        c = led.cooldowns.get(key)
-        if c is not None and c.get("until_wall", 0) <= now:
-            del led.cooldowns[key]
+        for k in calls:
+            _count(led, k, now)
+
+
+def _count(led: Ledger, k: Call, now: float) -> None:
+    for axis, name in zip(USAGE_AXES, (k.agent, k.task, k.tier), strict=True):
+        row = led.usage.setdefault(axis, {}).setdefault(name, dict.fromkeys(USAGE_FIELDS, 0.0))
+        row["calls"] += 1
+        row["tokens_in"] += k.tokens_in
+        row["tokens_out"] += k.tokens_out
+        row["cost_usd"] = round(row["cost_usd"] + k.cost_usd, 8)
+    if k.count_request and (k.tier == "cloud" or not k.tier):
+        led.requests.setdefault(k.key, []).append(now)
+    if k.cost_usd or k.reserved_usd:
+        spent = led.spend_usd.get(k.key, 0.0) + k.cost_usd - k.reserved_usd
+        led.spend_usd[k.key] = round(max(0.0, spent), 8)
+    c = led.cooldowns.get(k.key)
+    if c is not None and c.get("until_wall", 0) <= now:
+        del led.cooldowns[k.key]
 
 
 def record_failure(

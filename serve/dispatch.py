@@ -106,6 +106,8 @@ class Dispatcher:
         self._local: dict[tuple[Any, ...], _HeldLlama] = {}
         self._tenants: dict[tuple[Any, ...], TenantBackend] = {}
         self.cluster: ClusterLink | None = None  # set by `gpulock serve` with a cluster: section
+        # The router's accounting, with the ledger's writes gathered under load.
+        self.recorder = accounting.Recorder(settings, table.settings)
 
     def http(self) -> Any:
         """The one client session for OpenAI-compatible servers (made inside the event loop)."""
@@ -383,8 +385,7 @@ class Dispatcher:
     def account(self, opened: Opened, agent: str, tokens_in: int, tokens_out: int) -> None:
         """Count an answered request, through the router's one accounting path."""
         m = opened.meta
-        accounting.record(
-            self.settings,
+        self.recorder.record(
             opened.candidate,
             task=m.task,
             agent=agent,
@@ -398,6 +399,7 @@ class Dispatcher:
         )
 
     async def shutdown(self) -> None:
+        self.recorder.flush()
         if self._http is not None:
             await self._http.close()
         for b in list(self._local.values()):

@@ -6,6 +6,7 @@ folder, threads and processes racing for a rate limit's last request.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -167,3 +168,58 @@ def test_refusal_says_budget_or_rate_and_when_to_retry(world: World) -> None:
 
 def _host_over_rate(c: Candidate, now: float) -> Host:
     return Host(env=frozenset({KEY_ENV}), requests_last_min={cid(c): 5}, now_wall=now)
+
+
+def record_burst(rec: accounting.Recorder, c: Candidate, n: int) -> None:
+    for _ in range(n):
+        rec.record(c, task="t", agent="a", tokens_in=1, tokens_out=1, latency_s=0.0, via="serve")
+
+
+def calls_in_ledger(world: World) -> int:
+    usage = ledger.read(world.settings()).usage
+    return int(usage.get("task", {}).get("t", {}).get("calls", 0))
+
+
+def test_serves_recorder_gathers_a_burst_into_few_ledger_writes_and_loses_none(
+    world: World,
+) -> None:
+    t = table(world, "")
+    s, c = world.settings(), cloud(t)
+
+    async def burst() -> int:
+        rec = accounting.Recorder(s, t.settings, every_s=0.05)
+        record_burst(rec, c, 50)
+        written_at_once = calls_in_ledger(world)  # the first; the rest wait for one change
+        deadline = time.monotonic() + 30
+        while calls_in_ledger(world) < 50 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # the loop's timer writes them
+        return written_at_once
+
+    assert asyncio.run(burst()) == 1
+    assert calls_in_ledger(world) == 50
+    assert len(world.events("call")) == 50  # every call event at once
+
+
+def test_serves_recorder_flushes_what_waits_and_spends_a_budget_at_once(world: World) -> None:
+    t = table(world, "")
+    s, c = world.settings(), cloud(t)
+    rec = accounting.Recorder(s, t.settings, every_s=3600)
+
+    async def burst() -> int:
+        record_burst(rec, c, 5)
+        return calls_in_ledger(world)
+
+    assert asyncio.run(burst()) == 1  # the rest wait on the loop's timer (an hour)
+    rec.flush()  # as serve does when it stops
+    assert calls_in_ledger(world) == 5
+    record_burst(rec, c, 1)  # outside an event loop: nothing to wait on, written at once
+    assert calls_in_ledger(world) == 6
+    t = table(world, ", daily_budget: 5")
+    rec = accounting.Recorder(s, t.settings, every_s=3600)
+    budgeted = cloud(t)
+
+    async def spend() -> int:
+        record_burst(rec, budgeted, 3)  # a budget is judged from the ledger: no waiting
+        return calls_in_ledger(world)
+
+    assert asyncio.run(spend()) == 9
