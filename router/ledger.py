@@ -150,6 +150,28 @@ def read(settings: Settings, *, now_wall: float | None = None) -> Ledger:
     return parse(data, now)
 
 
+_PEEKED: dict[str, tuple[tuple[int, int, int, str], Ledger]] = {}
+
+
+def peek(settings: Settings, *, now_wall: float | None = None) -> Ledger:
+    """``read`` for a caller that only looks (never changes what it is given): parsed again only
+    when the file was replaced or the day changed, so a gateway judging every request reads a
+    ``stat``, not the file."""
+    now = time.time() if now_wall is None else now_wall
+    p = path(settings)
+    try:
+        st = os.stat(p)
+    except OSError:
+        return read(settings, now_wall=now)
+    key = (st.st_ino, st.st_mtime_ns, st.st_size, today(now))
+    hit = _PEEKED.get(str(p))
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    led = read(settings, now_wall=now)
+    _PEEKED[str(p)] = (key, led)
+    return led
+
+
 @contextlib.contextmanager
 def change(settings: Settings, *, now_wall: float | None = None) -> Iterator[Ledger]:
     """Read, let the caller change, and write back the ledger, all under its lock.

@@ -223,3 +223,16 @@ def test_serves_recorder_flushes_what_waits_and_spends_a_budget_at_once(world: W
         return calls_in_ledger(world)
 
     assert asyncio.run(spend()) == 9
+
+
+def test_peek_reads_the_ledger_again_only_when_it_changed(world: World) -> None:
+    t = table(world, "")
+    s, c = world.settings(), cloud(t)
+    accounting.record(s, c, task="t", agent="a", tokens_in=1, tokens_out=1, latency_s=0.0)
+    first = ledger.peek(s)
+    assert ledger.peek(s) is first  # unchanged: the parsed ledger is reused
+    accounting.record(s, c, task="t", agent="a", tokens_in=1, tokens_out=1, latency_s=0.0)
+    again = ledger.peek(s)
+    assert again is not first and again.usage["task"]["t"]["calls"] == 2
+    tomorrow = time.time() + 86400
+    assert ledger.peek(s, now_wall=tomorrow).usage == {}  # a new day: yesterday's is dropped
