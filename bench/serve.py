@@ -240,6 +240,16 @@ LITELLM_SPEC = "litellm[proxy]"
 LITELLM_KEY = "sk-" + secrets.token_hex(16)  # its master key, for this run only
 
 
+def kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL each process's group (each was started in a session of its own) and reap it."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+
+
 def litellm_venv() -> tuple[Path | None, str]:
     """LiteLLM's proxy in its own virtual environment under the cache folder, installed on
     first use: (its ``litellm`` command, "") or (None, why it is skipped)."""
@@ -379,12 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         hwm = {n: tree_hwm_kib(by_name[n].pid) for n in names[1:]}
         results["vm_hwm_kib"] = hwm
     finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
+        kill_all(procs)
 
     proxies = names[1:]
     load1 = os.getloadavg()[0]

@@ -21,7 +21,6 @@ import http.client
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -153,12 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1)
         rss1 = rss_kib(procs[1].pid)
     finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
+        bs.kill_all(procs)
 
     def row(name: str, v: list[float]) -> str:
         p50, p99, mx = bs.pct(v, 0.5) * 1e3, bs.pct(v, 0.99) * 1e3, max(v) * 1e3

@@ -101,3 +101,21 @@ class GatewayProc:
 
     def stop(self) -> None:
         kill_group(self.proc)
+
+
+def stand_in_gateway(root: Path, base_url: str, serve: str = "") -> GatewayProc:
+    """A (not yet started) gateway whose one route ``chat`` goes to an OpenAI-style upstream
+    at ``base_url``; ``serve`` is an optional flow-style ``serve:`` section like
+    ``{read_timeout: 2s}``."""
+    config = root / "gpulock.yaml"
+    config.write_text(
+        "simulate: 24GiB\n" + (f"serve: {serve}\n" if serve else "") + "routes:\n  chat:\n"
+        f"    - {{tier: cloud, backend: openai, model: m, base_url: {base_url},\n"
+        "       api_key_env: UPSTREAM_KEY, max_tokens: 8, name: stand-in}\n"
+    )
+    env = {
+        "GPULOCK_CONFIG": str(config),
+        "GPULOCK_STATE_DIR": str(root / "state"),
+        "UPSTREAM_KEY": "k",
+    }
+    return GatewayProc(root / "serve.log", env=env)

@@ -137,15 +137,21 @@ def gateway_count(g: GatewayProc, outcome: str) -> float:
     )
 
 
-def test_a_daily_budget_holds_for_serve_and_the_refusal_is_openais_429(setup: Setup) -> None:
-    c = oa(setup.gateway)
+def calls(g: GatewayProc, model: str, n: int) -> tuple[int, list[openai.RateLimitError]]:
+    """``n`` chat calls one after another: how many were served, and the 429s of the rest."""
+    c = oa(g)
     served, refused = 0, []
-    for _ in range(6):
+    for _ in range(n):
         try:
-            c.chat.completions.create(model="budgeted", messages=MSG)  # type: ignore[arg-type]
+            c.chat.completions.create(model=model, messages=MSG)  # type: ignore[arg-type]
             served += 1
         except openai.RateLimitError as e:
             refused.append(e)
+    return served, refused
+
+
+def test_a_daily_budget_holds_for_serve_and_the_refusal_is_openais_429(setup: Setup) -> None:
+    served, refused = calls(setup.gateway, "budgeted", 6)
     # $0.014 a call against $0.05: the fourth call starts at $0.042 and ends past the budget,
     # as router.get_model's would (the budget is judged before each call).
     assert served == 4 and len(refused) == 2
@@ -162,14 +168,7 @@ def test_a_daily_budget_holds_for_serve_and_the_refusal_is_openais_429(setup: Se
 
 
 def test_a_rate_limit_holds_for_serve_and_the_refusal_is_openais_429(setup: Setup) -> None:
-    c = oa(setup.gateway)
-    served, refused = 0, []
-    for _ in range(5):
-        try:
-            c.chat.completions.create(model="limited", messages=MSG)  # type: ignore[arg-type]
-            served += 1
-        except openai.RateLimitError as e:
-            refused.append(e)
+    served, refused = calls(setup.gateway, "limited", 5)
     assert served == 2 and len(refused) == 3
     assert hits(setup.upstream, "m-rate") == 2
     for e in refused:

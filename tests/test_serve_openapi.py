@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from router_servers import FaultServer
-from serve_server import GatewayProc
+from serve_server import GatewayProc, stand_in_gateway
 
 from gpulock.core.settings import load
 from router.routes import load_table
@@ -34,18 +34,7 @@ CHECKS = (
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProc]:
     root = tmp_path_factory.mktemp("openapi")
     up = FaultServer(mode="ok").start()
-    config = root / "gpulock.yaml"
-    config.write_text(
-        "simulate: 24GiB\nroutes:\n  chat:\n"
-        f"    - {{tier: cloud, backend: openai, model: m, base_url: {up.base_url},\n"
-        "       api_key_env: UPSTREAM_KEY, max_tokens: 8, name: stand-in}\n"
-    )
-    env = {
-        "GPULOCK_CONFIG": str(config),
-        "GPULOCK_STATE_DIR": str(root / "state"),
-        "UPSTREAM_KEY": "k",
-    }
-    g = GatewayProc(root / "serve.log", env=env)
+    g = stand_in_gateway(root, up.base_url)
     try:
         yield g.start()
     finally:
