@@ -71,9 +71,7 @@ def _main(argv: list[str]) -> int:
     store = Store(cc)
     try:
         raw = store.hosts()
-        cooling = frozenset(
-            k.removeprefix("peer:") for k in cooldowns.read(store) if k.startswith("peer:")
-        )
+        cooling = cooldowns.cooling_peers(cooldowns.read(store))
         now = time.time()
         shared = spend.spent(store, now_wall=now)
     finally:
@@ -82,8 +80,8 @@ def _main(argv: list[str]) -> int:
     obj = fleet_object(
         reports, me=cc.host, redis_ok=True, problem=None, now_wall=now, cooling=cooling
     )
-    day = spend.day_key("", now).removeprefix("spend:")
-    obj["spend"] = spend_entry(shared, _router_budget(settings.config.section("router")), day)
+    budget = _router_budget(settings.config.section("router"))
+    obj["spend"] = spend_entry(shared, budget, spend.day(now))
     if args.json:
         print_json(obj)
     else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from typing import Any, Final
 
 from cluster.store import Store
@@ -35,6 +36,11 @@ return 1
 def peer(host: str) -> str:
     """The cooldown of a peer (``gpulock serve`` refused, silent or dead), for every host."""
     return f"peer:{host}"
+
+
+def cooling_peers(cids: Iterable[str]) -> frozenset[str]:
+    """The peers among cooldown cids (``peer(host)`` read back): the hosts to skip."""
+    return frozenset(c.removeprefix("peer:") for c in cids if c.startswith("peer:"))
 
 
 def key(prefix: str) -> str:

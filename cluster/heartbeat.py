@@ -84,7 +84,7 @@ class Heartbeat:
             self._view(now)
             return self.cc.heartbeat_s
         reports = tuple(r for r in (report_mod.parse(o) for o in raw) if r is not None)
-        peers = frozenset(c.removeprefix("peer:") for c in cooling if c.startswith("peer:"))
+        peers = cooldowns.cooling_peers(cooling)
         self.fleet = Fleet(reports, True, None, now, peers, cooling, spent)
         self._hosts_seen = max(1, len(reports))
         self._changed(True)

@@ -71,8 +71,13 @@ return {ok, tostring(model), tostring(total)}
 """
 
 
+def day(now_wall: float) -> str:
+    """The UTC day the spend of ``now_wall`` counts in (``2026-11-26``)."""
+    return time.strftime("%Y-%m-%d", time.gmtime(now_wall))
+
+
 def day_key(prefix: str, now_wall: float) -> str:
-    return f"{prefix}spend:{time.strftime('%Y-%m-%d', time.gmtime(now_wall))}"
+    return f"{prefix}spend:{day(now_wall)}"
 
 
 def reserve(

@@ -129,7 +129,7 @@ def _place(
     *,
     here_too: bool,
 ) -> Choice:
-    from cluster import place
+    from cluster import cooldowns, place
     from cluster.report import load_estimate_s
 
     cc, reports = peers(settings)
@@ -140,7 +140,7 @@ def _place(
         load_s = load_estimate_s(v.need_bytes)
         local = place.here(cc.host, wait, ahead, warm=cid(c) in host.warm, load_s=load_s, gpu=v.gpu)
     sent = {r.host: _sent.get((r.host, r.at_wall), 0) for r in reports}
-    cooling = {k.removeprefix("peer:") for k in shared_cooldowns(settings) if k.startswith("peer:")}
+    cooling = cooldowns.cooling_peers(shared_cooldowns(settings))
     locs = place.locations(
         c.name,
         local,
