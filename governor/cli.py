@@ -206,9 +206,7 @@ def _metrics(settings: Settings, listen_arg: str | None, *, dry_run: bool) -> Ex
     return Exporter(settings, listen=listen, textfile=mcfg.textfile, err=sys.stderr, keys=keys)
 
 
-def _in_worker(
-    work: Callable[[], None], stop: threading.Event, signals: list[int] | None = None
-) -> None:
+def _in_worker(work: Callable[[], None], stop: threading.Event, signals: list[int]) -> None:
     """Run ``work`` in a thread while the main thread takes SIGTERM/SIGINT and sets ``stop``.
 
     The handler runs in the main thread; were the loop waiting on ``stop`` there too, a signal
@@ -226,8 +224,7 @@ def _in_worker(
             stop.set()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if signals is not None:
-            signals.append(signum)  # which one stopped it, for the "stopped" line
+        signals.append(signum)  # which one stopped it, for the "stopped" line
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}

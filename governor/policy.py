@@ -144,6 +144,7 @@ def decide(
     # Each GPU's used memory as projected after this pass's evictions; None once a model of
     # unknown size was taken there (the next pass measures again before going further).
     projected: dict[int, float | None] = {g.index: g.used_bytes for g in snapshot.gpus}
+    fc = snapshot.forecast
 
     # The watchdog: thresholds by time of day, idle models only.
     limit = threshold_in_force(config, snapshot.local_minutes)
@@ -154,31 +155,21 @@ def decide(
         idle = [
             r
             for r in _candidates(snapshot, g.index, force=False)
-            if now_wall - r.last_used_wall
-            >= (config.min_idle_s if r.min_idle_s is None else r.min_idle_s)
+            if _idle_enough(r, config, now_wall)
         ]
         why = (
             f"gpu{g.index} {_pct(g.used_bytes / g.total_bytes)} used > {_pct(limit)} "
             f"threshold in force"
         )
         actions += _evict_until(
-            g,
-            target,
-            idle,
-            "evict",
-            why,
-            evidence,
-            chosen,
-            now_wall,
-            projected,
-            snapshot.forecast,
+            g, target, idle, "evict", why, evidence, chosen, now_wall, projected, fc
         )
 
     # Keep-alive the other way (watchdog.evict_unneeded): memory is tight (within the
     # hysteresis under the threshold) and a persistent model is not expected for much longer
     # than its reload takes: it leaves now, before the threshold forces a worse choice.
-    if config.evict_unneeded and snapshot.forecast is not None:
-        actions += _unneeded(snapshot, config, limit, evidence, chosen, now_wall, projected)
+    if config.evict_unneeded and fc is not None:
+        actions += _unneeded(snapshot, fc, config, limit, evidence, chosen, now_wall, projected)
 
     # The ladder's own evictions, from evict-idle up.
     rank = LEVELS.index(state.level)
@@ -193,31 +184,23 @@ def decide(
             why = f"level {state.level}: gpu{g.index} signals over their thresholds"
             cands = _candidates(snapshot, g.index, force=force)
             actions += _evict_until(
-                g,
-                target,
-                cands,
-                kind,
-                why,
-                evidence,
-                chosen,
-                now_wall,
-                projected,
-                snapshot.forecast,
+                g, target, cands, kind, why, evidence, chosen, now_wall, projected, fc
             )
         if any(x.over for x in reads if x.gpu is None):
             host = [r for r in _candidates(snapshot, None, force=force) if r.id not in chosen]
-            order = victim_order(host, now_wall, snapshot.forecast)
+            order = victim_order(host, now_wall, fc)
             if order:
                 r = order[0]
                 why = f"level {state.level}: host memory pressure"
                 runner_up = order[1].id if len(order) > 1 else None
-                actions.append(_evict_action(r, kind, why, evidence, snapshot.forecast, runner_up))
+                actions.append(_evict_action(r, kind, why, evidence, fc, runner_up))
                 chosen.add(r.id)
     return actions, state
 
 
 def _unneeded(
     snapshot: Snapshot,
+    fc: Forecast,
     config: GovernorConfig,
     limit: float,
     evidence: dict[str, float | int | str | None],
@@ -225,8 +208,6 @@ def _unneeded(
     now_wall: float,
     projected: dict[int, float | None],
 ) -> list[Action]:
-    fc = snapshot.forecast
-    assert fc is not None
     out: list[Action] = []
     for g in snapshot.gpus:
         used = projected.get(g.index)
@@ -239,8 +220,7 @@ def _unneeded(
             r
             for r in _candidates(snapshot, g.index, force=False)
             if r.policy == "persistent"
-            and now_wall - r.last_used_wall
-            >= (config.min_idle_s if r.min_idle_s is None else r.min_idle_s)
+            and _idle_enough(r, config, now_wall)
             and fc.unneeded(r.name)
         ]
         why = (
@@ -251,6 +231,12 @@ def _unneeded(
             g, floor, cands, "evict", why, evidence, chosen, now_wall, projected, fc
         )
     return out
+
+
+def _idle_enough(r: ResidentView, config: GovernorConfig, now_wall: float) -> bool:
+    """Idle for its own ``min_idle_s``, or the watchdog's."""
+    min_idle = config.min_idle_s if r.min_idle_s is None else r.min_idle_s
+    return now_wall - r.last_used_wall >= min_idle
 
 
 def _candidates(snapshot: Snapshot, gpu: int | None, *, force: bool) -> list[ResidentView]:

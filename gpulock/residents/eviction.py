@@ -317,8 +317,9 @@ def clear_gpu(
     records = (_tenant_records(settings) if tenants else []) + (
         Registry(settings, create=False).records() if residents else []
     )
-    mine = exclude_pid
-    records = [r for r in records if r.gpu == gpu and (r.tenant is not None or r.pid != mine)]
+    records = [
+        r for r in records if r.gpu == gpu and (r.tenant is not None or r.pid != exclude_pid)
+    ]
     # All of them leave, but the deadline may cut the list: the most expendable go first.
     order, whys = victim_order(settings, [r for r in records if r.id not in keep_ids], gpu)
     rank = {r.id: i for i, r in enumerate(order)}
