@@ -244,7 +244,7 @@ def run_agent(
 
 def pool_worker(spec: AgentSpec) -> int | None:
     """This process's index among the workers of ``spec``'s pool, or None (not one of them)."""
-    from gpulock.pool.supervisor import ENV_WORKER
+    from gpulock.pool import ENV_WORKER  # light: not the supervisor (asyncio)
 
     index = os.environ.get(ENV_WORKER, "")
     if os.environ.get(POOL_ENV) != spec.name or not index.isdigit():

@@ -78,10 +78,7 @@ STRATEGIES = ("auto", "fixed 1", "fixed 3")
 @dataclass
 class Outcome:
     items_per_min: float
-    wall_s: float
     over_commits: int
-    workers: int
-    done: int
 
 
 def run_one(
@@ -138,7 +135,6 @@ def run_one(
     stop.touch()
     if other is not None:
         other.wait()
-    done = len(os.listdir(batch / "done"))
     events = []
     log = state / "events.jsonl"
     if log.exists():
@@ -152,18 +148,16 @@ def run_one(
         # A worker process starts once its ticket is granted: an over-commit would be one
         # that started before its grant.
         starts = [e for e in events if e["event"] == "pool-worker" and e["action"] == "start"]
-        workers = len(starts)
         over = sum(1 for e in starts if e["ts"] < granted.get(e["ticket"], float("inf")))
     else:
         # `gpulock run` starts with the worker's process: one that had to wait in line was
         # started without room on the GPU.
-        workers = len(granted)
         waited = {e["ticket"] for e in events if e["event"] == "wait" and e.get("name") == "worker"}
         over = len(set(granted) & waited)
     if any(codes):
         raise SystemExit(f"{strategy}/{scenario}: exit codes {codes}")
     shutil.rmtree(work, ignore_errors=True)
-    return Outcome(items / wall * 60, wall, over, workers, done)
+    return Outcome(items / wall * 60, over)
 
 
 def main() -> int:

@@ -29,7 +29,6 @@ from gpulock.core.units import format_duration, format_size, parse_duration, par
 
 EX_OK, EX_ERROR, EX_USAGE, EX_TEMPFAIL = 0, 1, 2, 75
 EX_NOEXEC, EX_NOTFOUND = 126, 127
-PLUGIN_GROUP = "gpulock.commands"
 
 
 class UsageError(Exception):
@@ -364,7 +363,7 @@ def _say(kind: str, text: str) -> None:
 
 
 def _dispatch(argv: list[str]) -> int:
-    builtin = {"run", "status", "break", "history", "heartbeat", "evict", "tenants", "help", "pool"}
+    builtin = {*_HANDLERS, "help"}
     if argv and not argv[0].startswith("-") and argv[0] not in builtin:
         plugins = _plugins()
         plugin = plugins.get(argv[0])

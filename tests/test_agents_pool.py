@@ -8,7 +8,6 @@ another worker, and every item exactly once in the batch's output.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal
@@ -16,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import REPO, Cli, pid_alive, wait_until
+from cli_helpers import Cli, pid_alive, wait_until
 
 from agents import agent
 
@@ -31,12 +30,19 @@ from agents import agent
 
 OUT = {out!r}
 KILL = {kill!r}
+PAIR = {pair!r}  # a folder: each worker's first item waits there until two workers have begun
 
 @agent("tts", workers={workers!r}, need="8.9GiB", timeout="60s")
 def tts(ctx):
     count = int(ctx.args[0]) if ctx.args else 8
     seen = 0
     for item in ctx.batch(range(count)):
+        if PAIR and not seen:
+            open(os.path.join(PAIR, str(os.getpid())), "w").close()
+            deadline = time.monotonic() + 60
+            while len(os.listdir(PAIR)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        seen += 1
         if item == 3:
             try:
                 os.unlink(KILL)
@@ -51,17 +57,16 @@ def tts(ctx):
 """
 
 
-@pytest.fixture
-def agent_cli(cli: Cli) -> Cli:
-    cli.env = functools.partial(Cli.env, cli, PYTHONPATH=str(REPO))  # type: ignore[method-assign]
-    return cli
-
-
-def write_agent(cli: Cli, workers: object = "auto") -> tuple[Path, Path, Path]:
+def write_agent(
+    cli: Cli, workers: object = "auto", pair: Path | None = None
+) -> tuple[Path, Path, Path]:
     out = cli.root / "out.txt"
     kill = cli.root / "kill"
     module = cli.root / "tts_agent.py"
-    module.write_text(AGENT_PY.format(out=str(out), kill=str(kill), workers=workers))
+    text = AGENT_PY.format(
+        out=str(out), kill=str(kill), workers=workers, pair=None if pair is None else str(pair)
+    )
+    module.write_text(text)
     return module, out, kill
 
 
@@ -71,9 +76,10 @@ def done(out: Path) -> list[tuple[int, int, int]]:
     return [tuple(map(int, line.split())) for line in out.read_text().splitlines()]  # type: ignore[misc]
 
 
-def test_the_batch_is_split_between_workers_each_item_once(agent_cli: Cli) -> None:
-    cli = agent_cli
-    module, out, _ = write_agent(cli)
+def test_the_batch_is_split_between_workers_each_item_once(cli: Cli) -> None:
+    pair = cli.root / "pair"  # the first worker waits for the second: no race on who is quick
+    pair.mkdir()
+    module, out, _ = write_agent(cli, pair=pair)
     r = cli.run("run", "tts", "12", "--module", str(module), argv0=AGENTS, timeout_s=60)
     assert r.code == 0, r.describe()
     items = sorted(i for i, _, _ in done(out))
@@ -85,9 +91,8 @@ def test_the_batch_is_split_between_workers_each_item_once(agent_cli: Cli) -> No
 
 
 def test_a_worker_killed_mid_item_leaves_it_to_another_and_nothing_is_done_twice(
-    agent_cli: Cli,
+    cli: Cli,
 ) -> None:
-    cli = agent_cli
     module, out, kill = write_agent(cli)
     kill.touch()
     r = cli.run("run", "tts", "10", "--module", str(module), argv0=AGENTS, timeout_s=60)
@@ -101,8 +106,7 @@ def test_a_worker_killed_mid_item_leaves_it_to_another_and_nothing_is_done_twice
     assert all(pid != killed["worker_pid"] for i, pid, _ in done(out) if i == 3)
 
 
-def test_a_fixed_number_of_workers(agent_cli: Cli) -> None:
-    cli = agent_cli
+def test_a_fixed_number_of_workers(cli: Cli) -> None:
     module, out, _ = write_agent(cli, workers=1)
     r = cli.run("run", "tts", "4", "--module", str(module), argv0=AGENTS, timeout_s=60)
     assert r.code == 0, r.describe()
@@ -124,9 +128,8 @@ def test_bad_workers_name_the_field(kwargs: dict[str, object], message: str) -> 
 
 
 def test_sigterm_to_the_leader_stops_every_worker_and_keeps_the_checkpoint(
-    agent_cli: Cli,
+    cli: Cli,
 ) -> None:
-    cli = agent_cli
     module, _, _ = write_agent(cli)
     block = cli.root / "block"
     module.write_text(

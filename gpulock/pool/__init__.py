@@ -3,3 +3,8 @@
 ``supervisor`` runs the workers, ``policy`` holds its rules (pure), ``record`` is what
 ``gpulock status`` reads, ``cli`` is the command.  See docs/pool.md.
 """
+
+# What each worker is told (besides what ``gpulock run`` sets): here, so that an agent can ask
+# whether it is a pool's worker without importing the supervisor (asyncio and the lock).
+ENV_WORKER = "GPULOCK_POOL_WORKER"  # its index among the pool's workers
+ENV_SIZE = "GPULOCK_POOL_SIZE"  # workers running when it started, itself included

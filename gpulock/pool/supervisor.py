@@ -36,11 +36,9 @@ from gpulock.core.errors import GpulockError, LockTimeout
 from gpulock.core.settings import Settings
 from gpulock.core.state import ENV_STATE_DIR
 from gpulock.lock.lease import ENV_TICKET, Lease
-from gpulock.pool import policy, record
+from gpulock.pool import ENV_SIZE, ENV_WORKER, policy, record
 from gpulock.runner import terminal_delivers
 
-ENV_WORKER = "GPULOCK_POOL_WORKER"
-ENV_SIZE = "GPULOCK_POOL_SIZE"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
@@ -65,7 +63,6 @@ class Worker:
     lease: Lease
     proc: asyncio.subprocess.Process
     started_at: float
-    size: int  # workers running when it started, itself included
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +102,10 @@ class Pool:
     @property
     def name(self) -> str:
         return self.spec.name or os.path.basename(self.spec.command[0])
+
+    @property
+    def gpu(self) -> int:
+        return self.spec.gpu if self.spec.gpu is not None else self.settings.config.default_gpu
 
     @property
     def finishing(self) -> bool:
@@ -237,7 +238,7 @@ class Pool:
             lease.release()
             raise GpulockError(f"cannot run {self.spec.command[0]}: {e.strerror}") from None
         lease.set_child(proc.pid)
-        w = Worker(index, lease, proc, self.clock(), size)
+        w = Worker(index, lease, proc, self.clock())
         self.running[index] = w
         self.workers_started += 1
         self._emit(
@@ -348,7 +349,7 @@ class Pool:
     def _emit(self, event: str, **fields: Any) -> None:
         self.settings.emit(
             event,
-            gpu=self.spec.gpu if self.spec.gpu is not None else self.settings.config.default_gpu,
+            gpu=self.gpu,
             pid=os.getpid(),
             name=self.name,
             need_bytes=self.spec.need_bytes,
@@ -357,12 +358,11 @@ class Pool:
         )
 
     def _publish(self) -> None:
-        gpu = self.spec.gpu if self.spec.gpu is not None else self.settings.config.default_gpu
         record.write(
             self.settings,
             {
                 "name": self.name,
-                "gpu": gpu,
+                "gpu": self.gpu,
                 "need_bytes": self.spec.need_bytes,
                 "max": self.spec.max_workers,
                 "min": self.spec.min_workers,
