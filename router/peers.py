@@ -1,12 +1,18 @@
 """``get_model`` and ``gpulock route`` in a cluster: the chosen gpu candidate may run on a peer.
 
 Imported only when the config has a ``cluster:`` section.  After the local choice, a gpu
-candidate of this host (llama.cpp) is placed by ``cluster.place``: this host (its line's wait
-estimate, plus the load unless warm) against every live peer that runs a candidate of that
-name (its published estimate, plus the load unless warm there, plus ``remote_penalty``).  When
-a peer starts sooner, the chosen verdict becomes that peer's: the same candidate, called through
-the peer's gateway (``base_url``, ``model`` = the candidate's name, ``host`` = the peer), where
-it waits in the peer's line under the agent's name.  Ties stay local.
+candidate of this host (``placeable``: llama.cpp, or a tenant's model) is placed by
+``cluster.place``: this host (its line's wait estimate, plus the load unless warm) against every
+live peer that runs a candidate of that name (its published estimate, plus the load unless warm
+there, plus ``remote_penalty``).  When a peer starts sooner, the chosen verdict becomes that
+peer's: the same candidate, called through the peer's gateway (``base_url``, ``model`` = the
+candidate's name, ``host`` = the peer), where it waits in the peer's line under the agent's
+name, and runs there through the peer's own candidate of that name (its llama.cpp, or its own
+tenant: the peer's Ollama, vLLM, or ``kind: command`` server).  Ties stay local.
+
+Warm means the same on both sides: here, the candidate's cid is in ``Host.warm`` (loaded in this
+process, or held by its tenant now, as ``router.probe`` surveys it); a peer publishes the names
+of its candidates whose cid is in its own ``Host.warm``.
 
 The peers' reports are read from Redis at most once per half heartbeat per process; a Redis
 that is down costs one short timeout, then routing stays local until its back-off passes.
@@ -23,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpulock.core.settings import Settings
 from router.choose import Choice, Host, Verdict, cid, line_wait
+from router.routes import Candidate
 
 if TYPE_CHECKING:
     from cluster.config import ClusterConfig
@@ -99,6 +106,12 @@ def peers(settings: Settings) -> tuple[ClusterConfig, tuple[HostReport, ...]]:
     return v.cc, v.reports
 
 
+def placeable(c: Candidate) -> bool:
+    """Whether a gpu candidate of this host may run on a peer instead: llama.cpp, or a
+    tenant's model (the peer calls its own tenant); not one that is a peer's already."""
+    return c.tier == "gpu" and c.host is None and (c.local or c.tenant is not None)
+
+
 def relocate(
     settings: Settings, choice: Choice, host: Host, deadline_s: float | None = None
 ) -> Choice:
@@ -110,10 +123,10 @@ def relocate(
     for v in choice.verdicts:
         c = v.candidate
         if v is choice.chosen:
-            if c.tier == "gpu" and c.local:
+            if placeable(c):
                 return _place(settings, choice, host, v, deadline_s, here_too=True)
             return choice
-        if c.tier == "gpu" and c.local and not v.ok and " queue: " in v.reason:
+        if placeable(c) and not v.ok and " queue: " in v.reason:
             moved = _place(settings, choice, host, v, deadline_s, here_too=False)
             if moved is not choice:
                 return moved
@@ -169,6 +182,7 @@ def _place(
             base_url=best.gateway + "/v1",
             api_key_env=cc.api_key_env,
             host=best.host,
+            tenant=None,  # the peer's gateway, not this host's tenant (its cid, its cooldowns)
         )
         report = next(r for r in reports if r.host == best.host)
         moved = Verdict(

@@ -153,9 +153,13 @@ class ClusterLink:
         here_wait: tuple[float | None, int] | None,
         exclude: Collection[str],
         deadline_s: float | None = None,
+        *,
+        warm: bool = False,
     ) -> list[Location]:
         """This host (unless ``here_wait`` is None: its line is past the deadline) and every
-        live peer that runs ``v``'s candidate, best first."""
+        live peer that runs ``v``'s candidate, best first.  ``warm``: the candidate is warm
+        here (its cid in the request's ``Host.warm``: loaded in this process, or held by its
+        tenant now), as this host's report says it to the peers."""
         c = v.candidate
         local = None
         if here_wait is not None:
@@ -163,7 +167,7 @@ class ClusterLink:
                 self.cc.host,
                 here_wait[0],
                 here_wait[1],
-                warm=cid(c) in self._warm(),
+                warm=warm,
                 load_s=load_estimate_s(v.need_bytes),
                 gpu=v.gpu,
             )
@@ -194,10 +198,12 @@ class ClusterLink:
         """The request, forwarded to a peer that starts its gpu candidate sooner; None: run
         it here.  A local gpu candidate passed over only for its line (past the deadline) is
         offered to the peers too, in route order (as ``router.peers.relocate`` does)."""
+        from router.peers import placeable
+
         for v in choice.verdicts:
             c = v.candidate
             if v is choice.chosen:
-                if c.tier == "gpu" and c.local:
+                if placeable(c):
                     wait, ahead = line_wait(host, v)
                     # Requests waiting inside this server (behind its shared ticket) are not
                     # tickets: each adds a typical hold to the wait here, as they do in the
@@ -206,9 +212,10 @@ class ClusterLink:
                     if queued and v.gpu is not None:
                         wait = (wait or 0.0) + queued * self._holds.get(v.gpu, 0.0)
                     here_wait = (wait, ahead + queued)
-                    return await self.try_peers(d, ask, v, here_wait, agent, left)
+                    warm = cid(c) in host.warm
+                    return await self.try_peers(d, ask, v, here_wait, agent, left, warm=warm)
                 return None
-            if c.tier == "gpu" and c.local and not v.ok and " queue: " in v.reason:
+            if placeable(c) and not v.ok and " queue: " in v.reason:
                 opened = await self.try_peers(d, ask, v, None, agent, left)
                 if opened is not None:
                     return opened
@@ -222,6 +229,8 @@ class ClusterLink:
         here_wait: tuple[float | None, int] | None,
         agent: str,
         left: float | None,
+        *,
+        warm: bool = False,
     ) -> Opened | None:
         """Forward to the best peer while a peer starts sooner than this host; None: run here.
 
@@ -230,7 +239,7 @@ class ClusterLink:
         start = time.monotonic()
         failed: set[str] = set()
         while True:
-            locs = self.place(v, here_wait, failed, left)
+            locs = self.place(v, here_wait, failed, left, warm=warm)
             if not locs or locs[0].local:
                 return None
             loc = locs[0]
@@ -258,7 +267,11 @@ class ClusterLink:
 
         c = v.candidate
         assert loc.gateway is not None
-        peer_c = replace(c, backend="openai", model=c.name, base_url=loc.gateway + "/v1")
+        # The peer's gateway, not this host's tenant (a tenant's model runs on the peer
+        # through the peer's own tenant): its cid, cooldowns and accounting are the peer's.
+        peer_c = replace(
+            c, backend="openai", model=c.name, base_url=loc.gateway + "/v1", tenant=None
+        )
         engine = PeerEngine(
             peer_c,
             d.http(),

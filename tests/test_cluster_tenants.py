@@ -1,0 +1,226 @@
+"""Tenant gpu candidates placed across hosts, for real: two ``gpulock serve`` hosts with their
+own state folders, simulated GPUs and ports, one real ``redis-server``, and on each host its own
+Ollama stand-in (tests/standins/ollama.py: Ollama cannot run here) holding the route's gpu
+candidate ``qwen-gpu``.
+
+A request sent to a peer runs there through the peer's own tenant: the peer's stand-in gets the
+call, in the peer's line under the agent's name.  ``warm`` for a tenant's model means "its
+tenant holds it now" on both sides: in the report a host publishes, and in its own estimate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from procs import wait_until
+from redis_server import RedisServer, need_redis
+from router_servers import free_port, kill_group
+from standins.ollama import Ollama
+from test_cluster_serve import Host, fleet, hold_gpu
+
+GiB = 1024**3
+MODEL = "qwen2.5:7b"
+WAIT_S = 30.0
+
+
+def make_host(root: Path, name: str, redis: RedisServer, ollama: Ollama) -> Host:
+    folder = root / name
+    folder.mkdir()
+    port = free_port()
+    config = folder / "gpulock.yaml"
+    config.write_text(
+        textwrap.dedent(
+            f"""\
+            simulate: 24GiB
+            tenants:
+              - {{name: ollama, kind: ollama, url: '{ollama.url}'}}
+            cluster:
+              redis: {redis.url}
+              host: {name}
+              gateway: http://127.0.0.1:{port}
+              heartbeat: 1s
+              remote_penalty: 500ms
+              peer_timeout: 2s
+            routes:
+              chat:
+                - {{tenant: ollama, model: '{MODEL}', vram: 5GiB, policy: persistent,
+                   max_tokens: 4, name: qwen-gpu}}
+            """
+        )
+    )
+    env = {"GPULOCK_CONFIG": str(config), "GPULOCK_STATE_DIR": str(folder / "state")}
+    return Host(log=folder / "serve.log", env=env, port=port, name=name, folder=folder)
+
+
+@dataclass
+class Pool:
+    redis: RedisServer
+    a: Host
+    b: Host
+    oa: Ollama  # a's tenant
+    ob: Ollama  # b's tenant
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    need_redis()
+    root = tmp_path_factory.mktemp("cluster-tenants")
+    oa = Ollama({MODEL: 5 * GiB}).start()
+    ob = Ollama({MODEL: 5 * GiB}).start()
+    assert isinstance(oa, Ollama) and isinstance(ob, Ollama)
+    redis = RedisServer(root / "redis").start()
+    a = make_host(root, "a", redis, oa)
+    b = make_host(root, "b", redis, ob)
+    try:
+        b.start()
+        a.start()
+        wait_until(lambda: _names(a) == ["a", "b"], WAIT_S, "both hosts in Redis")
+        yield Pool(redis, a, b, oa, ob)
+    finally:
+        for h in (a, b):
+            if h.proc is not None:
+                try:
+                    os.killpg(h.proc.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            h.stop()
+        redis.stop()
+        oa.stop()
+        ob.stop()
+
+
+def _names(h: Host) -> list[str]:
+    return [x["name"] for x in h.request("GET", "/gpulock/cluster").json()["hosts"]]
+
+
+def chats(s: Ollama) -> int:
+    """Generations the stand-in served (a load without a prompt is not one)."""
+    with s.lock:
+        return sum(
+            1
+            for method, path, body in s.hits
+            if method == "POST"
+            and path in ("/api/chat", "/api/generate")
+            and isinstance(body, dict)
+            and (body.get("messages") or body.get("prompt"))
+        )
+
+
+def row(seen_by: Host, name: str) -> dict[str, Any] | None:
+    seen = seen_by.request("GET", "/gpulock/cluster").json()
+    return next((x for x in seen["hosts"] if x["name"] == name), None)
+
+
+def idle(r: dict[str, Any] | None) -> bool:
+    return (
+        r is not None
+        and not r["in_flight"]
+        and not any(g["holding"] or g["waiting"] for g in r["gpus"])
+    )
+
+
+def route(h: Host, *args: str) -> dict[str, Any]:
+    r = h.gpulock("route", "chat", "--json", *args)
+    assert r.returncode == 0, r.stderr
+    obj: dict[str, Any] = json.loads(r.stdout)
+    return obj
+
+
+AGENT = """\
+import json, sys
+import router
+m = router.get_model("chat", agent=sys.argv[1])
+text = m.chat([{"role": "user", "content": "hi"}], max_tokens=4)
+print(json.dumps({"host": m.host, "tier": m.tier, "text": text}))
+"""
+
+
+def test_each_host_publishes_its_tenant_candidate(pool: Pool) -> None:
+    obj = fleet(pool.b)
+    r = next(x for x in obj["hosts"] if x["name"] == "a")
+    assert r["candidates"] == ["qwen-gpu"] and r["warm"] == []
+
+
+def test_a_busy_local_line_sends_a_tenant_request_to_the_idle_peer(pool: Pool) -> None:
+    a, b = pool.a, pool.b
+    blocker = hold_gpu(a, "blocker")
+    try:
+        wait_until(lambda: (row(a, "a") or {"gpus": [{"holding": 0}]})["gpus"][0]["holding"],
+                   WAIT_S, "a's report to show its GPU held")  # fmt: skip
+        wait_until(lambda: idle(row(a, "b")), WAIT_S, "b idle, as a sees it")
+        before_a, before_b = chats(pool.oa), chats(pool.ob)
+        r = a.chat("agent-busy")
+        assert r.status == 200, r.body
+        assert r.headers["x-gpulock-host"] == "b"
+        assert r.json()["choices"][0]["message"]["content"] == "hi"
+        # It ran through b's own tenant, in b's line under the agent's name.
+        assert chats(pool.ob) == before_b + 1 and chats(pool.oa) == before_a
+        assert [e for e in b.events("acquire") if e.get("name") == "agent-busy"]
+        calls = [e for e in b.events("call") if e.get("agent") == "agent-busy"]
+        assert calls and calls[0]["host"] == "b" and calls[0]["model"] == "qwen-gpu", calls
+        assert [e["host"] for e in a.events("call") if e.get("agent") == "agent-busy"] == ["b"]
+        st = json.loads(b.gpulock("status", "--json").stdout)
+        held = json.dumps(st["residents"])
+        assert f"ollama/{MODEL}" in held, st["residents"]  # b's tenant holds it now
+        # get_model / gpulock route on a: the same placement, and the agent's call runs on b.
+        explained = a.gpulock("route", "chat", "--explain").stdout
+        assert "on b: starts in" in explained and "here: ~" in explained, explained
+        assert route(a)["host"] == "b"
+        agent = subprocess.run(
+            [sys.executable, "-c", AGENT, "agent-model"],
+            env={**_clean_env(), **a.env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert agent.returncode == 0, agent.stderr
+        got = json.loads(agent.stdout)
+        assert got == {"host": "b", "tier": "gpu", "text": "hi"}, got
+        assert chats(pool.ob) == before_b + 2 and chats(pool.oa) == before_a
+        assert [e for e in b.events("acquire") if e.get("name") == "agent-model"]
+    finally:
+        kill_group(blocker)
+
+
+def test_a_warm_peer_wins_over_a_cold_local_load_and_a_warm_host_keeps_it(pool: Pool) -> None:
+    a, b = pool.a, pool.b
+    with pool.oa.lock:
+        pool.oa.loaded.clear()  # a's Ollama holds nothing: a load (~5 s for 5 GiB) here
+    pool.ob.load(MODEL)  # b's holds the model: warm there
+    wait_until(
+        lambda: idle(row(a, "b")) and "qwen-gpu" in (row(a, "b") or {}).get("warm", []),
+        WAIT_S,
+        "b idle with qwen-gpu warm, as a sees it",
+    )
+    wait_until(lambda: idle(row(a, "a")), WAIT_S, "a idle")
+    assert route(a)["host"] == "b"  # b: 0 s + 0.5 s penalty < a: ~5 s load
+    before_a, before_b = chats(pool.oa), chats(pool.ob)
+    r = a.chat("agent-warm")
+    assert r.status == 200 and r.headers["x-gpulock-host"] == "b", r.body
+    assert chats(pool.ob) == before_b + 1 and chats(pool.oa) == before_a
+    # A request a peer forwarded runs where it lands: a's tenant now holds the model.
+    r = a.chat("agent-local", **{"X-Gpulock-From": "test"})
+    assert r.status == 200 and r.headers["x-gpulock-host"] == "a", r.body
+    assert chats(pool.oa) == before_a + 1
+    # Warm here (a's tenant holds it): 0 s beats b's 0.5 s penalty, in serve and in route.
+    wait_until(lambda: idle(row(a, "a")) and idle(row(a, "b")), WAIT_S, "both idle")
+    assert route(a)["host"] == "a"
+    r = a.chat("agent-tie")
+    assert r.status == 200 and r.headers["x-gpulock-host"] == "a", r.body
+    assert chats(pool.oa) == before_a + 2 and chats(pool.ob) == before_b + 1
+    mine = next(x for x in fleet(b)["hosts"] if x["name"] == "a")
+    assert mine["warm"] == ["qwen-gpu"]  # what a publishes agrees with what a estimates
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("GPULOCK_")}
