@@ -97,9 +97,12 @@ class ClusterLink:
         gpu_cands = [c for c in self.d.candidates() if c.tier == "gpu"]
         rs = self.d.table.settings
         host = probe.host(self.settings, gpu_cands, rs, warm=self._warm(), now_wall=now_wall)
-        extra_waiting = self.d.line.waiting  # requests waiting inside serve, behind a shared ticket
         gpus = []
         for g in host.gpus:
+            # Requests waiting inside serve behind a shared ticket (the queue shows those that
+            # wait for a ticket of their own already: counting them again made this host look
+            # twice as busy as it is, and it kept half the share of a skewed load).
+            extra_waiting = self.d.line.queued(g.index)
             hold = self._request_s.get(g.index) or _typical_hold(
                 self.settings, g.index, rs.hold_estimate_s
             )
@@ -205,10 +208,11 @@ class ClusterLink:
             if v is choice.chosen:
                 if placeable(c):
                     wait, ahead = line_wait(host, v)
-                    # Requests waiting inside this server (behind its shared ticket) are not
+                    # Requests waiting inside this server behind a shared ticket are not
                     # tickets: each adds a typical hold to the wait here, as they do in the
-                    # report the peers read.
-                    queued = d.line.waiting
+                    # report the peers read (those waiting for a ticket of their own are in
+                    # the queue, and in ``wait`` already).
+                    queued = d.line.queued(v.gpu)
                     if queued and v.gpu is not None:
                         wait = (wait or 0.0) + queued * self._holds.get(v.gpu, 0.0)
                     here_wait = (wait, ahead + queued)

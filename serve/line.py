@@ -192,6 +192,15 @@ class Line:
             if not fut.done():
                 fut.set_result(False)
 
+    def queued(self, gpu: int | None = None) -> int:
+        """Requests waiting here under a granted ticket of their model (on ``gpu``; None: on
+        any), for a place in it: they have no ticket of their own, so the GPU's queue does not
+        show them.  ``waiting`` counts these and those waiting for their own ticket (which the
+        queue shows already)."""
+        return sum(
+            len(g.waiting) for g in self._open.values() if gpu is None or g.lease.gpu == gpu
+        )
+
     def held(self) -> dict[str, int]:
         """Requests running per model now (for ``/api/ps``)."""
         return {k: g.active for k, g in self._open.items()}

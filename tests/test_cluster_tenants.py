@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,6 +225,44 @@ def test_a_warm_peer_wins_over_a_cold_local_load_and_a_warm_host_keeps_it(pool: 
         WAIT_S,
         "a's report to say qwen-gpu is warm",
     )
+
+
+def test_requests_waiting_for_tickets_of_their_own_count_once(pool: Pool) -> None:
+    """Requests that wait in the GPU's queue for a ticket of their own show there already: the
+    report counts each once (counted twice, a busy host looked twice as busy as it was and kept
+    half its share of a skewed load)."""
+    a = pool.a
+    blocker = hold_gpu(a, "blocker-count")
+    out: list[Any] = []
+    threads = [
+        threading.Thread(
+            target=lambda i=i: out.append(a.chat(f"agent-queued-{i}", **{"X-Gpulock-From": "t"}))
+        )
+        for i in range(2)
+    ]
+    try:
+        for t in threads:
+            t.start()
+        wait_until(lambda: _waits(a) >= 2, WAIT_S, "two requests waiting on a's GPU")
+
+        def published() -> tuple[int, int] | None:
+            r = next(x for x in fleet(a)["hosts"] if x["name"] == "a")
+            g = r["gpus"][0]
+            return (g["holding"], g["waiting"]) if r["in_flight"] == 2 else None
+
+        assert wait_until(published, WAIT_S, "a's report with its two requests") == (1, 2)
+    finally:
+        kill_group(blocker)
+        for t in threads:
+            t.join(WAIT_S)
+    assert [r.status for r in out] == [200, 200] and all(
+        r.headers["x-gpulock-host"] == "a" for r in out
+    )
+
+
+def _waits(h: Host) -> int:
+    st = json.loads(h.gpulock("status", "--json").stdout)
+    return sum(1 for g in st["gpus"] for e in g["waiters"] if e["state"] == "waiting")
 
 
 def _clean_env() -> dict[str, str]:
