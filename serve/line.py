@@ -197,9 +197,7 @@ class Line:
         any), for a place in it: they have no ticket of their own, so the GPU's queue does not
         show them.  ``waiting`` counts these and those waiting for their own ticket (which the
         queue shows already)."""
-        return sum(
-            len(g.waiting) for g in self._open.values() if gpu is None or g.lease.gpu == gpu
-        )
+        return sum(len(g.waiting) for g in self._open.values() if gpu is None or g.lease.gpu == gpu)
 
     def held(self) -> dict[str, int]:
         """Requests running per model now (for ``/api/ps``)."""
