@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from cluster import cooldowns, spend
 from cluster import report as report_mod
 from cluster.config import ClusterConfig
+from cluster.place import in_transit
 from cluster.report import HostReport
 from cluster.store import Store, Unavailable
 from gpulock.core import clusterview
@@ -63,8 +64,8 @@ class Heartbeat:
         self._was_up: bool | None = None
         self._hosts_seen = 1
         self._lock = threading.Lock()
-        # Requests this host sent to each peer since that peer's last heartbeat (herding).
-        self._sent: dict[str, tuple[float, int]] = {}
+        # When this host sent requests to each peer, recently (herding: cluster.place).
+        self._sent: dict[str, list[float]] = {}
 
     # --- one pass ----------------------------------------------------------------------------
 
@@ -116,18 +117,22 @@ class Heartbeat:
     # --- herding -----------------------------------------------------------------------------
 
     def sent(self) -> dict[str, int]:
-        """Requests sent to each peer since its last heartbeat (as last read)."""
+        """Requests sent to each peer that its report (as last read) does not show yet."""
         at = {r.host: r.at_wall for r in self.fleet.reports}
         with self._lock:
-            return {h: n for h, (since, n) in self._sent.items() if at.get(h) == since}
+            return {
+                h: n
+                for h, times in self._sent.items()
+                if h in at and (n := in_transit(times, at[h]))
+            }
 
     def count_sent(self, host: str) -> None:
         at = next((r.at_wall for r in self.fleet.reports if r.host == host), None)
-        if at is None:
-            return
+        now = time.time()
         with self._lock:
-            since, n = self._sent.get(host, (at, 0))
-            self._sent[host] = (at, n + 1 if since == at else 1)
+            # Sends its last report shows are forgotten (a newer report shows them too).
+            times = [t for t in self._sent.get(host, ()) if at is None or in_transit((t,), at)]
+            self._sent[host] = [*times, now]
 
     # --- edges -------------------------------------------------------------------------------
 

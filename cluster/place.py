@@ -8,17 +8,31 @@ than three heartbeats, or one that failed on this call is not a location.
 Heartbeats are seconds old when read, so a burst of agents would all pile onto the one peer that
 looked idle (herding).  Two counts keep them apart: the peer's report counts the requests in
 its line (waiting ones are in its estimate), and this host counts the requests it has itself
-sent to each peer since that peer's last heartbeat: each adds one typical hold (``hold_s``) to
-the peer's wait.
+sent to each peer that the report cannot show yet (``in_transit``): each adds one typical hold
+(``hold_s``) to the peer's wait.  Those are the requests sent after the report was made, and
+those sent shortly before it (``TRANSIT_S``): a request takes a while to reach the peer's line
+(the network, the peer's own choice), so a report made meanwhile does not count it; forgetting
+it when that report arrived sent a burst's next requests to the peer that looked idle again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from cluster.config import GONE_AFTER_HEARTBEATS
 from cluster.report import HostReport
+
+# A forwarded request's time to show in the peer's line (the network, the peer's choice), and
+# the hosts' clocks' skew: a report made less than this after a request was sent may miss it.
+TRANSIT_S: Final = 0.25
+
+
+def in_transit(sent_wall: Iterable[float], report_at_wall: float) -> int:
+    """How many of the requests sent to a peer (at these wall times, this host's clock) its
+    report made at ``report_at_wall`` does not show (see the module doc)."""
+    return sum(1 for t in sent_wall if t > report_at_wall - TRANSIT_S)
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,7 +71,7 @@ def feed_cooldowns(feed: Callable[[], dict[str, tuple[float, str]]] | None) -> N
     _cooldown_feed = feed
 
 
-_sent: dict[tuple[str, float], int] = {}  # (peer, its heartbeat's time) -> requests sent since
+_sent: dict[str, list[float]] = {}  # peer -> when this process sent it requests (wall times)
 
 
 def _view(settings: Settings) -> _View:
@@ -152,7 +152,7 @@ def _place(
         wait, ahead = line_wait(host, v)
         load_s = load_estimate_s(v.need_bytes)
         local = place.here(cc.host, wait, ahead, warm=cid(c) in host.warm, load_s=load_s, gpu=v.gpu)
-    sent = {r.host: _sent.get((r.host, r.at_wall), 0) for r in reports}
+    sent = {r.host: place.in_transit(_sent.get(r.host, ()), r.at_wall) for r in reports}
     cooling = cooldowns.cooling_peers(shared_cooldowns(settings))
     locs = place.locations(
         c.name,
@@ -198,12 +198,15 @@ def _place(
 
 
 def count_sent(settings: Settings, peer: str) -> None:
-    """One more request handed to ``peer`` since its last heartbeat (herding: see
-    ``cluster.place``); counted by this process, for its next choices."""
+    """One more request handed to ``peer``, counted by this process for its next choices until
+    the peer's report shows it (herding: see ``cluster.place``)."""
+    from cluster.place import in_transit
+
     _cc, reports = peers(settings)
     at = next((r.at_wall for r in reports if r.host == peer), None)
-    if at is not None:
-        _sent[(peer, at)] = _sent.get((peer, at), 0) + 1
+    # Sends its last report shows are forgotten (a newer report shows them too).
+    times = [t for t in _sent.get(peer, ()) if at is None or in_transit((t,), at)]
+    _sent[peer] = [*times, time.time()]
 
 
 def share_cooldown(settings: Settings, key: str, length_s: float, reason: str) -> None:

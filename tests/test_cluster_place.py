@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -94,6 +97,41 @@ def test_requests_sent_since_a_heartbeat_spread_a_burst_over_the_peers() -> None
     assert best(local(60.0, 3), b, c) == "b"
     assert best(local(60.0, 3), b, c, sent={"b": 1}) == "c"  # b: +1 hold of 4 s
     assert best(local(60.0, 3), b, c, sent={"b": 2, "c": 1}) == "c"
+
+
+def test_requests_on_their_way_count_until_a_report_can_show_them() -> None:
+    """A report made just after requests were sent (before they reached the peer's line) does
+    not show them: they still count; those sent well before it are in it, and count no more."""
+    assert place.in_transit([NOW - 5.0, NOW - 0.1, NOW + 1.0], NOW) == 2
+    assert place.in_transit([NOW - place.TRANSIT_S - 0.01], NOW) == 0
+
+
+def test_the_heartbeat_keeps_counting_sends_a_new_report_cannot_show_yet(tmp_path: Path) -> None:
+    """Forgetting what was sent whenever a new report arrived sent a burst's next requests to
+    the peer that looked idle again (a skewed load kept piling onto one peer)."""
+    from cluster.config import ClusterConfig
+    from cluster.heartbeat import Fleet, Heartbeat
+    from gpulock.core.config import parse_config
+    from gpulock.core.settings import load as load_settings
+
+    settings = load_settings(parse_config("simulate: 24GiB\n", "test.yaml"), tmp_path)
+    cc = ClusterConfig(redis_url="redis://127.0.0.1:9/0", host="a")
+    hb = Heartbeat(settings, cc, lambda now: peer("a"))
+
+    def seen(at_wall: float) -> None:
+        b = replace(peer("b"), at_wall=at_wall)
+        hb.fleet = Fleet((b,), True, None, time.time())
+
+    seen(time.time() - 1.0)
+    hb.count_sent("b")
+    hb.count_sent("b")
+    assert hb.sent() == {"b": 2}
+    seen(time.time())  # made while the two were on their way: it shows neither
+    assert hb.sent() == {"b": 2}
+    hb.count_sent("b")
+    assert hb.sent() == {"b": 3}
+    seen(time.time() + place.TRANSIT_S + 0.01)  # a report that shows all three
+    assert hb.sent() == {}
 
 
 def test_an_unknown_estimate_counts_a_hold_per_ticket() -> None:
