@@ -80,10 +80,6 @@ class ClusterLink:
         self.settings = settings
         self.cc = cc
         self.d = dispatcher
-        self._holds: dict[int, float] = {}  # gpu -> typical hold, as of the last heartbeat
-        # gpu -> a request's time on it (moving average): serve's requests share a ticket, so
-        # the tickets' holds say little about how long one more request takes.
-        self._request_s: dict[int, float] = {}
         self.heartbeat = Heartbeat(
             settings, cc, self.report, ledger_spend=lambda: ledger.read(settings).spend_usd
         )
@@ -99,26 +95,18 @@ class ClusterLink:
         host = probe.host(self.settings, gpu_cands, rs, warm=self._warm(), now_wall=now_wall)
         gpus = []
         for g in host.gpus:
-            # Requests waiting inside serve behind a shared ticket (the queue shows those that
-            # wait for a ticket of their own already: counting them again made this host look
-            # twice as busy as it is, and it kept half the share of a skewed load).
-            extra_waiting = self.d.line.queued(g.index)
-            hold = self._request_s.get(g.index) or _typical_hold(
-                self.settings, g.index, rs.hold_estimate_s
-            )
-            self._holds[g.index] = hold
+            hold = self._request_s(g.index)
             holding = sum(1 for q in g.line if q.held_s is not None)
             est = g.est_wait_s if g.ahead else 0.0
-            if est is not None:
-                est += extra_waiting * hold
+            wait, ahead = self._with_own(g.index, est, g.ahead)
             gpus.append(
                 GpuLine(
                     g.index,
                     g.total_bytes,
                     g.free_bytes,
                     holding,
-                    g.ahead - holding + extra_waiting,
-                    est,
+                    max(0, ahead - holding),
+                    wait,
                     hold,
                 )
             )
@@ -208,14 +196,9 @@ class ClusterLink:
             if v is choice.chosen:
                 if placeable(c):
                     wait, ahead = line_wait(host, v)
-                    # Requests waiting inside this server behind a shared ticket are not
-                    # tickets: each adds a typical hold to the wait here, as they do in the
-                    # report the peers read (those waiting for a ticket of their own are in
-                    # the queue, and in ``wait`` already).
-                    queued = d.line.queued(v.gpu)
-                    if queued and v.gpu is not None:
-                        wait = (wait or 0.0) + queued * self._holds.get(v.gpu, 0.0)
-                    here_wait = (wait, ahead + queued)
+                    if v.gpu is not None:  # as in the report the peers read
+                        wait, ahead = self._with_own(v.gpu, wait, ahead)
+                    here_wait = (wait, ahead)
                     warm = cid(c) in host.warm
                     return await self.try_peers(d, ask, v, here_wait, agent, left, warm=warm)
                 return None
@@ -308,11 +291,26 @@ class ClusterLink:
         )
 
     def observe(self, gpu: int, began: float) -> None:
-        """A local request on ``gpu`` ended: fold its time into the moving average."""
-        took = time.monotonic() - began
-        old = self._request_s.get(gpu)
-        self._request_s[gpu] = took if old is None else 0.7 * old + 0.3 * took
-        self._holds[gpu] = self._request_s[gpu]
+        """A local request on ``gpu`` ended (the line keeps its pace: ``Line.request_s``)."""
+
+    def _request_s(self, gpu: int) -> float:
+        """What one more request adds to the wait on ``gpu``: the line's pace, else the median
+        of the GPU's recent holds (``router.hold_estimate`` before any)."""
+        return self.d.line.request_s(gpu) or _typical_hold(
+            self.settings, gpu, self.d.table.settings.hold_estimate_s
+        )
+
+    def _with_own(self, gpu: int, wait: float | None, ahead: int) -> tuple[float | None, int]:
+        """The wait on ``gpu`` and the requests ahead, counting this server's own requests at
+        its pace.  The GPU's queue shows their tickets, but not the requests under a shared
+        ticket, and tickets that share the GPU's memory read as no wait, while a llama.cpp
+        model runs one call at a time: each request of this server in line adds one request's
+        time (the larger of the two estimates stands)."""
+        n = self.d.line.busy(gpu)
+        if not n:
+            return wait, ahead
+        own = n * self._request_s(gpu)
+        return (own if wait is None else max(wait, own)), max(ahead, n)
 
     def cool_peer(self, host: str, why: str) -> None:
         """The peer cools down for every host (Redis; off the event loop)."""

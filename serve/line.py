@@ -67,6 +67,12 @@ class Line:
         self.max_queue = max_queue
         self.waiting = 0
         self._open: dict[str, _Group] = {}
+        # Per GPU: this server's requests in the line (waiting or running), since when it has
+        # had any, when the last one ended, and the time each adds (see ``request_s``).
+        self._busy: dict[int, int] = {}
+        self._busy_since: dict[int, float] = {}
+        self._last_end: dict[int, float] = {}
+        self._request_s: dict[int, float] = {}
 
     @asynccontextmanager
     async def slot(
@@ -84,15 +90,23 @@ class Line:
         if self.waiting >= self.max_queue:
             raise QueueFull(f"{self.waiting} requests wait already (serve.max_queue)")
         start = time.monotonic()
-        self.waiting += 1
+        self._began(gpu, start)
+        served = False
         try:
-            group, shared = await self._enter(key, gpu, need, parallel, name, timeout_s, command)
+            self.waiting += 1
+            try:
+                group, shared = await self._enter(
+                    key, gpu, need, parallel, name, timeout_s, command
+                )
+            finally:
+                self.waiting -= 1
+            try:
+                yield Slot(gpu, group.lease.ticket, time.monotonic() - start, shared)
+                served = True
+            finally:
+                self._leave(group)
         finally:
-            self.waiting -= 1
-        try:
-            yield Slot(gpu, group.lease.ticket, time.monotonic() - start, shared)
-        finally:
-            self._leave(group)
+            self._ended(gpu, served)
 
     async def _enter(
         self,
@@ -192,12 +206,34 @@ class Line:
             if not fut.done():
                 fut.set_result(False)
 
-    def queued(self, gpu: int | None = None) -> int:
-        """Requests waiting here under a granted ticket of their model (on ``gpu``; None: on
-        any), for a place in it: they have no ticket of their own, so the GPU's queue does not
-        show them.  ``waiting`` counts these and those waiting for their own ticket (which the
-        queue shows already)."""
-        return sum(len(g.waiting) for g in self._open.values() if gpu is None or g.lease.gpu == gpu)
+    def busy(self, gpu: int) -> int:
+        """This server's requests on ``gpu`` now, waiting or running: whether they wait in the
+        GPU's queue for tickets of their own, under a shared ticket, or inside the model
+        (llama.cpp runs one call at a time, though its tickets share the GPU's memory)."""
+        return self._busy.get(gpu, 0)
+
+    def request_s(self, gpu: int) -> float | None:
+        """The time one more request adds on ``gpu`` (None before any ended): a moving average
+        of the time between two ends while requests were in line, or of a request's whole time
+        when it was alone.  It is the line's pace, whatever runs one call at a time (the GPU's
+        queue, a shared ticket, the model itself) and however many run at once."""
+        return self._request_s.get(gpu)
+
+    def _began(self, gpu: int, now: float) -> None:
+        n = self._busy.get(gpu, 0)
+        if n == 0:
+            self._busy_since[gpu] = now
+        self._busy[gpu] = n + 1
+
+    def _ended(self, gpu: int, served: bool) -> None:
+        self._busy[gpu] -= 1
+        if not served:
+            return
+        now = time.monotonic()
+        took = now - max(self._last_end.get(gpu, 0.0), self._busy_since[gpu])
+        self._last_end[gpu] = now
+        old = self._request_s.get(gpu)
+        self._request_s[gpu] = took if old is None else 0.7 * old + 0.3 * took
 
     def held(self) -> dict[str, int]:
         """Requests running per model now (for ``/api/ps``)."""

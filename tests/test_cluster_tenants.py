@@ -10,6 +10,7 @@ tenant holds it now" on both sides: in the report a host publishes, and in its o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -267,3 +268,42 @@ def _waits(h: Host) -> int:
 
 def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("GPULOCK_")}
+
+
+def test_the_line_counts_every_request_in_it_and_keeps_its_pace(tmp_path: Path) -> None:
+    """What serve's cluster estimate stands on: every request of this server in a GPU's line
+    counts, one running under its ticket and one waiting under that shared ticket alike (the
+    GPU's queue shows one ticket, and tickets that share memory read as no wait), and the
+    time one more request adds is known once requests have ended."""
+    from gpulock.core.config import parse_config
+    from gpulock.core.settings import load as load_settings
+    from serve.line import Line
+
+    settings = load_settings(parse_config("simulate: 24GiB\n", "test.yaml"), tmp_path)
+    line = Line(settings, max_queue=8)
+    seen: list[int] = []
+
+    async def one(inside: asyncio.Event, go: asyncio.Event) -> None:
+        async with line.slot("m|0", gpu=0, need=1 << 30, parallel=1, name="t", timeout_s=30):
+            inside.set()
+            await go.wait()
+
+    async def main() -> None:
+        first_in, second_in, go = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        first = asyncio.create_task(one(first_in, go))
+        await first_in.wait()
+        second = asyncio.create_task(one(second_in, go))
+        async def second_waits() -> None:  # under the first's ticket
+            while line.waiting < 1:
+                await asyncio.sleep(0.005)
+
+        await asyncio.wait_for(second_waits(), 30)
+        seen.append(line.busy(0))
+        assert line.request_s(0) is None  # none ended yet
+        go.set()
+        await asyncio.wait_for(asyncio.gather(first, second), 30)
+        seen.append(line.busy(0))
+
+    asyncio.run(main())
+    assert seen == [2, 0]
+    assert line.request_s(0) is not None
