@@ -293,6 +293,7 @@ def test_the_line_counts_every_request_in_it_and_keeps_its_pace(tmp_path: Path) 
         first = asyncio.create_task(one(first_in, go))
         await first_in.wait()
         second = asyncio.create_task(one(second_in, go))
+
         async def second_waits() -> None:  # under the first's ticket
             while line.waiting < 1:
                 await asyncio.sleep(0.005)
