@@ -11,6 +11,7 @@ tenant holds it now" on both sides: in the report a host publishes, and in its o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -308,3 +309,115 @@ def test_the_line_counts_every_request_in_it_and_keeps_its_pace(tmp_path: Path) 
     asyncio.run(main())
     assert seen == [2, 0]
     assert line.request_s(0) is not None
+
+
+# A ``kind: command`` tenant's server: the vLLM stand-in on the port its config names.
+COMMAND_SERVER = """\
+import sys
+sys.path.insert(0, sys.argv[1])
+import standins.base as base
+
+class OnPort(base.ThreadingHTTPServer):
+    def __init__(self, _addr, handler):
+        super().__init__(("127.0.0.1", int(sys.argv[2])), handler)
+
+base.ThreadingHTTPServer = OnPort
+from standins.vllm import Vllm
+
+Vllm("m").start().thread.join()
+"""
+
+
+def command_host(root: Path, name: str, redis: RedisServer) -> Host:
+    folder = root / name
+    folder.mkdir()
+    port, server_port = free_port(), free_port()
+    argv = [sys.executable, "-c", COMMAND_SERVER, str(Path(__file__).parent), str(server_port)]
+    config = folder / "gpulock.yaml"
+    config.write_text(
+        textwrap.dedent(
+            f"""\
+            simulate: 24GiB
+            tenants:
+              - name: cmd
+                kind: command
+                command: {json.dumps(argv)}
+                url: http://127.0.0.1:{server_port}
+                health: /v1/models
+                need: 1GiB
+                models: [m]
+                ready_timeout: 60s
+            cluster:
+              redis: {redis.url}
+              host: {name}
+              gateway: http://127.0.0.1:{port}
+              heartbeat: 1s
+              remote_penalty: 500ms
+              peer_timeout: 2s
+            routes:
+              complete:
+                - {{tenant: cmd, model: m, max_tokens: 4, name: cmd-gpu}}
+            """
+        )
+    )
+    env = {"GPULOCK_CONFIG": str(config), "GPULOCK_STATE_DIR": str(folder / "state")}
+    return Host(log=folder / "serve.log", env=env, port=port, name=name, folder=folder)
+
+
+def tenant_state(h: Host) -> list[str]:
+    r = h.gpulock("tenants", "--json")
+    assert r.returncode == 0, r.stderr
+    obj = json.loads(r.stdout)
+    rows = obj["tenants"] if isinstance(obj, dict) else obj
+    return [m["state"] for t in rows for m in t.get("models", [])]
+
+
+def test_a_command_tenant_moves_to_the_peer_which_starts_its_own_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """``kind: command``: the peer's serve calls its own server, starting it on the first call
+    (the load); this host's server is never started."""
+    need_redis()
+    root = tmp_path_factory.mktemp("cluster-command")
+    redis = RedisServer(root / "redis").start()
+    a, b = command_host(root, "ca", redis), command_host(root, "cb", redis)
+    blocker = None
+    try:
+        b.start()
+        a.start()
+        wait_until(lambda: _names(a) == ["ca", "cb"], WAIT_S, "both hosts in Redis")
+        assert tenant_state(b) == [] and tenant_state(a) == []  # neither server runs
+        blocker = hold_gpu(a, "blocker")
+        wait_until(lambda: (row(a, "ca") or {"gpus": [{"holding": 0}]})["gpus"][0]["holding"],
+                   WAIT_S, "ca's report to show its GPU held")  # fmt: skip
+        assert route_of(a, "complete") == "cb"
+        body = {"model": "complete", "prompt": "once", "max_tokens": 4}
+        r = a.request("POST", "/v1/completions", body, {"X-Gpulock-Agent": "agent-cmd"})
+        assert r.status == 200, r.body
+        assert r.headers["x-gpulock-host"] == "cb"
+        assert r.json()["choices"][0]["text"] == "hi"
+        assert tenant_state(b) == ["loaded"]  # b started its own server for the call
+        assert tenant_state(a) == []  # a's was never started
+        calls = [e for e in b.events("call") if e.get("agent") == "agent-cmd"]
+        assert calls and calls[0]["host"] == "cb" and calls[0]["model"] == "cmd-gpu", calls
+    finally:
+        kill_group(blocker)
+        for h in (a, b):
+            h.stop()
+            stop_command_server(h)
+        redis.stop()
+
+
+def stop_command_server(h: Host) -> None:
+    from gpulock.core import settings as settings_mod
+    from gpulock.tenants import survey
+
+    settings = settings_mod.load(str(h.folder / "gpulock.yaml"), h.folder / "state")
+    with contextlib.suppress(Exception):  # (not started: nothing to stop)
+        survey.adapter_for(settings.config.tenants[0], settings).unload("m")
+
+
+def route_of(h: Host, task: str) -> str:
+    r = h.gpulock("route", task, "--json")
+    assert r.returncode == 0, r.stderr
+    return str(json.loads(r.stdout)["host"])
