@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from cluster.config import GONE_AFTER_HEARTBEATS
-from cluster.report import HostReport
+from cluster.report import GpuLine, HostReport
 
 # A forwarded request's time to show in the peer's line (the network, the peer's choice), and
 # the hosts' clocks' skew: a report made less than this after a request was sent may miss it.
@@ -79,17 +79,19 @@ def peer(
     if not gpus:
         return None
 
-    def wait(g_wait: float | None, hold_s: float, ahead: int) -> float:
-        base = g_wait if g_wait is not None else ahead * hold_s  # unknown: a hold per ticket
-        return base + sent * hold_s
+    def wait(g: GpuLine) -> float:
+        own = runs.wait_on(g.index)  # the candidate's own, where the host published it
+        g_wait = own if own is not None else g.est_wait_s
+        base = g_wait if g_wait is not None else (g.holding + g.waiting) * g.hold_s  # a hold each
+        return base + sent * g.hold_s
 
-    best = min(gpus, key=lambda g: wait(g.est_wait_s, g.hold_s, g.holding + g.waiting))
+    best = min(gpus, key=wait)
     ahead = best.holding + best.waiting + sent
-    line_s = wait(best.est_wait_s, best.hold_s, best.holding + best.waiting) + penalty_s
+    line_s = wait(best) + penalty_s
     if deadline_s is not None and ahead and line_s > deadline_s:
         return None
     warm = name in report.warm
-    start = wait(best.est_wait_s, best.hold_s, best.holding + best.waiting) + penalty_s
+    start = wait(best) + penalty_s
     start += 0.0 if warm else runs.load_s
     return Location(
         report.host,

@@ -7,12 +7,13 @@ Format ``gpulock.cluster.host/1``, one JSON object::
      "in_flight": 1,
      "gpus": [{"index": 0, "total_bytes": 25769803776, "free_bytes": 20000000000,
                "holding": 1, "waiting": 0, "est_wait_s": 3.5, "hold_s": 4.0}],
-     "candidates": [{"name": "tiny-gpu", "load_s": 1.0, "gpus": [0]}],
+     "candidates": [{"name": "tiny-gpu", "load_s": 1.0, "gpus": [0], "waits": [3.5]}],
      "warm": ["tiny-gpu"]}
 
-``candidates`` are the route candidates of the gpu tier this host can run (a GPU big enough);
-``warm`` the ones loaded now.  Readers ignore keys they do not know and skip a report they
-cannot read: a newer host's report never breaks an older one.
+``candidates`` are the route candidates of the gpu tier this host can run (a GPU big enough),
+with a newcomer's wait for each on each of those GPUs (``waits``, optional: without it the
+GPU's ``est_wait_s`` stands); ``warm`` the ones loaded now.  Readers ignore keys they do not
+know and skip a report they cannot read: a newer host's report never breaks an older one.
 """
 
 from __future__ import annotations
@@ -50,14 +51,32 @@ class GpuLine:
 
 @dataclass(frozen=True, slots=True)
 class Runs:
-    """A gpu candidate a host can run: its name, its load time, the GPUs it fits on."""
+    """A gpu candidate a host can run: its name, its load time, the GPUs it fits on, and (when
+    the host says) a newcomer's wait for it on each of those GPUs, in order.  Its own wait may
+    differ from the GPU's ``est_wait_s`` (an exclusive newcomer's): its need may share the GPU
+    with the holders, and a ``kind: command`` tenant's calls take no ticket at all (its server
+    holds one for as long as it runs)."""
 
     name: str
     load_s: float
     gpus: tuple[int, ...]
+    waits: tuple[float | None, ...] = ()  # None: the GPU's est_wait_s stands
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "load_s": round(self.load_s, 3), "gpus": list(self.gpus)}
+        out: dict[str, Any] = {
+            "name": self.name,
+            "load_s": round(self.load_s, 3),
+            "gpus": list(self.gpus),
+        }
+        if self.waits:
+            out["waits"] = [None if w is None else round(w, 3) for w in self.waits]
+        return out
+
+    def wait_on(self, gpu: int) -> float | None:
+        """This candidate's own wait on ``gpu`` as published; None: the GPU's stands."""
+        if len(self.waits) != len(self.gpus):
+            return None
+        return dict(zip(self.gpus, self.waits, strict=True)).get(gpu)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,4 +188,5 @@ def _runs(c: Any) -> Runs:
         name=c["name"],
         load_s=_num(c.get("load_s", LOAD_MIN_S)),
         gpus=tuple(int(_num(i)) for i in _list(c.get("gpus"))),
+        waits=tuple(None if w is None else _num(w) for w in _list(c.get("waits"))),
     )

@@ -120,7 +120,8 @@ class ClusterLink:
                 and (need is None or g.budget_bytes is None or need <= g.budget_bytes)
             )
             if fits:
-                runs.append(Runs(c.name, load_estimate_s(need), fits))
+                waits = tuple(self._candidate_wait(host, c, need, i)[0] for i in fits)
+                runs.append(Runs(c.name, load_estimate_s(need), fits, waits))
         warm = {c.name for c in gpu_cands if cid(c) in host.warm}
         in_flight = sum(self.d.line.held().values()) + self.d.line.waiting
         return HostReport(
@@ -195,10 +196,11 @@ class ClusterLink:
             c = v.candidate
             if v is choice.chosen:
                 if placeable(c):
-                    wait, ahead = line_wait(host, v)
-                    if v.gpu is not None:  # as in the report the peers read
-                        wait, ahead = self._with_own(v.gpu, wait, ahead)
-                    here_wait = (wait, ahead)
+                    here_wait = (
+                        self._candidate_wait(host, c, v.need_bytes, v.gpu)
+                        if v.gpu is not None
+                        else line_wait(host, v)
+                    )
                     warm = cid(c) in host.warm
                     return await self.try_peers(d, ask, v, here_wait, agent, left, warm=warm)
                 return None
@@ -299,6 +301,26 @@ class ClusterLink:
         return self.d.line.request_s(gpu) or _typical_hold(
             self.settings, gpu, self.d.table.settings.hold_estimate_s
         )
+
+    def _candidate_wait(
+        self, host: Host, c: Candidate, need: int | None, gpu: int
+    ) -> tuple[float | None, int]:
+        """A newcomer's wait for ``c`` on ``gpu`` and the requests ahead of it, the same in this
+        host's own estimate and in the report its peers read: the GPU's line for its need (it
+        may share the GPU with the holders), with this server's own requests at their pace.  A
+        ``kind: command`` tenant's calls take no ticket (its server holds one for as long as
+        it runs): while it runs, nothing of the line is ahead of them; while it does not, its
+        start waits in the line like any load."""
+        if self._own_ticket(c) and cid(c) in host.warm:
+            return 0.0, 0
+        return self._with_own(gpu, *line_wait(host, Verdict(c, True, "", gpu=gpu, need_bytes=need)))
+
+    def _own_ticket(self, c: Candidate) -> bool:
+        """``c`` is a ``kind: command`` tenant's model (as ``Dispatcher._own_ticket``)."""
+        if c.tenant is None:
+            return False
+        spec = next((t for t in self.settings.config.tenants if t.name == c.tenant), None)
+        return spec is not None and spec.kind == "command"
 
     def _with_own(self, gpu: int, wait: float | None, ahead: int) -> tuple[float | None, int]:
         """The wait on ``gpu`` and the requests ahead, counting this server's own requests at

@@ -134,6 +134,17 @@ def test_the_heartbeat_keeps_counting_sends_a_new_report_cannot_show_yet(tmp_pat
     assert hb.sent() == {}
 
 
+def test_a_candidates_own_published_wait_stands_over_the_gpus() -> None:
+    """The GPU's estimate is an exclusive newcomer's; a candidate whose need shares the GPU
+    with its holders (or a command tenant's, whose calls take no ticket) waits less."""
+    busy = peer("b", wait=60.0, holding=1, warm=True)
+    assert best(local(30.0, 1), busy) == "here"
+    own = replace(busy, candidates=(Runs("tiny-gpu", 5.0, (0,), (0.0,)),))
+    assert best(local(30.0, 1), own) == "b"
+    again = report.parse(json.loads(json.dumps(own.as_dict())))
+    assert again is not None and again.candidates == own.candidates
+
+
 def test_an_unknown_estimate_counts_a_hold_per_ticket() -> None:
     assert best(local(6.0, 1), peer("b", wait=None, holding=1, waiting=1)) == "here"  # 8+5+1
 

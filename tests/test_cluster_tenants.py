@@ -31,6 +31,9 @@ from router_servers import free_port, kill_group
 from standins.ollama import Ollama
 from test_cluster_serve import Host, fleet, hold_gpu
 
+from cluster.config import ClusterConfig
+from cluster.store import Store
+
 GiB = 1024**3
 MODEL = "qwen2.5:7b"
 WAIT_S = 30.0
@@ -400,6 +403,21 @@ def test_a_command_tenant_moves_to_the_peer_which_starts_its_own_server(
         assert tenant_state(a) == []  # a's was never started
         calls = [e for e in b.events("call") if e.get("agent") == "agent-cmd"]
         assert calls and calls[0]["host"] == "cb" and calls[0]["model"] == "cmd-gpu", calls
+        # b's server holds its own ticket now; b's report says the candidate's calls wait for
+        # none of it (they take no ticket), and that it is warm: b takes the next call too.
+        store = Store(ClusterConfig(redis_url=redis.url, host="test"))
+
+        def cb_serving() -> dict[str, Any] | None:
+            rep = next((x for x in store.hosts() if x["host"] == "cb"), None)
+            ok = rep is not None and rep["gpus"][0]["holding"] and "cmd-gpu" in rep["warm"]
+            return rep if ok else None
+
+        rep = wait_until(cb_serving, WAIT_S, "cb's report: its server holding, cmd-gpu warm")
+        assert [c["waits"] for c in rep["candidates"]] == [[0.0]], rep["candidates"]
+        r = a.request("POST", "/v1/completions", body, {"X-Gpulock-Agent": "agent-cmd-2"})
+        assert r.status == 200 and r.headers["x-gpulock-host"] == "cb", r.body
+        assert [e for e in b.events("call") if e.get("agent") == "agent-cmd-2"]
+        store.close()
     finally:
         kill_group(blocker)
         for h in (a, b):
