@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from standins.ollama import Ollama
 from test_cluster_serve import Host, fleet, hold_gpu
 
 from cluster.config import ClusterConfig
+from cluster.place import TRANSIT_S
 from cluster.store import Store
 
 GiB = 1024**3
@@ -399,6 +401,7 @@ def test_a_command_tenant_moves_to_the_peer_which_starts_its_own_server(
         assert r.status == 200, r.body
         assert r.headers["x-gpulock-host"] == "cb"
         assert r.json()["choices"][0]["text"] == "hi"
+        done = time.time()
         assert tenant_state(b) == ["loaded"]  # b started its own server for the call
         assert tenant_state(a) == []  # a's was never started
         calls = [e for e in b.events("call") if e.get("agent") == "agent-cmd"]
@@ -414,6 +417,13 @@ def test_a_command_tenant_moves_to_the_peer_which_starts_its_own_server(
 
         rep = wait_until(cb_serving, WAIT_S, "cb's report: its server holding, cmd-gpu warm")
         assert [c["waits"] for c in rep["candidates"]] == [[0.0]], rep["candidates"]
+
+        def a_sees_it_done() -> bool:  # a report of cb made after the call reached its line
+            r = row(a, "cb")
+            made = None if r is None else time.time() - r["heartbeat_age_s"]
+            return made is not None and "cmd-gpu" in r["warm"] and made > done + TRANSIT_S
+
+        wait_until(a_sees_it_done, WAIT_S, "a's view of cb: a report made after the call")
         r = a.request("POST", "/v1/completions", body, {"X-Gpulock-Agent": "agent-cmd-2"})
         assert r.status == 200 and r.headers["x-gpulock-host"] == "cb", r.body
         assert [e for e in b.events("call") if e.get("agent") == "agent-cmd-2"]
