@@ -144,7 +144,8 @@ class Recorder:
     last write is older than ``every_s``; otherwise it waits, with any others that come, for one
     locked change at most ``every_s`` later.  The ledger is read and written whole, so at
     hundreds of calls a second one change a call was most of the gateway's CPU.  A call whose
-    candidate has a budget is always spent at once, as ``record`` does.  ``flush()`` at exit.
+    candidate has a budget is always spent at once, its reservation settled, as ``record``
+    does.  ``flush()`` at exit.
     """
 
     def __init__(self, settings: Settings, rs: RouterSettings, every_s: float = 0.05) -> None:
@@ -164,12 +165,13 @@ class Recorder:
         tokens_in: int,
         tokens_out: int,
         latency_s: float,
+        reserved_usd: float = 0.0,
         **fields: Any,
     ) -> float:
-        if c.daily_budget_usd is not None or self.rs.daily_budget_usd is not None:
+        if reserved_usd or c.daily_budget_usd is not None or self.rs.daily_budget_usd is not None:
             return record(
                 self.settings, c, task=task, agent=agent, tokens_in=tokens_in,
-                tokens_out=tokens_out, latency_s=latency_s, **fields,
+                tokens_out=tokens_out, latency_s=latency_s, reserved_usd=reserved_usd, **fields,
             )  # fmt: skip
         cost = cost_usd(c, tokens_in, tokens_out)
         self._pending.append(
