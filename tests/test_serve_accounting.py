@@ -160,6 +160,27 @@ def calls(g: GatewayProc, model: str, n: int) -> tuple[int, list[openai.RateLimi
     return served, refused
 
 
+def at_once(g: GatewayProc, model: str, n: int) -> list[int]:
+    """``n`` chat calls in flight together: each one's status (200, or 429 when refused)."""
+
+    async def together() -> list[int]:
+        c = openai.AsyncOpenAI(base_url=f"{g.url}/v1", api_key="x", max_retries=0)
+
+        async def one() -> int:
+            try:
+                await c.chat.completions.create(model=model, messages=MSG)  # type: ignore[arg-type]
+            except openai.RateLimitError:
+                return 429
+            return 200
+
+        try:
+            return list(await asyncio.gather(*(one() for _ in range(n))))
+        finally:
+            await c.close()
+
+    return asyncio.run(together())
+
+
 def test_a_daily_budget_holds_for_serve_and_the_refusal_is_openais_429(setup: Setup) -> None:
     served, refused = calls(setup.gateway, "budgeted", 6)
     # Each call first reserves its most cost: its prompt (38 characters, a token each at most)
@@ -188,22 +209,7 @@ def test_requests_at_once_never_spend_past_a_budget(setup: Setup) -> None:
     # Eight requests in flight at once against $0.10: a check of what was spent before each
     # call lets all eight through ($0.112); reserving each call's most cost ($0.046) lets at
     # least two through and never a call that could pass the budget.
-    async def crowd() -> list[int]:
-        c = openai.AsyncOpenAI(base_url=f"{setup.gateway.url}/v1", api_key="x", max_retries=0)
-
-        async def one() -> int:
-            try:
-                await c.chat.completions.create(model="crowd", messages=MSG)  # type: ignore[arg-type]
-            except openai.RateLimitError:
-                return 429
-            return 200
-
-        try:
-            return list(await asyncio.gather(*(one() for _ in range(8))))
-        finally:
-            await c.close()
-
-    codes = asyncio.run(crowd())
+    codes = at_once(setup.gateway, "crowd", 8)
     served = codes.count(200)
     assert served >= 2 and codes.count(429) == 8 - served
     assert hits(setup.upstream, "m-crowd") == served
@@ -229,22 +235,7 @@ def test_a_rate_limit_holds_for_serve_and_the_refusal_is_openais_429(setup: Setu
 def test_a_burst_of_requests_at_once_gets_no_more_than_the_rate_limit(setup: Setup) -> None:
     # Judged and counted in one locked change: six requests in flight at once cannot all read
     # "0 requests in the last minute" before any is counted.
-    async def burst() -> list[int]:
-        c = openai.AsyncOpenAI(base_url=f"{setup.gateway.url}/v1", api_key="x", max_retries=0)
-
-        async def one() -> int:
-            try:
-                await c.chat.completions.create(model="burst", messages=MSG)  # type: ignore[arg-type]
-            except openai.RateLimitError:
-                return 429
-            return 200
-
-        try:
-            return list(await asyncio.gather(*(one() for _ in range(6))))
-        finally:
-            await c.close()
-
-    codes = asyncio.run(burst())
+    codes = at_once(setup.gateway, "burst", 6)
     assert sorted(codes) == [200, 200, 429, 429, 429, 429]
     assert hits(setup.upstream, "m-burst") == 2
 
