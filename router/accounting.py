@@ -121,6 +121,7 @@ def record(
         tokens_out=tokens_out,
         count_request=False,  # admit() counted it when the call began
         reserved_usd=reserved_usd,
+        host=str(fields.get("host") or ""),
     )
     call_event(
         settings,
