@@ -218,8 +218,9 @@ def _tls_problem(e: BaseException, cc: ClusterConfig) -> str | None:
         if not cc.tls_ca:
             against = "the system's CAs; name the server's CA with cluster.tls_ca"
         return f"TLS: certificate verify failed ({reason}; checked against {against})"
-    if isinstance(cause, ssl.SSLError) or "SSL" in text:
-        return "TLS: " + _short(e)
+    if isinstance(cause, ssl.SSLError) or "SSL" in text or "ssl" in text:
+        ask = "" if cc.tls_cert else "; if Redis asks for a client certificate: cluster.tls_cert"
+        return "TLS: " + _short(e) + ask
     return None
 
 

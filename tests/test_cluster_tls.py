@@ -67,6 +67,13 @@ def make_certs(folder: Path) -> Certs:
     openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
             "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "san.cnf",
             cwd=folder)  # fmt: skip
+    # A client certificate, signed by the same CA, for a Redis that asks for one.
+    openssl("req", *ec, "-keyout", "client.key", "-out", "client.csr", "-subj", "/CN=host-a",
+            cwd=folder)  # fmt: skip
+    (folder / "client.cnf").write_text("extendedKeyUsage=clientAuth\n")
+    openssl("x509", "-req", "-in", "client.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "client.pem", "-days", "2", "-extfile", "client.cnf",
+            cwd=folder)  # fmt: skip
     return Certs(folder / "ca.pem", folder / "other-ca.pem", folder / "server.pem",
                  folder / "server.key")  # fmt: skip
 
@@ -76,6 +83,7 @@ class TlsRedis(RedisServer):
     """``RedisServer`` on a TLS port only (no plain port), clients not asked for certificates."""
 
     certs: Certs | None = None
+    auth_clients: str = "no"  # "yes": a client must present a certificate signed by the CA
 
     @property
     def url(self) -> str:
@@ -88,7 +96,7 @@ class TlsRedis(RedisServer):
         self.port = free_port()
         argv = [exe, "--port", "0", "--tls-port", str(self.port), "--bind", "127.0.0.1"]
         argv += ["--tls-cert-file", str(self.certs.cert), "--tls-key-file", str(self.certs.key)]
-        argv += ["--tls-ca-cert-file", str(self.certs.ca), "--tls-auth-clients", "no"]
+        argv += ["--tls-ca-cert-file", str(self.certs.ca), "--tls-auth-clients", self.auth_clients]
         argv += ["--save", "", "--appendonly", "no", "--dir", str(self.folder)]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
@@ -115,6 +123,9 @@ class TlsRedis(RedisServer):
     def _answers(self) -> bool:
         assert self.certs is not None
         ctx = ssl.create_default_context(cafile=str(self.certs.ca))
+        if self.auth_clients == "yes":
+            folder = self.certs.ca.parent
+            ctx.load_cert_chain(folder / "client.pem", folder / "client.key")
         try:
             with (
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as raw,
@@ -311,3 +322,21 @@ def test_a_frozen_tls_redis_costs_one_short_timeout(tls_redis: TlsRedis) -> None
     finally:
         tls_redis.thaw()
     assert isinstance(Store(cc).hosts(), list)  # thawed: a fresh connection works again
+
+
+def test_a_redis_that_asks_for_a_client_certificate_gets_tls_cert(tmp_path: Path) -> None:
+    need_redis()
+    certs = make_certs(tmp_path / "certs")
+    server = TlsRedis(tmp_path / "redis", certs=certs, auth_clients="yes").start()
+    try:
+        folder = certs.ca.parent
+        with_cert = ClusterConfig(
+            redis_url=server.url, host="a", tls_ca=str(certs.ca),
+            tls_cert=str(folder / "client.pem"), tls_key=str(folder / "client.key"),
+        )  # fmt: skip
+        assert Store(with_cert).hosts() == []
+        without = ClusterConfig(redis_url=server.url, host="a", tls_ca=str(certs.ca))
+        with pytest.raises(Unavailable, match=r"redis unavailable: TLS: .*client certificate"):
+            Store(without).hosts()
+    finally:
+        server.stop()
