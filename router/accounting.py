@@ -175,9 +175,9 @@ class Recorder:
                 tokens_out=tokens_out, latency_s=latency_s, reserved_usd=reserved_usd, **fields,
             )  # fmt: skip
         cost = cost_usd(c, tokens_in, tokens_out)
-        self._pending.append(
-            ledger.Call(cid(c), cost, agent, task, c.tier, tokens_in, tokens_out, False)
-        )
+        host = str(fields.get("host") or "")
+        k = ledger.Call(cid(c), cost, agent, task, c.tier, tokens_in, tokens_out, False, 0.0, host)
+        self._pending.append(k)
         now = time.monotonic()
         if now - self._last >= self.every_s:
             self.flush()
