@@ -256,9 +256,10 @@ class Dispatcher:
         if c.tier != "cloud":
             return None
         rs = self.table.settings
-        limited = await self._off_loop(budget.take_request, self.settings, c)
-        if limited is not None:
-            return Verdict(c, False, limited, limit="rate")
+        if c.rate_limit_per_min is not None:
+            limited = await self._off_loop(budget.take_request, self.settings, c)
+            if limited is not None:
+                return Verdict(c, False, limited, limit="rate")
         if not budget.needed(c, rs):
             return None
         payload: Any = ask.messages if ask.kind == "chat" else ask.prompt
