@@ -13,7 +13,13 @@
       heartbeat: 2s                      # how often `gpulock serve` publishes this host
       remote_penalty: 1s                 # added to a peer's estimate (network, risk)
       peer_timeout: 5s                   # no response headers from a peer in this long: next
+      tls_ca: /etc/gpulock/redis-ca.pem  # rediss:// only: the CA that signed Redis's certificate
+                                         # (default: the system's CAs); tls_cert and tls_key
+                                         # (together): a client certificate, when Redis asks
 
+Over ``rediss://`` the server's certificate is always verified (against ``tls_ca``, else the
+system's CAs) and must name the URL's host; ``ssl_*`` parameters in the URL are refused (they
+would override these keys, or switch verification off).  Paths are relative to the config file.
 A URL that carries a password is refused, and the error never repeats the URL: passwords live
 in the environment (``password_env``), never in the config file.  Errors name the file, the
 line and the key, like every gpulock config error.
@@ -44,6 +50,9 @@ KEYS: Final = (
     "heartbeat",
     "remote_penalty",
     "peer_timeout",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
 )
 SCHEMES: Final = ("redis", "rediss", "unix")
 DEFAULT_PREFIX: Final = "gpulock:"
@@ -67,6 +76,13 @@ class ClusterConfig:
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
     remote_penalty_s: float = DEFAULT_REMOTE_PENALTY_S
     peer_timeout_s: float = DEFAULT_PEER_TIMEOUT_S
+    tls_ca: str | None = None  # rediss:// only: a PEM file of the CA(s) to verify Redis with
+    tls_cert: str | None = None  # a client certificate (PEM), with tls_key
+    tls_key: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.redis_url.startswith("rediss://")
 
     @property
     def ttl_s(self) -> float:
@@ -116,6 +132,20 @@ def load(cfg: Config, environ: Mapping[str, str] | None = None) -> ClusterConfig
         raise cfg.error(
             f"{SECTION}.prefix", f"expected a key prefix like 'gpulock:', got {prefix!r}"
         )
+    tls = {k: _tls_file(cfg, raw, k) for k in ("tls_ca", "tls_cert", "tls_key")}
+    given = [k for k, v in tls.items() if v is not None]
+    if given and not url.startswith("rediss://"):
+        raise cfg.error(
+            f"{SECTION}.{given[0]}",
+            "TLS settings need a rediss:// URL in cluster.redis",
+            hint="redis: rediss://HOST:6380/0",
+        )
+    if (tls["tls_cert"] is None) != (tls["tls_key"] is None):
+        missing = "tls_key" if tls["tls_key"] is None else "tls_cert"
+        raise cfg.error(
+            f"{SECTION}.{missing}",
+            "missing: a client certificate needs both tls_cert and tls_key",
+        )
     return ClusterConfig(
         redis_url=url,
         host=host.strip(),
@@ -126,6 +156,7 @@ def load(cfg: Config, environ: Mapping[str, str] | None = None) -> ClusterConfig
         heartbeat_s=_duration(cfg, raw, "heartbeat", DEFAULT_HEARTBEAT_S, least=0.1),
         remote_penalty_s=_duration(cfg, raw, "remote_penalty", DEFAULT_REMOTE_PENALTY_S, least=0),
         peer_timeout_s=_duration(cfg, raw, "peer_timeout", DEFAULT_PEER_TIMEOUT_S, least=0.1),
+        **tls,
     )
 
 
@@ -147,6 +178,16 @@ def _redis_url(cfg: Config, value: Any) -> str:
             "the URL carries a password; refusing it (passwords never go in the config file)",
             hint=f"put the password in a variable and name it: {SECTION}.password_env: "
             "GPULOCK_REDIS_PASSWORD",
+        )
+    tls_params = sorted({k for k in parse_qs(parts.query) if k.lower().startswith("ssl_")})
+    if tls_params:
+        # redis-py would take them over the keys below, and ssl_cert_reqs=none switches
+        # certificate verification off: one place names the CA, and verification stays on.
+        raise cfg.error(
+            key,
+            "TLS options in the URL are not taken: " + ", ".join(tls_params),
+            hint=f"name the CA with {SECTION}.tls_ca (and a client certificate with "
+            f"{SECTION}.tls_cert and {SECTION}.tls_key); verification always stays on",
         )
     if parts.scheme not in SCHEMES:
         raise cfg.error(
@@ -177,6 +218,28 @@ def _env_name(cfg: Config, raw: Mapping[str, Any], name: str, what: str) -> str 
             hint="the secret goes in that variable, never in the config file",
         )
     return value
+
+
+def _tls_file(cfg: Config, raw: Mapping[str, Any], name: str) -> str | None:
+    """A PEM file's path (``~`` expanded, relative to the config file), readable now."""
+    value = raw.get(name)
+    if value is None:
+        return None
+    key = f"{SECTION}.{name}"
+    if not isinstance(value, str) or not value.strip():
+        raise cfg.error(key, "expected the path of a PEM file")
+    path = os.path.expanduser(value.strip())
+    if not os.path.isabs(path) and cfg.path is not None:
+        path = os.path.join(os.path.dirname(os.path.abspath(cfg.path)), path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError as e:
+        raise cfg.error(key, f"cannot read {path}: {e.strerror or e}") from None
+    if b"-----BEGIN " not in head:
+        # Never echo the content: a key pasted in the wrong place is still a secret.
+        raise cfg.error(key, f"{path} is not a PEM file (no '-----BEGIN' line)")
+    return path
 
 
 def _gateway(cfg: Config, value: Any) -> str | None:

@@ -72,8 +72,16 @@ class Store:
             from redis.backoff import NoBackoff
             from redis.retry import Retry
 
+            tls: dict[str, Any] = {}
+            if self.cc.tls:  # verified always: against tls_ca, else the system's CAs
+                tls = {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
+                if self.cc.tls_ca:
+                    tls["ssl_ca_certs"] = self.cc.tls_ca
+                if self.cc.tls_cert:
+                    tls.update(ssl_certfile=self.cc.tls_cert, ssl_keyfile=self.cc.tls_key)
             self._redis = redis.Redis.from_url(
                 self.cc.redis_url,
+                **tls,
                 password=self.cc.password(self.environ),
                 socket_timeout=self.timeout_s,
                 socket_connect_timeout=self.timeout_s,
@@ -101,7 +109,7 @@ class Store:
         except (redis.exceptions.TimeoutError, TimeoutError):
             self._failed(now, f"no answer within {self.timeout_s:g}s")
         except (redis.exceptions.ConnectionError, OSError) as e:
-            self._failed(now, _short(e))
+            self._failed(now, _tls_problem(e, self.cc) or _short(e))
         else:
             self.problem = None
             self._backoff_s = BACKOFF_FIRST_S
@@ -192,6 +200,34 @@ def _report(value: str | None) -> dict[str, Any] | None:
     except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def _tls_problem(e: BaseException, cc: ClusterConfig) -> str | None:
+    """A failed TLS handshake, said plainly (the reason, and which CA it was checked against);
+    None when ``e`` is not one."""
+    if not cc.tls:
+        return None
+    import ssl
+
+    text = str(e)
+    cause = e.__cause__ or e.__context__
+    verify = isinstance(cause, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in text
+    if verify:
+        reason = getattr(cause, "verify_message", None) or _after(text, "verify failed:")
+        against = f"the CA in {cc.tls_ca}"
+        if not cc.tls_ca:
+            against = "the system's CAs; name the server's CA with cluster.tls_ca"
+        return f"TLS: certificate verify failed ({reason}; checked against {against})"
+    if isinstance(cause, ssl.SSLError) or "SSL" in text or "ssl" in text:
+        ask = "" if cc.tls_cert else "; if Redis asks for a client certificate: cluster.tls_cert"
+        return "TLS: " + _short(e) + ask
+    return None
+
+
+def _after(text: str, marker: str) -> str:
+    i = text.find(marker)
+    rest = text[i + len(marker) :] if i >= 0 else text
+    return rest.split("(_ssl.c")[0].strip().rstrip(".") or "unknown reason"
 
 
 def _short(e: BaseException) -> str:

@@ -34,8 +34,10 @@
 * ``tenants``: one entry per configured tenant, as ``gpulock tenants --json`` shows it.
 * ``usage``: today's model calls as the router counted them (``<state>/router/ledger.json``):
   ``day``, ``cloud_spend_usd``, ``daily_budget_usd`` (``router.daily_budget``, None when unset)
-  and ``by_agent`` / ``by_task`` / ``by_tier``, each name -> ``calls``, ``tokens_in``,
-  ``tokens_out``, ``cost_usd``; None when the router has not been used today.
+  and ``by_agent`` / ``by_task`` / ``by_tier`` (and ``by_host`` in a cluster: the host that ran
+  each call, a peer's name for a call sent there), each name -> ``calls``, ``tokens_in``,
+  ``tokens_out``, ``cost_usd``; None when the router has not been used today.  In a cluster
+  ``day`` is the UTC day, as the cluster's budgets count it; on a host alone, the local day.
 
 Reading status never changes the queue.
 """
@@ -371,7 +373,9 @@ def usage_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
         raw = json.loads(data) if data else None
     except (OSError, ValueError, RecursionError, GpulockError):
         return None
-    day = time.strftime("%Y-%m-%d", time.localtime(now_w))
+    # The ledger's day: the UTC day in a cluster (router.ledger.utc_day), else the local day.
+    clustered = settings.config.section("cluster") is not None
+    day = time.strftime("%Y-%m-%d", time.gmtime(now_w) if clustered else time.localtime(now_w))
     if not isinstance(raw, dict) or raw.get("format") != LEDGER_FORMAT or raw.get("day") != day:
         return None
     usage: dict[str, Any] = raw["usage"] if isinstance(raw.get("usage"), dict) else {}
@@ -382,11 +386,12 @@ def usage_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
         budget_usd = None if budget is None else float(str(budget).lstrip("$"))
     except ValueError:
         budget_usd = None
+    axes = ("agent", "task", "tier", "host") if clustered else ("agent", "task", "tier")
     return {
         "day": day,
         "cloud_spend_usd": round(float(cloud), 6),
         "daily_budget_usd": budget_usd,
-        **{f"by_{axis}": _usage_rows(usage.get(axis)) for axis in ("agent", "task", "tier")},
+        **{f"by_{axis}": _usage_rows(usage.get(axis)) for axis in axes},
     }
 
 
@@ -534,7 +539,17 @@ def _render_usage(u: dict[str, Any] | None) -> list[str]:
     tiers = ", ".join(
         f"{tier} {int(row.get('calls', 0))}" for tier, row in sorted(u["by_tier"].items())
     )
-    lines = [f"model calls today: {tiers or 'none'}; cloud spend {spend}"]
+    today = "today (UTC)" if "by_host" in u else "today"
+    lines = [f"model calls {today}: {tiers or 'none'}; cloud spend {spend}"]
+    if len(u.get("by_host") or {}) > 1:
+        lines.append(
+            "  by host: "
+            + ", ".join(
+                f"{host} {int(row.get('calls', 0))} call{'' if row.get('calls') == 1 else 's'}"
+                + (f" ${row['cost_usd']:.4f}" if row.get("cost_usd") else "")
+                for host, row in sorted(u["by_host"].items())
+            )
+        )
     for agent, row in sorted(u["by_agent"].items()):
         calls = int(row.get("calls", 0))
         lines.append(

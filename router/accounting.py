@@ -121,6 +121,7 @@ def record(
         tokens_out=tokens_out,
         count_request=False,  # admit() counted it when the call began
         reserved_usd=reserved_usd,
+        host=str(fields.get("host") or ""),
     )
     call_event(
         settings,
@@ -144,7 +145,8 @@ class Recorder:
     last write is older than ``every_s``; otherwise it waits, with any others that come, for one
     locked change at most ``every_s`` later.  The ledger is read and written whole, so at
     hundreds of calls a second one change a call was most of the gateway's CPU.  A call whose
-    candidate has a budget is always spent at once, as ``record`` does.  ``flush()`` at exit.
+    candidate has a budget is always spent at once, its reservation settled, as ``record``
+    does.  ``flush()`` at exit.
     """
 
     def __init__(self, settings: Settings, rs: RouterSettings, every_s: float = 0.05) -> None:
@@ -164,17 +166,18 @@ class Recorder:
         tokens_in: int,
         tokens_out: int,
         latency_s: float,
+        reserved_usd: float = 0.0,
         **fields: Any,
     ) -> float:
-        if c.daily_budget_usd is not None or self.rs.daily_budget_usd is not None:
+        if reserved_usd or c.daily_budget_usd is not None or self.rs.daily_budget_usd is not None:
             return record(
                 self.settings, c, task=task, agent=agent, tokens_in=tokens_in,
-                tokens_out=tokens_out, latency_s=latency_s, **fields,
+                tokens_out=tokens_out, latency_s=latency_s, reserved_usd=reserved_usd, **fields,
             )  # fmt: skip
         cost = cost_usd(c, tokens_in, tokens_out)
-        self._pending.append(
-            ledger.Call(cid(c), cost, agent, task, c.tier, tokens_in, tokens_out, False)
-        )
+        host = str(fields.get("host") or "")
+        k = ledger.Call(cid(c), cost, agent, task, c.tier, tokens_in, tokens_out, False, 0.0, host)
+        self._pending.append(k)
         now = time.monotonic()
         if now - self._last >= self.every_s:
             self.flush()

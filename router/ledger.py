@@ -6,11 +6,14 @@ one must not walk into the same wall.  So the memory is a small JSON file,
 ``ledger.lock`` (read, change, atomic replace) so that two agents finishing at once both count.
 ``gpulock status`` reads it, without the router, to show today's spend.
 
-Spend is kept per local calendar day and forgotten the next day; request times only for the last
-minute; a cooldown until it ends.  A damaged file is read as empty, and a damaged entry (a number
-that is text, NaN or infinite) is dropped: losing a cooldown costs one failed request, never a
-crash, and a garbage number must not switch a budget or a rate limit off, or on for ever.  A lock
-or ledger that is not a regular file (a symlink, a folder, a FIFO) is a StateDirError with a hint.
+Spend is kept per calendar day and forgotten the next day: the local day on a host alone, the UTC
+day in a cluster (a ``cluster:`` section), the day the cluster's Redis keeps, so hosts in other
+time zones count the same day and the refill from this ledger matches it.  Request times are
+kept only for the last minute; a cooldown until it ends.  A damaged file is read as empty, and a
+damaged entry (a number that is text, NaN or infinite) is dropped: losing a cooldown costs one
+failed request, never a crash, and a garbage number must not switch a budget or a rate limit off,
+or on for ever.  A lock or ledger that is not a regular file (a symlink, a folder, a FIFO) is a
+StateDirError with a hint.
 """
 
 from __future__ import annotations
@@ -36,12 +39,20 @@ FILE = "ledger.json"
 LOCK_FILE = "ledger.lock"
 _HINT = "move it away, or check the router folder's owner and mode (ls -la)"
 RATE_WINDOW_S = 60.0
-USAGE_AXES = ("agent", "task", "tier")
+# "host": the cluster host that ran the call (a peer's name for a call sent there); counted only
+# for calls that name one (in a cluster), and absent from older files, which still load.
+USAGE_AXES = ("agent", "task", "tier", "host")
 USAGE_FIELDS = ("calls", "tokens_in", "tokens_out", "cost_usd")
 
 
-def today(now_wall: float) -> str:
-    return time.strftime("%Y-%m-%d", time.localtime(now_wall))
+def today(now_wall: float, *, utc: bool = False) -> str:
+    """The day ``now_wall`` counts in: the local calendar day, or the UTC day (``utc``)."""
+    return time.strftime("%Y-%m-%d", time.gmtime(now_wall) if utc else time.localtime(now_wall))
+
+
+def utc_day(settings: Settings) -> bool:
+    """Does this host count the UTC day?  In a cluster it does (as the cluster's Redis does)."""
+    return settings.config.section("cluster") is not None
 
 
 @dataclass(slots=True)
@@ -50,7 +61,8 @@ class Ledger:
     spend_usd: dict[str, float] = field(default_factory=dict)  # by cid, today
     requests: dict[str, list[float]] = field(default_factory=dict)  # by cid, wall times
     cooldowns: dict[str, dict[str, Any]] = field(default_factory=dict)  # cid -> until/reason/n
-    # Today's calls, tokens and cost by "agent", "task" and "tier" (what gpulock status sums).
+    # Today's calls, tokens and cost by "agent", "task", "tier" and, in a cluster, "host" (what
+    # gpulock status sums).
     usage: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -87,9 +99,10 @@ def _num(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def parse(data: bytes | None, now_wall: float) -> Ledger:
-    """The ledger in ``data``, with yesterday's spend and expired or damaged entries dropped."""
-    day = today(now_wall)
+def parse(data: bytes | None, now_wall: float, *, utc: bool = False) -> Ledger:
+    """The ledger in ``data``, with yesterday's spend and expired or damaged entries dropped
+    (``utc``: the day is the UTC day, as in a cluster)."""
+    day = today(now_wall, utc=utc)
     fresh = Ledger(day)
     if not data:
         return fresh
@@ -147,7 +160,7 @@ def read(settings: Settings, *, now_wall: float | None = None) -> Ledger:
         data = state.read_small(path(settings))
     except (OSError, StateDirError):
         data = None
-    return parse(data, now)
+    return parse(data, now, utc=utc_day(settings))
 
 
 _PEEKED: dict[str, tuple[tuple[int, int, int, str], Ledger]] = {}
@@ -163,7 +176,7 @@ def peek(settings: Settings, *, now_wall: float | None = None) -> Ledger:
         st = os.stat(p)
     except OSError:
         return read(settings, now_wall=now)
-    key = (st.st_ino, st.st_mtime_ns, st.st_size, today(now))
+    key = (st.st_ino, st.st_mtime_ns, st.st_size, today(now, utc=utc_day(settings)))
     hit = _PEEKED.get(str(p))
     if hit is not None and hit[0] == key:
         return hit[1]
@@ -213,15 +226,16 @@ def record_call(
     tokens_out: int = 0,
     count_request: bool = True,
     reserved_usd: float = 0.0,
+    host: str = "",
     now_wall: float | None = None,
 ) -> None:
     """Count one request, its tokens and cost; a success also ends the failures-in-a-row count.
 
     ``count_request=False``: the request is already in the rate limit's window (counted when
     it began, by ``router.accounting.admit``).  ``reserved_usd``: what ``reserve`` already
-    counted for this call (settled here)."""
+    counted for this call (settled here).  ``host``: the cluster host that ran it ("" none)."""
     call = Call(
-        key, cost_usd, agent, task, tier, tokens_in, tokens_out, count_request, reserved_usd
+        key, cost_usd, agent, task, tier, tokens_in, tokens_out, count_request, reserved_usd, host
     )
     record_calls(settings, [call], now_wall=now_wall)
 
@@ -239,6 +253,7 @@ class Call:
     tokens_out: int = 0
     count_request: bool = True
     reserved_usd: float = 0.0
+    host: str = ""  # the cluster host that ran it; "" outside a cluster (no host axis)
 
 
 def record_calls(
@@ -252,7 +267,9 @@ def record_calls(
 
 
 def _count(led: Ledger, k: Call, now: float) -> None:
-    for axis, name in zip(USAGE_AXES, (k.agent, k.task, k.tier), strict=True):
+    for axis, name in zip(USAGE_AXES, (k.agent, k.task, k.tier, k.host), strict=True):
+        if axis == "host" and not name:
+            continue
         row = led.usage.setdefault(axis, {}).setdefault(name, dict.fromkeys(USAGE_FIELDS, 0.0))
         row["calls"] += 1
         row["tokens_in"] += k.tokens_in

@@ -242,9 +242,11 @@ class Gateway:
             yield render(ApiError(502, msg, type="server_error", code="upstream_broke_off"))
         except Exception as e:
             log.warning("stream of %s broke off: %s", opened.meta.model, type(e).__name__)
+            self.d.broke(opened, agent, BackendError("server", type(e).__name__))
             msg = f"{opened.meta.model}: the answer broke off mid-stream ({type(e).__name__})"
             yield render(ApiError(502, msg, type="server_error", code="upstream_broke_off"))
         finally:
+            self.d.hung_up(opened, agent)  # nothing when counted above
             await opened.close()
 
     # --- listings and status -----------------------------------------------------------------

@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpulock.core.errors import ConfigError, LockTimeout
 from gpulock.core.settings import Settings
-from router import accounting, probe
+from router import accounting, budget, probe
 from router.backends import BackendError
 from router.backends.tenant import TenantBackend
 from router.choose import Choice, Host, Verdict, choose, cid
@@ -39,6 +39,8 @@ from serve.line import Line, QueueFull
 
 if TYPE_CHECKING:
     from serve.cluster_link import ClusterLink
+
+T = TypeVar("T")
 
 # HTTP statuses that blame the request, not the candidate: no fallback, the client hears it.
 REQUEST_FAULTS = frozenset({400, 413, 422})
@@ -80,15 +82,22 @@ class Opened:
         self.first: str | None = None
         self.pieces: AsyncIterator[str] | None = None
         self.usage = Usage()
+        # A cloud call's most cost, reserved against its budgets before it (router.budget):
+        # settled by ``Dispatcher.account``, given back by ``Dispatcher.broke``.
+        self.reservation: budget.Reservation | None = None
+        self.accounted = False  # counted (answered, or broke off): nothing is left to settle
+        self.sent = 0  # pieces of a stream handed to the client so far
 
     async def rest(self) -> AsyncIterator[str]:
         """Every piece of a streamed answer (the first one included); frees the place at the
         end, or as soon as the consumer stops (a client that hung up)."""
         try:
             if self.first:
+                self.sent += 1
                 yield self.first
             if self.pieces is not None:
                 async for piece in self.pieces:
+                    self.sent += 1
                     yield piece
         finally:
             await self.close()
@@ -197,20 +206,30 @@ class Dispatcher:
                 refused[cid(c)] = admitted
                 self._fallback(task, agent, c, admitted.reason)
                 continue
+            # The cluster's rate window, and the call's most cost reserved against its budgets.
+            held = await self._reserve(c, ask)
+            if isinstance(held, Verdict):  # get_model moves on here too
+                failed[cid(c)] = held.reason
+                refused[cid(c)] = held
+                self._fallback(task, agent, c, held.reason)
+                continue
             stack = AsyncExitStack()
             tried = time.monotonic()
             try:
-                return await self._try(ask, v, agent, left, start, stack, task)
+                opened = await self._try(ask, v, agent, left, start, stack, task)
             except LockTimeout:
                 await stack.aclose()
+                await self._release(held)
                 failed[cid(c)] = "GPU queue past the deadline"
                 self._fallback(task, agent, c, "busy")
             except BackendError as e:
                 await stack.aclose()
+                await self._release(held)
                 if e.kind == "request" or (e.kind == "client" and e.status in REQUEST_FAULTS):
                     raise ApiError(400, f"{c.name}: {e}", code="invalid_request") from None
                 failed[cid(c)] = e.short
-                accounting.failed(
+                await self._off_loop(
+                    accounting.failed,
                     self.settings,
                     self.table.settings,
                     c,
@@ -223,7 +242,61 @@ class Dispatcher:
                 self._fallback(task, agent, c, e.short)
             except BaseException:
                 await stack.aclose()
+                await self._release(held)
                 raise
+            else:
+                opened.reservation = held
+                return opened
+
+    async def _reserve(self, c: Candidate, ask: Ask) -> budget.Reservation | Verdict | None:
+        """What ``router.get_model`` takes before a cloud call, taken here the same way: a
+        request of the endpoint's ``rate_limit`` across the cluster, and the call's most cost
+        (its prompt, and ``max_tokens`` of output) reserved against its budgets, atomically
+        (``router.budget``).  The Reservation (None: nothing to reserve), or the refusal."""
+        if c.tier != "cloud":
+            return None
+        rs = self.table.settings
+        if c.rate_limit_per_min is not None:
+            limited = await self._off_loop(budget.take_request, self.settings, c)
+            if limited is not None:
+                return Verdict(c, False, limited, limit="rate")
+        if not budget.needed(c, rs):
+            return None
+        payload: Any = ask.messages if ask.kind == "chat" else ask.prompt
+        limit = ask.params.get("max_tokens")
+        if ask.kind == "embed":
+            payload, limit = ask.inputs, 0  # an embedding has no output tokens
+        elif not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            limit = c.max_tokens  # what _try will ask for
+        bound = budget.bound_usd(c, payload, limit)
+        taking = asyncio.ensure_future(self._off_loop(budget.reserve, self.settings, rs, c, bound))
+        try:
+            r = await asyncio.shield(taking)
+        except asyncio.CancelledError:  # the client left while Redis answered: give it back
+            taking.add_done_callback(self._release_later)
+            raise
+        if isinstance(r, str):
+            return Verdict(c, False, r, limit="budget")
+        return r
+
+    async def _release(self, r: budget.Reservation | None) -> None:
+        """Give a reservation back: the call it was for did not happen."""
+        if r is not None:
+            await self._off_loop(budget.release, self.settings, r)
+
+    def _release_later(self, taking: asyncio.Future[budget.Reservation | str]) -> None:
+        if taking.cancelled() or taking.exception() is not None:
+            return
+        r = taking.result()
+        if isinstance(r, budget.Reservation):
+            asyncio.get_running_loop().run_in_executor(None, budget.release, self.settings, r)
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        """``fn`` run where it cannot stall the event loop: in a thread when it may call the
+        cluster's Redis (up to its 0.5 s timeout), here when it only touches local files."""
+        if self.cluster is None:
+            return fn(*args, **kw)
+        return await asyncio.to_thread(fn, *args, **kw)
 
     async def _try(
         self,
@@ -364,9 +437,17 @@ class Dispatcher:
 
     def broke(self, opened: Opened, agent: str, e: BackendError) -> None:
         """A stream that broke after its first word: too late to fall back, but the call is
-        counted as failed and its candidate cools down as one that failed before would."""
+        counted as failed and its candidate cools down as one that failed before would.  Its
+        reservation is given back, as ``router.get_model`` gives it back."""
+        if opened.accounted:
+            return
+        opened.accounted = True
+        r, opened.reservation = opened.reservation, None
+        if r is not None:
+            self._later(budget.release, self.settings, r)
         c = opened.candidate
-        accounting.failed(
+        self._later(
+            accounting.failed,
             self.settings,
             self.table.settings,
             c,
@@ -377,26 +458,57 @@ class Dispatcher:
             via="serve",
         )
 
+    def _later(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> None:
+        """``fn`` now when it only touches local files; in a thread, not waited for, when it
+        may call the cluster's Redis (the answer is already on its way to the client)."""
+        if self.cluster is None:
+            fn(*args, **kw)
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            fn(*args, **kw)
+        else:
+            loop.run_in_executor(None, lambda: fn(*args, **kw))
+
     def _fallback(self, task: str, agent: str, c: Candidate, why: str) -> None:
         self.settings.emit(
             "fallback", task=task, agent=agent, from_model=c.name, from_tier=c.tier, error=why
         )
 
-    def account(self, opened: Opened, agent: str, tokens_in: int, tokens_out: int) -> None:
-        """Count an answered request, through the router's one accounting path."""
+    def account(
+        self, opened: Opened, agent: str, tokens_in: int, tokens_out: int, **extra: Any
+    ) -> None:
+        """Count an answered request, through the router's one accounting path, and settle
+        its reservation (once: a request is counted at most once)."""
+        if opened.accounted:
+            return
+        opened.accounted = True
+        r, opened.reservation = opened.reservation, None
         m = opened.meta
-        self.recorder.record(
+        cost = self.recorder.record(
             opened.candidate,
             task=m.task,
             agent=agent,
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             latency_s=time.monotonic() - opened.started,
+            reserved_usd=r.amount_usd if r is not None else 0.0,
             via="serve",
             waited_ms=round(m.waited_ms, 3),
             ticket=m.ticket,
             **_host_field(m.host),
+            **extra,
         )
+        if r is not None and r.clustered:
+            self._later(budget.settled, self.settings, r, cost)
+
+    def hung_up(self, opened: Opened, agent: str) -> None:
+        """A stream the client left before its end: counted with what it got, as
+        ``router.get_model`` counts a stream its caller stopped reading (the upstream's usage
+        when it came, else a token a piece sent), and its reservation settled."""
+        u = opened.usage
+        self.account(opened, agent, u.tokens_in, u.tokens_out or opened.sent, client_gone=True)
 
     async def shutdown(self) -> None:
         self.recorder.flush()

@@ -11,7 +11,9 @@ the test sets in ``mode``: ``429`` (with ``Retry-After`` when ``retry_after`` is
 ``hang`` (no answer until the server stops, or ``hang_s``), ``ok`` (a well-formed OpenAI
 completion or chat answer with usage, for "a success clears the cooldown"; streamed as
 server-sent events when asked, with a usage chunk only when ``stream_options.include_usage``
-asks for one, as OpenAI does), ``break`` (a stream that drops after its first piece).  Its
+asks for one, as OpenAI does), ``break`` (a stream that drops after its first piece),
+``stall`` (a stream that sends its first piece, then nothing until the server stops or
+``hang_s``).  Its
 error bodies echo the request's ``Authorization`` header, as a careless proxy would, so that a
 test can show the key never reaches the router's messages even when a server sends it back.
 ``hits`` lists every request (path, authorization header, body), so tests count what reached it.
@@ -203,8 +205,14 @@ class FaultServer:
         if mode == "hang":
             self._stop.wait(self.hang_s)
             mode = "500"
-        if mode in ("ok", "break") and body.get("stream"):
-            self._stream(h, body, broken=mode == "break")
+        if mode in ("ok", "break", "stall") and body.get("stream"):
+            self._stream(
+                h,
+                body,
+                broken=mode == "break",
+                stall=self._stop if mode == "stall" else None,
+                stall_s=self.hang_s,
+            )
             return
         if mode == "ok":
             self._send(h, 200, _ok_answer(h.path, body))
@@ -216,9 +224,17 @@ class FaultServer:
         self._send(h, status, err, headers)
 
     @staticmethod
-    def _stream(h: BaseHTTPRequestHandler, body: dict[str, Any], *, broken: bool) -> None:
+    def _stream(
+        h: BaseHTTPRequestHandler,
+        body: dict[str, Any],
+        *,
+        broken: bool,
+        stall: threading.Event | None = None,
+        stall_s: float = 0.0,
+    ) -> None:
         """Server-sent events: two pieces, then usage only when asked (as OpenAI does);
-        ``broken``: the connection drops after the first piece."""
+        ``broken``: the connection drops after the first piece; ``stall``: after the first
+        piece nothing more comes until the event is set (or ``stall_s``)."""
         chat = h.path.endswith("/chat/completions")
         chunks: list[dict[str, Any]] = []
         for piece in ("fi", "ne"):
@@ -243,6 +259,11 @@ class FaultServer:
                 h.wfile.flush()
                 h.close_connection = True
                 h.connection.shutdown(socket.SHUT_RDWR)  # the rest never comes
+                return
+            if stall is not None:
+                h.wfile.write(b"data: " + json.dumps(chunks[0]).encode() + b"\n\n")
+                h.wfile.flush()
+                stall.wait(stall_s)
                 return
             h.wfile.write(data)
         except OSError:

@@ -238,8 +238,19 @@ def test_a_busy_local_gpu_sends_work_to_an_idle_peer(pool: Pool) -> None:
         assert [e["host"] for e in a.events("call") if e.get("agent") == "agent-busy"] == ["b"]
         st = json.loads(b.gpulock("status", "--json").stdout)
         assert any("tiny" in json.dumps(rec) for rec in st["residents"]), st["residents"]
+        # Both ledgers count it under the host that ran it (serve's gathered ledger writes).
+        wait_until(
+            lambda: "b" in by_host(a) and "b" in by_host(b), WAIT_S, "the call under b in usage"
+        )
+        assert "a" not in by_host(b)
     finally:
         kill_group(blocker)
+
+
+def by_host(h: Host) -> dict[str, Any]:
+    usage = json.loads(h.gpulock("status", "--json").stdout)["usage"] or {}
+    rows: dict[str, Any] = usage.get("by_host") or {}
+    return rows
 
 
 def test_a_warm_peer_wins_over_a_cold_local_load_and_ties_stay_local(pool: Pool) -> None:

@@ -32,6 +32,7 @@ from router_servers import OK_TOKENS_IN, OK_TOKENS_OUT, FaultServer
 from serve_server import GatewayProc
 
 import router
+from gpulock.core import events
 from gpulock.core.settings import load
 from router import ledger
 from router.tiny_model import ensure_tiny_llama
@@ -46,6 +47,7 @@ MSG = [{"role": "user", "content": "hello"}]
 class Setup:
     gateway: GatewayProc
     upstream: FaultServer
+    stalling: FaultServer
     env: dict[str, str]
     config: Path
     state: Path
@@ -72,6 +74,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     root = tmp_path_factory.mktemp("serve-accounting")
     tiny = ensure_tiny_llama(root)
     upstream = FaultServer(mode="ok").start()
+    stalling = FaultServer(mode="stall", hang_s=60.0).start()
     u = upstream.base_url
     local = f"- {{tier: cpu, backend: llama_cpp, model: {tiny}, n_ctx: 256, max_tokens: 4}}"
     config = root / "gpulock.yaml"
@@ -85,6 +88,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
                 {plain}
               burst:
                 {burst}
+              crowd:
+                {crowd}
+              stalled:
+                {stalled}
               limited:
                 {limited}
               ollama-limited:
@@ -94,12 +101,14 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
                 {local}
             """
         ).format(
-            budgeted=cloud("paid", u, "m-budget", ", daily_budget: 0.05"),
+            budgeted=cloud("paid", u, "m-budget", ", daily_budget: 0.10"),
             plain=cloud("plain", u, "m-plain", ""),
             burst=cloud("burst", u, "m-burst", ", rate_limit: 2"),
+            crowd=cloud("crowded", u, "m-crowd", ", daily_budget: 0.10"),
+            stalled=cloud("stalled", stalling.base_url, "m-stall", ", daily_budget: 0.10"),
             limited=cloud("capped", u, "m-rate", ", rate_limit: 2"),
             ollama_limited=cloud("capped-ollama", u, "m-rate-ollama", ", rate_limit: 2"),
-            spills=cloud("small-budget", u, "m-spill", ", daily_budget: 0.01"),
+            spills=cloud("small-budget", u, "m-spill", ", daily_budget: 0.05"),
             local=local,
         )
     )
@@ -112,10 +121,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     }
     g = GatewayProc(root / "serve.log", env=env)
     try:
-        yield Setup(g.start(), upstream, env, config, state)
+        yield Setup(g.start(), upstream, stalling, env, config, state)
     finally:
         g.stop()
         upstream.stop()
+        stalling.stop()
 
 
 def oa(g: GatewayProc) -> openai.OpenAI:
@@ -150,21 +160,63 @@ def calls(g: GatewayProc, model: str, n: int) -> tuple[int, list[openai.RateLimi
     return served, refused
 
 
+def at_once(g: GatewayProc, model: str, n: int) -> list[int]:
+    """``n`` chat calls in flight together: each one's status (200, or 429 when refused)."""
+
+    async def together() -> list[int]:
+        c = openai.AsyncOpenAI(base_url=f"{g.url}/v1", api_key="x", max_retries=0)
+
+        async def one() -> int:
+            try:
+                await c.chat.completions.create(model=model, messages=MSG)  # type: ignore[arg-type]
+            except openai.RateLimitError:
+                return 429
+            return 200
+
+        try:
+            return list(await asyncio.gather(*(one() for _ in range(n))))
+        finally:
+            await c.close()
+
+    return asyncio.run(together())
+
+
 def test_a_daily_budget_holds_for_serve_and_the_refusal_is_openais_429(setup: Setup) -> None:
     served, refused = calls(setup.gateway, "budgeted", 6)
-    # $0.014 a call against $0.05: the fourth call starts at $0.042 and ends past the budget,
-    # as router.get_model's would (the budget is judged before each call).
+    # Each call first reserves its most cost: its prompt (38 characters, a token each at most)
+    # and max_tokens: 8 of output, $0.046 at price 1.0; it then costs $0.014.  The fifth call
+    # starts at $0.056 spent: $0.056 + $0.046 > $0.10, so it is refused before it runs, as
+    # router.get_model's would be, and no call can take the spend past the budget.
     assert served == 4 and len(refused) == 2
     assert hits(setup.upstream, "m-budget") == 4
     for e in refused:
         assert e.status_code == 429
         assert (e.type, e.code) == ("insufficient_quota", "insufficient_quota")
-        assert "daily budget spent: $0.0560 of $0.05 today" in e.message
+        assert "daily budget: $0.0560 spent on this host today + up to $0.0460" in e.message
+        assert "> $0.10" in e.message
         assert e.response.headers["x-should-retry"] == "false"  # no use retrying until tomorrow
         assert e.response.headers["x-gpulock-refused"] == "budget"
         assert SECRET not in e.message
     # The gateway's request histogram says why, not "queue-full".
     assert gateway_count(setup.gateway, "over-budget") == 2
+    settings = load(str(setup.config), str(setup.state))
+    assert ledger.read(settings).spend_usd[f"openai:{setup.upstream.base_url}:m-budget"] == (
+        pytest.approx(4 * CALL_USD)
+    )
+
+
+def test_requests_at_once_never_spend_past_a_budget(setup: Setup) -> None:
+    # Eight requests in flight at once against $0.10: a check of what was spent before each
+    # call lets all eight through ($0.112); reserving each call's most cost ($0.046) lets at
+    # least two through and never a call that could pass the budget.
+    codes = at_once(setup.gateway, "crowd", 8)
+    served = codes.count(200)
+    assert served >= 2 and codes.count(429) == 8 - served
+    assert hits(setup.upstream, "m-crowd") == served
+    settings = load(str(setup.config), str(setup.state))
+    spent = ledger.read(settings).spend_usd[f"openai:{setup.upstream.base_url}:m-crowd"]
+    assert spent == pytest.approx(served * CALL_USD)  # every reservation settled or given back
+    assert spent <= 0.10
 
 
 def test_a_rate_limit_holds_for_serve_and_the_refusal_is_openais_429(setup: Setup) -> None:
@@ -183,24 +235,41 @@ def test_a_rate_limit_holds_for_serve_and_the_refusal_is_openais_429(setup: Setu
 def test_a_burst_of_requests_at_once_gets_no_more_than_the_rate_limit(setup: Setup) -> None:
     # Judged and counted in one locked change: six requests in flight at once cannot all read
     # "0 requests in the last minute" before any is counted.
-    async def burst() -> list[int]:
-        c = openai.AsyncOpenAI(base_url=f"{setup.gateway.url}/v1", api_key="x", max_retries=0)
-
-        async def one() -> int:
-            try:
-                await c.chat.completions.create(model="burst", messages=MSG)  # type: ignore[arg-type]
-            except openai.RateLimitError:
-                return 429
-            return 200
-
-        try:
-            return list(await asyncio.gather(*(one() for _ in range(6))))
-        finally:
-            await c.close()
-
-    codes = asyncio.run(burst())
+    codes = at_once(setup.gateway, "burst", 6)
     assert sorted(codes) == [200, 200, 429, 429, 429, 429]
     assert hits(setup.upstream, "m-burst") == 2
+
+
+def test_a_stream_the_client_leaves_settles_its_reservation_at_what_it_got(
+    setup: Setup,
+) -> None:
+    # The upstream sends a first piece and then nothing: the client reads it and hangs up.
+    # The call's reservation ($0.046) must not stay counted as spent all day: it is settled at
+    # what the client got (a token a piece relayed, the upstream's usage never came), as
+    # router.get_model counts a stream its caller stopped reading.
+    c = oa(setup.gateway)
+    stream = c.chat.completions.create(model="stalled", messages=MSG, stream=True)  # type: ignore[arg-type]
+    got = ""
+    for ch in stream:
+        if ch.choices and ch.choices[0].delta.content:
+            got += ch.choices[0].delta.content
+            break
+    stream.close()
+    assert got == "fi"
+    settings = load(str(setup.config), str(setup.state))
+
+    def counted() -> dict[str, object] | None:
+        for e in events.read(setup.state):
+            if e.get("event") == "call" and e.get("model") == "stalled" and e.get("client_gone"):
+                return e
+        return None
+
+    e = wait_until(counted, 30.0, "the hung-up stream's call event")
+    assert e["ok"] is True and e["tokens_out"] >= 1
+    key = f"openai:{setup.stalling.base_url}:m-stall"
+    spent = ledger.read(settings).spend_usd.get(key, 0.0)
+    assert spent == pytest.approx(e["cost_usd"])  # settled: no reservation left over
+    assert 0 < spent < 0.046
 
 
 def test_a_streamed_answer_is_counted_with_the_upstreams_usage(setup: Setup) -> None:
@@ -245,11 +314,16 @@ def test_over_budget_serve_falls_back_to_the_local_candidate_as_get_model_does(
     monkeypatch.setenv(KEY_ENV, SECRET)  # what serve has: get_model must see the same
     c = oa(setup.gateway)
     first = c.chat.completions.with_raw_response.create(model="spills", messages=MSG)  # type: ignore[arg-type]
-    assert first.headers["x-gpulock-tier"] == "cloud"  # $0.014: past its $0.01
-    # get_model, asked now, falls back to the local candidate...
+    assert first.headers["x-gpulock-tier"] == "cloud"  # $0.046 reserved of its $0.05; $0.014 spent
+    # get_model, calling now, cannot reserve another $0.046 and falls back to the local
+    # candidate...
     m = router.get_model("spills", config=str(setup.config), state_dir=str(setup.state))
-    assert m.tier == "cpu"
-    assert "rejected: cloud small-budget (routes.spills[0]): daily budget spent" in m.why
+    try:
+        m.chat(MSG, max_tokens=2)
+        assert m.tier == "cpu"
+        assert "small-budget: daily budget: $0.0140 spent on this host today" in m.why
+    finally:
+        m.close()
     # ...and so does serve, with no 429.
     for _ in range(2):
         r = c.chat.completions.with_raw_response.create(model="spills", messages=MSG)  # type: ignore[arg-type]
@@ -261,16 +335,22 @@ def test_serves_calls_reach_status_explain_report_and_metrics(setup: Setup) -> N
     c = oa(setup.gateway)
     c.chat.completions.create(model="plain", messages=MSG)  # type: ignore[arg-type]
     # What the earlier tests spent, whatever order they ran in: each cloud model's hits.
-    models = ("m-plain", "m-budget", "m-rate", "m-rate-ollama", "m-spill", "m-burst")
+    models = ("m-plain", "m-budget", "m-rate", "m-rate-ollama", "m-spill", "m-burst", "m-crowd")
     paid = {m: hits(setup.upstream, m) for m in models}
-    total = sum(paid.values()) * CALL_USD
+    # ...and a stream a client left, counted at what it got (its own test, when it ran).
+    cut = [
+        e
+        for e in events.read(setup.state)
+        if e.get("event") == "call" and e.get("model") == "stalled" and e.get("ok")
+    ]
+    total = sum(paid.values()) * CALL_USD + sum(e["cost_usd"] for e in cut)
 
     out = setup.cli("status", "--json")
     assert out.returncode == 0, out.stderr
     usage = json.loads(out.stdout)["usage"]
     assert usage is not None, "serve's calls are missing from gpulock status"
     assert usage["cloud_spend_usd"] == pytest.approx(total, abs=1e-6)
-    assert usage["by_tier"]["cloud"]["calls"] == sum(paid.values())
+    assert usage["by_tier"]["cloud"]["calls"] == sum(paid.values()) + len(cut)
     assert usage["by_agent"]["gpulock-serve"]["calls"] >= sum(paid.values())
     assert usage["by_task"]["plain"]["cost_usd"] == pytest.approx(paid["m-plain"] * CALL_USD)
 

@@ -159,7 +159,7 @@ GAUGES = (
     ),
     _g("governor_threshold", "the thresholds in force, named as the signals they bound", "signal"),
     _g("governor_last_pass_timestamp_seconds", "when the governor last published"),
-    _g("router_cloud_spend_today_usd", "cloud spend so far today (local day)"),
+    _g("router_cloud_spend_today_usd", "cloud spend so far today (local day; UTC in a cluster)"),
     _g("router_daily_budget_usd", "router.daily_budget (absent when unset)"),
     _g(
         "cluster_hosts",
