@@ -151,7 +151,7 @@ class Line:
             name,
             config=self.settings.config,
             state_dir=str(self.settings.state_dir),
-            command=command,
+            command=(*command, *_tenant_call(key)),
         )
         g = _Group(key, lease, max(1, parallel))
         current = self._open.get(key)
@@ -238,3 +238,16 @@ class Line:
     def held(self) -> dict[str, int]:
         """Requests running per model now (for ``/api/ps``)."""
         return {k: g.active for k, g in self._open.items()}
+
+
+def _tenant_call(key: str) -> tuple[str, ...]:
+    """``(TENANT_CALL, "TENANT/MODEL")`` when ``key`` (the dispatcher's ``CID|GPU``) is a
+    tenant model's (``router.choose.cid``: ``tenant:TENANT/MODEL``), else nothing: making room
+    for the ticket then never evicts the model the request is about to call (the tenant
+    holds it already: evicted, it would be loaded again for the call, at every request)."""
+    from gpulock.residents.eviction import TENANT_CALL
+
+    cid = key.rpartition("|")[0] or key
+    if not cid.startswith("tenant:"):
+        return ()
+    return (TENANT_CALL, cid.removeprefix("tenant:"))

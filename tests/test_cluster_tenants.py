@@ -449,3 +449,41 @@ def route_of(h: Host, task: str) -> str:
     r = h.gpulock("route", task, "--json")
     assert r.returncode == 0, r.stderr
     return str(json.loads(r.stdout)["host"])
+
+
+def test_serve_never_evicts_the_tenant_model_a_request_calls(tmp_path: Path) -> None:
+    """A request's ticket is marked as a call to its tenant model: making room for it (the
+    model takes 20 GiB of 24, the ticket needs as much) never evicts that very model, which
+    the tenant would then load again for the call, at every request."""
+    from serve_server import GatewayProc
+
+    s = Ollama({"big:32b": 20 * GiB}).start()
+    assert isinstance(s, Ollama)
+    config = tmp_path / "gpulock.yaml"
+    config.write_text(
+        textwrap.dedent(
+            f"""\
+            simulate: 24GiB
+            tenants:
+              - {{name: ollama, kind: ollama, url: '{s.url}'}}
+            routes:
+              chat:
+                - {{tenant: ollama, model: 'big:32b', vram: 20GiB, max_tokens: 4, name: big}}
+            """
+        )
+    )
+    env = {"GPULOCK_CONFIG": str(config), "GPULOCK_STATE_DIR": str(tmp_path / "state")}
+    g = GatewayProc(tmp_path / "serve.log", env=env).start()
+    try:
+        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+        for agent in ("first", "second", "third"):
+            r = g.request("POST", "/v1/chat/completions", body, {"X-Gpulock-Agent": agent})
+            assert r.status == 200, r.body
+        lines = (tmp_path / "state" / "events.jsonl").read_text().splitlines()
+        kinds = [json.loads(line)["event"] for line in lines if line.strip()]
+        assert kinds.count("call") == 3 and "evict" not in kinds, kinds
+        unloads = [h for h in s.hits if isinstance(h[2], dict) and h[2].get("keep_alive") == 0]
+        assert unloads == [] and "big:32b" in s.loaded
+    finally:
+        g.stop()
+        s.stop()

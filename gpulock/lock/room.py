@@ -72,9 +72,11 @@ NO_ROOM: Room = _NoRoom()
 
 
 def calls_of(command: tuple[str, ...]) -> frozenset[str]:
-    """The tenant model a ticket's command is a routed call to (see ``TENANT_CALL``)."""
-    if len(command) == 2 and command[0] == TENANT_CALL:
-        return frozenset({command[1]})
+    """The tenant model a ticket's command is a routed call to (see ``TENANT_CALL``): the
+    command is ``[TENANT_CALL, "TENANT/MODEL"]``, or ends with that pair (``gpulock serve``'s
+    tickets name the server and the request first)."""
+    if len(command) >= 2 and command[-2] == TENANT_CALL:
+        return frozenset({command[-1]})
     return frozenset()
 
 
