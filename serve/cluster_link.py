@@ -292,9 +292,6 @@ class ClusterLink:
             error=e.short,
         )
 
-    def observe(self, gpu: int, began: float) -> None:
-        """A local request on ``gpu`` ended (the line keeps its pace: ``Line.request_s``)."""
-
     def _request_s(self, gpu: int) -> float:
         """What one more request adds to the wait on ``gpu``: the line's pace, else the median
         of the GPU's recent holds (``router.hold_estimate`` before any)."""

@@ -325,8 +325,6 @@ class Dispatcher:
                 )
             )
             ticket = slot.ticket
-            if self.cluster is not None:  # how long a request takes here, for the peers
-                stack.callback(self.cluster.observe, v.gpu, time.monotonic())
         if ask.kind != "embed" and "max_tokens" not in ask.params:
             ask = replace(ask, params={**ask.params, "max_tokens": c.max_tokens})  # the route's
         host = self.cluster.cc.host if self.cluster is not None else None
