@@ -78,6 +78,15 @@ class Host(GatewayProc):
         )
         return self
 
+    def stop(self) -> None:
+        """Stopped even when a test left it frozen (SIGSTOP)."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        super().stop()
+
     def events(self, kind: str) -> list[dict[str, Any]]:
         path = self.folder / "state" / "events.jsonl"
         try:
@@ -167,11 +176,6 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
         yield Pool(redis, a, b)
     finally:
         for h in (a, b):
-            if h.proc is not None:
-                try:
-                    os.killpg(h.proc.pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
             h.stop()
         redis.stop()
 

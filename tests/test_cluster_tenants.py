@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -41,7 +40,9 @@ MODEL = "qwen2.5:7b"
 WAIT_S = 30.0
 
 
-def make_host(root: Path, name: str, redis: RedisServer, ollama: Ollama) -> Host:
+def tenant_host(root: Path, name: str, redis: RedisServer, body: str) -> Host:
+    """A host of the cluster on a simulated 24 GiB GPU; ``body``: its ``tenants:`` and
+    ``routes:`` (YAML, indented as it likes)."""
     folder = root / name
     folder.mkdir()
     port = free_port()
@@ -50,8 +51,6 @@ def make_host(root: Path, name: str, redis: RedisServer, ollama: Ollama) -> Host
         textwrap.dedent(
             f"""\
             simulate: 24GiB
-            tenants:
-              - {{name: ollama, kind: ollama, url: '{ollama.url}'}}
             cluster:
               redis: {redis.url}
               host: {name}
@@ -59,15 +58,28 @@ def make_host(root: Path, name: str, redis: RedisServer, ollama: Ollama) -> Host
               heartbeat: 1s
               remote_penalty: 500ms
               peer_timeout: 2s
-            routes:
-              chat:
-                - {{tenant: ollama, model: '{MODEL}', vram: 5GiB, policy: persistent,
-                   max_tokens: 4, name: qwen-gpu}}
             """
         )
+        + textwrap.dedent(body)
     )
     env = {"GPULOCK_CONFIG": str(config), "GPULOCK_STATE_DIR": str(folder / "state")}
     return Host(log=folder / "serve.log", env=env, port=port, name=name, folder=folder)
+
+
+def make_host(root: Path, name: str, redis: RedisServer, ollama: Ollama) -> Host:
+    return tenant_host(
+        root,
+        name,
+        redis,
+        f"""\
+        tenants:
+          - {{name: ollama, kind: ollama, url: '{ollama.url}'}}
+        routes:
+          chat:
+            - {{tenant: ollama, model: '{MODEL}', vram: 5GiB, policy: persistent,
+               max_tokens: 4, name: qwen-gpu}}
+        """,
+    )
 
 
 @dataclass
@@ -96,11 +108,6 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
         yield Pool(redis, a, b, oa, ob)
     finally:
         for h in (a, b):
-            if h.proc is not None:
-                try:
-                    os.killpg(h.proc.pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
             h.stop()
         redis.stop()
         oa.stop()
@@ -334,39 +341,27 @@ Vllm("m").start().thread.join()
 
 
 def command_host(root: Path, name: str, redis: RedisServer) -> Host:
-    folder = root / name
-    folder.mkdir()
-    port, server_port = free_port(), free_port()
+    server_port = free_port()
     argv = [sys.executable, "-c", COMMAND_SERVER, str(Path(__file__).parent), str(server_port)]
-    config = folder / "gpulock.yaml"
-    config.write_text(
-        textwrap.dedent(
-            f"""\
-            simulate: 24GiB
-            tenants:
-              - name: cmd
-                kind: command
-                command: {json.dumps(argv)}
-                url: http://127.0.0.1:{server_port}
-                health: /v1/models
-                need: 1GiB
-                models: [m]
-                ready_timeout: 60s
-            cluster:
-              redis: {redis.url}
-              host: {name}
-              gateway: http://127.0.0.1:{port}
-              heartbeat: 1s
-              remote_penalty: 500ms
-              peer_timeout: 2s
-            routes:
-              complete:
-                - {{tenant: cmd, model: m, max_tokens: 4, name: cmd-gpu}}
-            """
-        )
+    return tenant_host(
+        root,
+        name,
+        redis,
+        f"""\
+        tenants:
+          - name: cmd
+            kind: command
+            command: {json.dumps(argv)}
+            url: http://127.0.0.1:{server_port}
+            health: /v1/models
+            need: 1GiB
+            models: [m]
+            ready_timeout: 60s
+        routes:
+          complete:
+            - {{tenant: cmd, model: m, max_tokens: 4, name: cmd-gpu}}
+        """,
     )
-    env = {"GPULOCK_CONFIG": str(config), "GPULOCK_STATE_DIR": str(folder / "state")}
-    return Host(log=folder / "serve.log", env=env, port=port, name=name, folder=folder)
 
 
 def tenant_state(h: Host) -> list[str]:
