@@ -351,6 +351,15 @@ def makespan(url: str, jobs: int, tokens: int) -> tuple[float, dict[str, int]]:
     return time.perf_counter() - start, where
 
 
+def print_makespans(rows: list[dict[str, Any]]) -> float:
+    """The table of a skewed-load part; returns how many times shorter the second row is."""
+    print(f"  {'setup':<26} {'makespan':>9}  where they ran")
+    for r in rows:
+        spread = ", ".join(f"{k}: {v}" for k, v in sorted(r["where"].items()))
+        print(f"  {r['setup']:<26} {r['makespan_s']:8.2f}s  {spread}")
+    return float(rows[0]["makespan_s"] / max(rows[1]["makespan_s"], 1e-9))
+
+
 def part3(root: Path, redis_url: str, jobs: int, tokens: int) -> tuple[list[dict[str, Any]], float]:
     from router.tiny_model import ensure_tiny_llama
 
@@ -380,11 +389,7 @@ def part3(root: Path, redis_url: str, jobs: int, tokens: int) -> tuple[list[dict
         f"\n(3) skewed load, CPU-bound (not judged: 3 hosts share {os.cpu_count()} cores): "
         f"{jobs} requests of {tokens} tokens (tiny llama.cpp), all sent to one host"
     )
-    print(f"  {'setup':<26} {'makespan':>9}  where they ran")
-    for r in rows:
-        spread = ", ".join(f"{k}: {v}" for k, v in sorted(r["where"].items()))
-        print(f"  {r['setup']:<26} {r['makespan_s']:8.2f}s  {spread}")
-    gain = rows[0]["makespan_s"] / max(rows[1]["makespan_s"], 1e-9)
+    gain = print_makespans(rows)
     print(f"  {gain:.2f}x shorter with 2 idle peers (not judged: CPU-bound here)")
     return rows, gain
 
@@ -453,11 +458,7 @@ def part3b(
         f"\n(3b) skewed load, GPU-bound: {jobs} requests to an Ollama tenant (stand-in: "
         f"{gpu_s:g} s of GPU time each, no CPU), all sent to one host"
     )
-    print(f"  {'setup':<26} {'makespan':>9}  where they ran")
-    for r in rows:
-        spread = ", ".join(f"{k}: {v}" for k, v in sorted(r["where"].items()))
-        print(f"  {r['setup']:<26} {r['makespan_s']:8.2f}s  {spread}")
-    gain = rows[0]["makespan_s"] / max(rows[1]["makespan_s"], 1e-9)
+    gain = print_makespans(rows)
     verdict = "PASS" if gain >= TARGET_GAIN else "FAIL"
     print(f"  {gain:.2f}x shorter with 2 idle peers (target >= {TARGET_GAIN:g}x): {verdict}")
     return rows, gain

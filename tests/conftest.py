@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import Cli
 from procs import World  # tests/ is on sys.path: pytest puts a conftest's folder there
+from router_servers import FaultServer
 
 # Variables that would make a test depend on the shell it was started from: a lease inherited
 # from `gpulock run`, simulated GPUs, another config file, another state folder.
@@ -43,3 +44,13 @@ def cli(tmp_path: Path) -> Iterator[Cli]:
         yield c
     finally:
         c.cleanup()
+
+
+@pytest.fixture
+def ok_cloud() -> Iterator[FaultServer]:
+    """An OpenAI-shaped server on 127.0.0.1 that answers every call (``FaultServer(mode="ok")``)."""
+    f = FaultServer(mode="ok").start()
+    try:
+        yield f
+    finally:
+        f.stop()

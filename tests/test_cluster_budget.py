@@ -14,10 +14,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from redis_server import RedisServer
 from router_servers import FaultServer
 
@@ -53,15 +51,6 @@ except router.NoModelAvailable:
     pass
 print(ok)
 """
-
-
-@pytest.fixture
-def cloud() -> Iterator[FaultServer]:
-    f = FaultServer(mode="ok").start()
-    try:
-        yield f
-    finally:
-        f.stop()
 
 
 def host_env(root: Path, name: str, redis_url: str, cloud_url: str) -> dict[str, str]:
@@ -122,13 +111,15 @@ def shared_spend(url: str) -> float:
     return round(sum(spend.spent(store).values()), 6)
 
 
-def test_three_hosts_agents_never_spend_past_one_budget(tmp_path: Path, cloud: FaultServer) -> None:
+def test_three_hosts_agents_never_spend_past_one_budget(
+    tmp_path: Path, ok_cloud: FaultServer
+) -> None:
     redis = RedisServer(tmp_path / "redis").start()
     try:
-        envs = {h: host_env(tmp_path, h, redis.url, cloud.base_url) for h in HOSTS}
+        envs = {h: host_env(tmp_path, h, redis.url, ok_cloud.base_url) for h in HOSTS}
         answered = run_agents(envs)
         assert sum(answered.values()) == int(BUDGET / CALL_USD), answered  # ten calls, no more
-        assert cloud.count("/completions") == 10
+        assert ok_cloud.count("/completions") == 10
         assert shared_spend(redis.url) == BUDGET
         for h in HOSTS:  # each host keeps its own spend in its own ledger as well
             assert ledger_spend(envs[h]) == answered[h] * CALL_USD
@@ -144,11 +135,11 @@ def test_three_hosts_agents_never_spend_past_one_budget(tmp_path: Path, cloud: F
 
 
 def test_partitioned_hosts_spend_at_most_their_share_and_an_empty_redis_is_refilled(
-    tmp_path: Path, cloud: FaultServer
+    tmp_path: Path, ok_cloud: FaultServer
 ) -> None:
     redis = RedisServer(tmp_path / "redis").start()
     try:
-        envs = {h: host_env(tmp_path, h, redis.url, cloud.base_url) for h in HOSTS}
+        envs = {h: host_env(tmp_path, h, redis.url, ok_cloud.base_url) for h in HOSTS}
         # The hosts' servers have seen each other (what each host's cluster.json says).
         beats = [
             Heartbeat(
@@ -249,11 +240,11 @@ def test_a_429_on_one_host_cools_the_endpoint_on_another(tmp_path: Path) -> None
         steady.stop()
 
 
-def test_a_rate_limit_window_is_shared_by_the_hosts(tmp_path: Path, cloud: FaultServer) -> None:
+def test_a_rate_limit_window_is_shared_by_the_hosts(tmp_path: Path, ok_cloud: FaultServer) -> None:
     steady = FaultServer(mode="ok").start()
     redis = RedisServer(tmp_path / "redis").start()
     try:
-        envs = {h: host_env(tmp_path, h, redis.url, cloud.base_url) for h in HOSTS}
+        envs = {h: host_env(tmp_path, h, redis.url, ok_cloud.base_url) for h in HOSTS}
         for env in envs.values():  # 2 requests a minute on the paid endpoint, then steady
             config = Path(env["GPULOCK_CONFIG"])
             text = config.read_text().replace("max_tokens: 3,", "max_tokens: 3, rate_limit: 2,")
@@ -263,7 +254,7 @@ def test_a_rate_limit_window_is_shared_by_the_hosts(tmp_path: Path, cloud: Fault
             )
         answered = run_agents(envs, calls=1)
         assert sum(answered.values()) == len(HOSTS) * AGENTS_PER_HOST  # every call answered...
-        assert cloud.count("/completions") == 2  # ...and only two by the limited endpoint
+        assert ok_cloud.count("/completions") == 2  # ...and only two by the limited endpoint
         assert steady.count("/completions") == len(HOSTS) * AGENTS_PER_HOST - 2
     finally:
         redis.stop()

@@ -14,10 +14,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from redis_server import RedisServer
 from router_servers import FaultServer
 
@@ -47,15 +45,6 @@ def utc_day() -> str:
 
 def local_day(offset_s: int) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(time.time() + offset_s))
-
-
-@pytest.fixture
-def cloud() -> Iterator[FaultServer]:
-    f = FaultServer(mode="ok").start()
-    try:
-        yield f
-    finally:
-        f.stop()
 
 
 def host_env(folder: Path, cloud_url: str, tz: str, cluster: str | None) -> dict[str, str]:
@@ -96,14 +85,14 @@ def ledger_file(env: dict[str, str]) -> dict[str, object]:
 
 
 def test_a_cluster_hosts_ledger_counts_the_utc_day_like_redis(
-    tmp_path: Path, cloud: FaultServer
+    tmp_path: Path, ok_cloud: FaultServer
 ) -> None:
     tz, offset = tz_apart()
     days = {utc_day()}
     assert local_day(offset) not in days
     redis = RedisServer(tmp_path / "redis").start()
     try:
-        env = host_env(tmp_path / "a", cloud.base_url, tz, redis.url)
+        env = host_env(tmp_path / "a", ok_cloud.base_url, tz, redis.url)
         out = run(env, sys.executable, "-c", AGENT)
         assert out.returncode == 0 and out.stdout.strip() == "paid", out.stderr
         days.add(utc_day())  # (a test that straddles midnight UTC may see either day)
@@ -128,10 +117,10 @@ def test_a_cluster_hosts_ledger_counts_the_utc_day_like_redis(
         redis.stop()
 
 
-def test_a_host_alone_keeps_its_local_day(tmp_path: Path, cloud: FaultServer) -> None:
+def test_a_host_alone_keeps_its_local_day(tmp_path: Path, ok_cloud: FaultServer) -> None:
     tz, offset = tz_apart()
     days = {local_day(offset)}
-    env = host_env(tmp_path / "alone", cloud.base_url, tz, None)
+    env = host_env(tmp_path / "alone", ok_cloud.base_url, tz, None)
     out = run(env, sys.executable, "-c", AGENT)
     assert out.returncode == 0 and out.stdout.strip() == "paid", out.stderr
     days.add(local_day(offset))
