@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from gpulock.cli import Parser, print_json, run_command
 from gpulock.core.errors import GpulockError
+from gpulock.core.units import parse_usd
 
 DESCRIPTION = """\
 Show every live host of the cluster (config: cluster:): its gateway, heartbeat age, governor
@@ -40,10 +41,8 @@ def build_parser(prog: str = "gpulock cluster") -> argparse.ArgumentParser:
 def _router_budget(section: object) -> float | None:
     """``router.daily_budget`` as written (the router validates it; a bad one shows none)."""
     value = section.get("daily_budget") if isinstance(section, Mapping) else None
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        return None
     try:
-        return float(str(value).lstrip("$"))
+        return None if value is None else parse_usd(value)
     except ValueError:
         return None
 

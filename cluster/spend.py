@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from cluster.store import Store
+from gpulock.core.units import calendar_day
 
 SEP: Final = "\t"  # never in a host name (printable) nor in a cid
 KEEP_S: Final = 3 * 86400  # a day's hash outlives the day (late settlements, reading it)
@@ -73,7 +74,7 @@ return {ok, tostring(model), tostring(total)}
 
 def day(now_wall: float) -> str:
     """The UTC day the spend of ``now_wall`` counts in (``2026-11-26``)."""
-    return time.strftime("%Y-%m-%d", time.gmtime(now_wall))
+    return calendar_day(now_wall, utc=True)
 
 
 def day_key(prefix: str, now_wall: float) -> str:

@@ -54,7 +54,7 @@ from typing import Any
 from gpulock.core import clusterview, devices, level
 from gpulock.core.errors import GpulockError
 from gpulock.core.settings import Settings
-from gpulock.core.units import format_duration, format_size, format_usd
+from gpulock.core.units import calendar_day, format_duration, format_size, format_usd, parse_usd
 from gpulock.lock import prefetch_progress, queue
 from gpulock.lock.queuedir import QueueDir, TicketFile, queue_gpus
 from gpulock.pool import record as pool_record
@@ -375,7 +375,7 @@ def usage_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
         return None
     # The ledger's day: the UTC day in a cluster (router.ledger.utc_day), else the local day.
     clustered = settings.config.section("cluster") is not None
-    day = time.strftime("%Y-%m-%d", time.gmtime(now_w) if clustered else time.localtime(now_w))
+    day = calendar_day(now_w, utc=clustered)
     if not isinstance(raw, dict) or raw.get("format") != LEDGER_FORMAT or raw.get("day") != day:
         return None
     usage: dict[str, Any] = raw["usage"] if isinstance(raw.get("usage"), dict) else {}
@@ -383,7 +383,7 @@ def usage_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
     cloud = sum(float(v) for v in spend.values() if isinstance(v, int | float))
     budget = (settings.config.section("router") or {}).get("daily_budget")
     try:
-        budget_usd = None if budget is None else float(str(budget).lstrip("$"))
+        budget_usd = None if budget is None else parse_usd(budget)
     except ValueError:
         budget_usd = None
     axes = ("agent", "task", "tier", "host") if clustered else ("agent", "task", "tier")

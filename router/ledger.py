@@ -32,6 +32,7 @@ from typing import Any
 from gpulock.core import state
 from gpulock.core.errors import StateDirError
 from gpulock.core.settings import Settings
+from gpulock.core.units import calendar_day
 
 FORMAT = "gpulock.ledger/1"
 FOLDER = "router"
@@ -43,11 +44,6 @@ RATE_WINDOW_S = 60.0
 # for calls that name one (in a cluster), and absent from older files, which still load.
 USAGE_AXES = ("agent", "task", "tier", "host")
 USAGE_FIELDS = ("calls", "tokens_in", "tokens_out", "cost_usd")
-
-
-def today(now_wall: float, *, utc: bool = False) -> str:
-    """The day ``now_wall`` counts in: the local calendar day, or the UTC day (``utc``)."""
-    return time.strftime("%Y-%m-%d", time.gmtime(now_wall) if utc else time.localtime(now_wall))
 
 
 def utc_day(settings: Settings) -> bool:
@@ -102,7 +98,7 @@ def _num(v: Any) -> float | None:
 def parse(data: bytes | None, now_wall: float, *, utc: bool = False) -> Ledger:
     """The ledger in ``data``, with yesterday's spend and expired or damaged entries dropped
     (``utc``: the day is the UTC day, as in a cluster)."""
-    day = today(now_wall, utc=utc)
+    day = calendar_day(now_wall, utc=utc)
     fresh = Ledger(day)
     if not data:
         return fresh
@@ -176,7 +172,7 @@ def peek(settings: Settings, *, now_wall: float | None = None) -> Ledger:
         st = os.stat(p)
     except OSError:
         return read(settings, now_wall=now)
-    key = (st.st_ino, st.st_mtime_ns, st.st_size, today(now, utc=utc_day(settings)))
+    key = (st.st_ino, st.st_mtime_ns, st.st_size, calendar_day(now, utc=utc_day(settings)))
     hit = _PEEKED.get(str(p))
     if hit is not None and hit[0] == key:
         return hit[1]

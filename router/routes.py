@@ -26,14 +26,13 @@ variable not set) is not an error here: the chooser rejects that candidate, with
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gpulock.core.config import Config
-from gpulock.core.units import parse_duration, parse_size
+from gpulock.core.units import parse_duration, parse_size, parse_usd
 
 TIERS = ("cpu", "gpu", "cloud")
 BACKENDS = {"llama_cpp": ("cpu", "gpu"), "openai": ("cloud",), "tenant": ("gpu",)}
@@ -430,14 +429,10 @@ def _duration(cfg: Config, key: str, value: Any) -> float:
 def _money(cfg: Config, key: str, value: Any) -> float | None:
     if value is None:
         return None
-    text = str(value).strip().lstrip("$")
     try:
-        amount = float(text)
-    except ValueError:
-        raise cfg.error(key, f"expected an amount in USD like 5.00, got {value!r}") from None
-    if isinstance(value, bool) or not 0 <= amount < math.inf:  # NaN fails the range too
-        raise cfg.error(key, f"expected an amount in USD >= 0, got {value!r}")
-    return amount
+        return parse_usd(value)
+    except ValueError as e:
+        raise cfg.error(key, str(e)) from None
 
 
 def _price(cfg: Config, key: str, value: Any) -> tuple[float, float]:

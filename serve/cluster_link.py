@@ -361,7 +361,7 @@ class ClusterLink:
             now_wall=now,
             cooling=f.cooling,
         )
-        day = spend.day_key("", f.read_wall or now).removeprefix("spend:")
+        day = spend.day(f.read_wall or now)
         budget = self.d.table.settings.daily_budget_usd
         obj["spend"] = spend_entry(dict(f.spend), budget, day) if f.redis_ok else None
         return obj

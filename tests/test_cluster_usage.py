@@ -24,6 +24,7 @@ from serve_server import GatewayProc, Reply
 
 from gpulock.core.config import load_config
 from gpulock.core.settings import load as load_settings
+from gpulock.core.units import calendar_day
 from router import ledger
 from router.tiny_model import ensure_tiny_llama
 
@@ -171,7 +172,7 @@ def test_a_ledger_without_the_host_axis_still_loads_and_gains_it(tmp_path: Path)
     config = tmp_path / "gpulock.yaml"
     config.write_text("cluster: {redis: 'redis://127.0.0.1:1/0', host: a}\n")
     settings = load_settings(load_config(str(config)), str(tmp_path / "state"))
-    old = ledger.Ledger(ledger.today(1e9, utc=True))  # written by a gpulock before by_host
+    old = ledger.Ledger(calendar_day(1e9, utc=True))  # written by a gpulock before by_host
     old.usage = {"agent": {"x": {"calls": 2.0, "tokens_in": 1.0, "tokens_out": 1.0,
                                  "cost_usd": 0.0}}}  # fmt: skip
     folder = tmp_path / "state" / "router"

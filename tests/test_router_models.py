@@ -28,6 +28,7 @@ from gpulock.core import claim, level
 from gpulock.core import gguf as gguf_info
 from gpulock.core.errors import StateDirError
 from gpulock.core.settings import Settings
+from gpulock.core.units import calendar_day
 from gpulock.residents import registry
 from router import ledger
 from router.choose import cid
@@ -583,7 +584,7 @@ def ledger_file(world: World, text: str) -> Settings:
 
 def test_damaged_ledger_entries_are_dropped_not_kept_for_ever(world: World) -> None:
     now = time.time()
-    day = ledger.today(now)
+    day = calendar_day(now)
     damaged = {
         "format": "gpulock.ledger/1",
         "day": day,

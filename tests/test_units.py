@@ -1,10 +1,19 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
-from gpulock.core.units import format_duration, format_size, parse_clock, parse_duration, parse_size
+from gpulock.core.units import (
+    calendar_day,
+    format_duration,
+    format_size,
+    parse_clock,
+    parse_duration,
+    parse_size,
+    parse_usd,
+)
 
 KIB = 1024
 MIB = 1024**2
@@ -254,3 +263,23 @@ def test_parse_clock_explains_yaml_sexagesimal() -> None:
     # YAML 1.1 reads an unquoted 22:00 as 22*60 + 0.
     with pytest.raises(ValueError, match=r"1320 is a number.*quotes"):
         parse_clock(1320)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("value", "amount"), [(5, 5.0), ("5.00", 5.0), ("$0.05", 0.05), (0, 0.0)])
+def test_usd_amounts_as_configs_write_them(value: object, amount: float) -> None:
+    assert parse_usd(value) == amount
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [("five", "like 5"), (True, "like 5"), ([5], "like 5"), ("-1", ">= 0"), ("nan", ">= 0")],
+)
+def test_a_bad_usd_amount_says_what_is_wrong(value: object, problem: str) -> None:
+    with pytest.raises(ValueError, match=f"expected an amount in USD {problem}"):
+        parse_usd(value)
+
+
+def test_the_calendar_day_is_local_or_utc() -> None:
+    t = 1_795_600_000.0  # 2026-11-25 09:46 UTC
+    assert calendar_day(t, utc=True) == "2026-11-25"
+    assert calendar_day(t) == time.strftime("%Y-%m-%d", time.localtime(t))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from decimal import Decimal, InvalidOperation
 
 __all__ = [
@@ -259,6 +260,26 @@ def parse_clock(value: str, *, key: str | None = None) -> tuple[int, int]:
     if hour > 23 or minute > 59:
         raise _fail(key, value, "is not a time of day", _CLOCK_EXAMPLE)
     return hour, minute
+
+
+def parse_usd(value: object) -> float:
+    """An amount in USD as a config writes it: ``5``, ``5.00``, ``"$5.00"``; >= 0 and finite.
+    ValueError says what is wrong (a bool is refused: ``daily_budget: yes`` is a mistake)."""
+    try:
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise ValueError
+        amount = float(str(value).strip().lstrip("$"))
+    except ValueError:
+        raise ValueError(f"expected an amount in USD like 5.00, got {value!r}") from None
+    if not 0 <= amount < math.inf:  # NaN fails the range too
+        raise ValueError(f"expected an amount in USD >= 0, got {value!r}")
+    return amount
+
+
+def calendar_day(now_wall: float, *, utc: bool = False) -> str:
+    """The day ``now_wall`` counts in, ``2026-11-26``: the local calendar day, or the UTC day
+    (what a cluster's budgets count, so hosts in every time zone count the same day)."""
+    return time.strftime("%Y-%m-%d", time.gmtime(now_wall) if utc else time.localtime(now_wall))
 
 
 def format_usd(amount: float) -> str:
