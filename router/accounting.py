@@ -109,33 +109,51 @@ def record(
     go into the event as they are (``gpu``, serve's ``via``, ``ticket``, ``host``...).
     ``reserved_usd``: what ``router.budget.reserve`` counted before the call (settled here).
     Returns its cost."""
-    cost = cost_usd(c, tokens_in, tokens_out)
-    ledger.record_call(
-        settings,
+    k = _answered(c, task, agent, tokens_in, tokens_out, reserved_usd, fields)
+    ledger.record_calls(settings, [k])
+    _answered_event(settings, c, k, latency_s, fields)
+    return k.cost_usd
+
+
+def _answered(
+    c: Candidate,
+    task: str,
+    agent: str,
+    tokens_in: int,
+    tokens_out: int,
+    reserved_usd: float,
+    fields: Mapping[str, Any],
+) -> ledger.Call:
+    """The ledger's record of a call that answered (its request was counted by ``admit``)."""
+    return ledger.Call(
         cid(c),
-        cost_usd=cost,
-        agent=agent,
-        task=task,
-        tier=c.tier,
-        tokens_in=tokens_in,
-        tokens_out=tokens_out,
+        cost_usd(c, tokens_in, tokens_out),
+        agent,
+        task,
+        c.tier,
+        tokens_in,
+        tokens_out,
         count_request=False,  # admit() counted it when the call began
         reserved_usd=reserved_usd,
         host=str(fields.get("host") or ""),
     )
+
+
+def _answered_event(
+    settings: Settings, c: Candidate, k: ledger.Call, latency_s: float, fields: Mapping[str, Any]
+) -> None:
     call_event(
         settings,
         c,
-        task=task,
-        agent=agent,
+        task=k.task,
+        agent=k.agent,
         ok=True,
         latency_s=latency_s,
-        tokens_in=tokens_in,
-        tokens_out=tokens_out,
-        cost_usd=round(cost, 8),
+        tokens_in=k.tokens_in,
+        tokens_out=k.tokens_out,
+        cost_usd=round(k.cost_usd, 8),
         **fields,
     )
-    return cost
 
 
 class Recorder:
@@ -169,14 +187,15 @@ class Recorder:
         reserved_usd: float = 0.0,
         **fields: Any,
     ) -> float:
+        k = _answered(c, task, agent, tokens_in, tokens_out, reserved_usd, fields)
         if reserved_usd or c.daily_budget_usd is not None or self.rs.daily_budget_usd is not None:
-            return record(
-                self.settings, c, task=task, agent=agent, tokens_in=tokens_in,
-                tokens_out=tokens_out, latency_s=latency_s, reserved_usd=reserved_usd, **fields,
-            )  # fmt: skip
-        cost = cost_usd(c, tokens_in, tokens_out)
-        host = str(fields.get("host") or "")
-        k = ledger.Call(cid(c), cost, agent, task, c.tier, tokens_in, tokens_out, False, 0.0, host)
+            ledger.record_calls(self.settings, [k])  # budgets are judged on it: spent at once
+        else:
+            self._gather(k)
+        _answered_event(self.settings, c, k, latency_s, fields)
+        return k.cost_usd
+
+    def _gather(self, k: ledger.Call) -> None:
         self._pending.append(k)
         now = time.monotonic()
         if now - self._last >= self.every_s:
@@ -188,11 +207,6 @@ class Recorder:
                 self.flush()
             else:
                 self._timer = loop.call_later(self._last + self.every_s - now, self.flush)
-        call_event(
-            self.settings, c, task=task, agent=agent, ok=True, latency_s=latency_s,
-            tokens_in=tokens_in, tokens_out=tokens_out, cost_usd=round(cost, 8), **fields,
-        )  # fmt: skip
-        return cost
 
     def flush(self) -> None:
         """Write what waits, in one change."""

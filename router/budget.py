@@ -113,7 +113,7 @@ def reserve(
 
 
 def settled(settings: Settings, r: Reservation, cost_usd: float) -> None:
-    """The cluster's part of settling (the ledger's is ``record_call(reserved_usd=...)``)."""
+    """The cluster's part of settling (the ledger's is ``accounting.record(reserved_usd=...)``)."""
     if r.clustered:
         _settle_cluster(settings, r.key, cost_usd - r.amount_usd)
 
