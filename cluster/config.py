@@ -107,16 +107,9 @@ def configured(cfg: Config) -> bool:
 def load(cfg: Config, environ: Mapping[str, str] | None = None) -> ClusterConfig | None:
     """The validated section; None when the config has none (a host on its own)."""
     env = os.environ if environ is None else environ
-    raw = cfg.section(SECTION)
+    raw = cfg.settings_of(SECTION, KEYS)
     if raw is None:
         return None
-    if not isinstance(raw, Mapping):
-        raise cfg.error(SECTION, f"expected a mapping of settings, got {type(raw).__name__}")
-    for k in raw:
-        if k not in KEYS:
-            raise cfg.error(
-                f"{SECTION}.{k}", f"unknown key {k!r}", hint="known keys: " + ", ".join(KEYS)
-            )
     if raw.get("redis") is None:
         raise cfg.error(
             f"{SECTION}.redis",

@@ -74,23 +74,11 @@ def fraction(value: Any) -> float:
     return number
 
 
-def _section(cfg: Config, name: str, keys: tuple[str, ...]) -> Mapping[str, Any]:
-    raw = cfg.sections.get(name) or {}
-    if not isinstance(raw, Mapping):
-        raise cfg.error(name, f"expected a mapping of settings, got {type(raw).__name__}")
-    for key in raw:
-        if key not in keys:
-            raise cfg.error(
-                f"{name}.{key}", f"unknown key {key!r}", hint="known keys: " + ", ".join(keys)
-            )
-    return raw
-
-
 def load(cfg: Config) -> GovernorConfig:
     """The governor's settings from a loaded gpulock Config; ConfigError names file:line:key."""
     base = GovernorConfig()
-    w = _section(cfg, "watchdog", WATCHDOG_KEYS)
-    g = _section(cfg, "governor", GOVERNOR_KEYS)
+    w = cfg.settings_of("watchdog", WATCHDOG_KEYS) or {}
+    g = cfg.settings_of("governor", GOVERNOR_KEYS) or {}
 
     def get(
         sec: Mapping[str, Any], sec_name: str, key: str, parse: Callable[[Any], T], default: T

@@ -19,7 +19,6 @@ a log line or an event.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,14 +64,7 @@ is_loopback = apikeys.is_loopback  # shared with gpulock's metrics listener
 
 
 def load(cfg: Config) -> ServeConfig:
-    raw = cfg.section("serve") or {}
-    if not isinstance(raw, Mapping):
-        raise cfg.error("serve", f"expected a mapping of settings, got {type(raw).__name__}")
-    for k in raw:
-        if k not in KEYS:
-            raise cfg.error(
-                f"serve.{k}", f"unknown key {k!r}", hint="known keys: " + ", ".join(KEYS)
-            )
+    raw = cfg.settings_of("serve", KEYS) or {}
     host, port = parse_listen(DEFAULT_LISTEN)
     if raw.get("listen") is not None:
         try:

@@ -664,3 +664,32 @@ def test_exit_wait_is_a_duration_named_with_its_line_when_bad(tmp_path: pathlib.
     with pytest.raises(ConfigError) as e:
         load_config(str(path))
     assert "gpulock.yaml:2: exit_wait:" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("section", "load"),
+    [
+        ("serve", "serve.config"),
+        ("metrics", "gpulock.metrics.config"),
+        ("governor", "governor.config"),
+        ("cluster", "cluster.config"),
+    ],
+)
+def test_a_packages_section_is_a_mapping_of_known_keys(
+    tmp_path: pathlib.Path, section: str, load: str
+) -> None:
+    import importlib
+
+    loader = importlib.import_module(load).load
+    path = tmp_path / "gpulock.yaml"
+    path.write_text(f"reserve: 10%\n{section}:\n  - not a mapping\n")
+    with pytest.raises(ConfigError) as info:
+        loader(load_config(str(path)))
+    assert (info.value.line, info.value.key) == (2, section)
+    assert "expected a mapping of settings, got list" in str(info.value)
+    path.write_text(f"reserve: 10%\n{section}:\n  no_such_key: 1\n")
+    with pytest.raises(ConfigError) as info:
+        loader(load_config(str(path)))
+    assert (info.value.line, info.value.key) == (3, f"{section}.no_such_key")
+    assert "unknown key 'no_such_key'" in str(info.value)
+    assert "known keys: " in (info.value.hint or "")

@@ -71,7 +71,7 @@ import math
 import os
 import pathlib
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -177,6 +177,21 @@ class Config:
     def section(self, name: str) -> Any:
         """The raw value of another package's section, None when the file has none."""
         return self.sections.get(name)
+
+    def settings_of(self, name: str, keys: Sequence[str]) -> Mapping[str, Any] | None:
+        """Another package's section as a mapping whose every key is one of ``keys``; None
+        when the file has none.  A ConfigError (file:line:key) for anything else."""
+        raw = self.sections.get(name)
+        if raw is None:
+            return None
+        if not isinstance(raw, Mapping):
+            raise self.error(name, f"expected a mapping of settings, got {type(raw).__name__}")
+        for k in raw:
+            if k not in keys:
+                raise self.error(
+                    f"{name}.{k}", f"unknown key {k!r}", hint="known keys: " + ", ".join(keys)
+                )
+        return raw
 
     def line_of(self, key: str) -> int | None:
         """The line of ``key`` (a dotted path), else of its nearest parent that has one."""

@@ -75,14 +75,7 @@ def parse_listen(text: str) -> Listen:
 
 def load(cfg: Config) -> MetricsConfig:
     """The section from a loaded Config; ConfigError names file:line:key."""
-    raw: Any = cfg.section("metrics") or {}
-    if not isinstance(raw, Mapping):
-        raise cfg.error("metrics", f"expected a mapping of settings, got {type(raw).__name__}")
-    for key in raw:
-        if key not in KEYS:
-            raise cfg.error(
-                f"metrics.{key}", f"unknown key {key!r}", hint="known keys: " + ", ".join(KEYS)
-            )
+    raw: Any = cfg.settings_of("metrics", KEYS) or {}
     listen = None
     if raw.get("listen") is not None:
         try:
