@@ -26,7 +26,6 @@ that failed or was stopped leaves them, and the next run resumes where it stoppe
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -37,7 +36,7 @@ from typing import Final, TypeVar
 
 from agents import checkpoint
 from gpulock.core.errors import StateDirError
-from gpulock.core.state import open_regular
+from gpulock.core.state import open_locked, open_regular
 
 T = TypeVar("T")
 
@@ -84,7 +83,7 @@ def pooled(
         for wait in (False, True):  # first the free items, then those others held
             held: list[tuple[T, str]] = []
             for item, key in pending:
-                fd = _claim(folder / _claim_name(key), mode, wait=wait)
+                fd = open_locked(folder / _claim_name(key), mode, wait=wait)
                 if fd is None:
                     held.append((item, key))
                     continue
@@ -105,20 +104,6 @@ def pooled(
 
 def _claim_name(key: str) -> str:
     return hashlib.sha1(key.encode(), usedforsecurity=False).hexdigest()
-
-
-def _claim(path: Path, mode: int, *, wait: bool) -> int | None:
-    """The claim's descriptor, locked; None when another worker holds it (and not ``wait``)."""
-    fd = open_regular(path, os.O_RDWR | os.O_CREAT, mode)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _append(fd: int, journal: Path, key: str) -> None:

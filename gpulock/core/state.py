@@ -511,6 +511,25 @@ def _not_regular(path: pathlib.Path) -> StateDirError:
     )
 
 
+def open_locked(path: pathlib.Path, mode: int, *, wait: bool = False) -> int | None:
+    """``path`` opened read-write (``open_regular``, created with ``mode``) and held with an
+    exclusive ``flock``; None when another process holds it, unless ``wait``: then block until
+    it is ours.  The kernel drops the lock when the descriptor is closed or its process dies.
+    """
+    import fcntl
+
+    fd = open_regular(path, os.O_RDWR | os.O_CREAT, mode)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def take_instance_lock(path: pathlib.Path, mode: int, record: bytes, *, what: str) -> int | None:
     """Be the one process of a kind (a governor, a fleet, an agent's run): hold ``path`` with a
     non-blocking ``flock`` and write ``record`` (who we are) in it.
@@ -520,24 +539,18 @@ def take_instance_lock(path: pathlib.Path, mode: int, record: bytes, *, what: st
     read with ``read_small``.  StateDirError when ``what`` cannot be opened, or ``path`` is a
     symlink, a folder or a FIFO (``open_regular``).
     """
-    import fcntl
-
     try:
-        fd = open_regular(path, os.O_RDWR | os.O_CREAT, mode)
+        fd = open_locked(path, mode)
+    except StateDirError:
+        raise
     except OSError as e:
         raise StateDirError(
             str(path),
             f"cannot open {what}: {e.strerror or e}",
             hint=f"check the owner and mode of {path.parent} (ls -la)",
         ) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+    if fd is None:
         return None
-    except BaseException:
-        os.close(fd)
-        raise
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, record, 0)
