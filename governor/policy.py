@@ -225,7 +225,8 @@ def _unneeded(
         ]
         why = (
             f"gpu{g.index} {_pct(used / g.total_bytes)} used, within {_pct(config.hysteresis)} "
-            f"of the {_pct(limit)} threshold: no use expected for 10x its reload time"
+            f"of the {_pct(limit)} threshold: no use expected for "
+            f"{foresight.UNNEEDED_FACTOR:g}x its reload time"
         )
         out += _evict_until(
             g, floor, cands, "evict", why, evidence, chosen, now_wall, projected, fc
