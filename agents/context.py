@@ -173,6 +173,7 @@ class Context:
                 checkpoint.resumed(path, keys),
                 path=path,
                 mode=self.settings.file_mode,
+                group=self.settings.group,
                 finished=flushed,
             )
         try:

@@ -36,7 +36,7 @@ from typing import Final, TypeVar
 
 from agents import checkpoint
 from gpulock.core.errors import StateDirError
-from gpulock.core.state import open_locked, open_regular
+from gpulock.core.state import ensure_subdir, open_locked, open_regular
 
 T = TypeVar("T")
 
@@ -67,14 +67,12 @@ def pooled(
     *,
     path: Path,
     mode: int,
+    group: str | None,
     finished: Callable[[int], None],
 ) -> Iterator[T]:
     """Yield the items no other worker has done or is doing (see the module docstring)."""
     folder = claims_dir(path)
-    try:
-        folder.mkdir(mode=0o700 if mode == 0o600 else 0o2770, exist_ok=True)
-    except OSError as e:
-        raise StateDirError(str(folder), f"cannot keep the batch's claims: {e.strerror}") from None
+    ensure_subdir(folder.parent, folder.name, group=group)  # the state folder's mode and group
     journal = checkpoint.journal_path(path)
     jfd = open_regular(journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, mode)
     count = 0

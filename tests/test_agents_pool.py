@@ -8,9 +8,11 @@ another worker, and every item exactly once in the batch's output.
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import signal
+import stat
 import sys
 from pathlib import Path
 
@@ -156,3 +158,27 @@ def test_sigterm_to_the_leader_stops_every_worker_and_keeps_the_checkpoint(
         if '"end"' in line
     ]
     assert ends[-1]["outcome"] == "killed" and ends[-1]["reason"] == "SIGTERM", ends
+
+
+def test_a_shared_state_folder_gets_claims_its_group_can_write(tmp_path: Path) -> None:
+    """With ``group`` set, the claims folder is made like the state folder's own (2770, the
+    group's), whatever the umask: another member's worker must be able to claim items."""
+    from agents import poolbatch
+    from gpulock.core.state import ensure_state_dir, ensure_subdir, file_mode
+
+    group = grp.getgrgid(os.getgid()).gr_name
+    state = ensure_state_dir(tmp_path / "state", group=group)
+    folder = ensure_subdir(state, "tts", group=group)
+    path = folder / "checkpoint.json"
+    old = os.umask(0o077)
+    try:
+        items = poolbatch.pooled(
+            ["a", "b"], ["a", "b"], set(), path=path, mode=file_mode(group), group=group,
+            finished=lambda _n: None,
+        )  # fmt: skip
+        got = list(items)
+    finally:
+        os.umask(old)
+    assert got == ["a", "b"]
+    st = os.stat(poolbatch.claims_dir(path))
+    assert stat.S_IMODE(st.st_mode) == 0o2770 and st.st_gid == os.getgid()
