@@ -20,10 +20,5 @@ class EvictResult:
     elapsed_s: float
 
     @property
-    def freed(self) -> bool:
-        """The memory verifiably came back: the only outcome that counts as freed."""
-        return self.outcome == "freed"
-
-    @property
     def ok(self) -> bool:
         return self.outcome in ("freed", "unloaded", "owner-gone", "already-unloaded", "gone")
