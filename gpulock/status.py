@@ -599,12 +599,15 @@ def _render_residents(recs: list[dict[str, Any]]) -> list[str]:
 
 
 def _next_use(r: dict[str, Any]) -> str:
-    """``~07:00 (digest, cron)``; ``-`` when unknown."""
+    """``~07:00 (digest, cron)`` (``NextUse.describe``); ``-`` when unknown."""
     at = r.get("next_use")
     if not isinstance(at, int | float):
         return "-"
-    who = ", ".join(x for x in (r.get("next_use_by"), r.get("next_use_source")) if x)
-    return f"~{time.strftime('%H:%M', time.localtime(at))} ({who})"
+    from gpulock.core import foresight  # as _with_next_use: only where a resident is shown
+
+    source, by = r.get("next_use_source"), r.get("next_use_by")
+    nu = foresight.NextUse("", at, 1.0, source or foresight.UNKNOWN_SOURCE, by or "")
+    return nu.describe(at, lambda t: time.strftime("%H:%M", time.localtime(t)))
 
 
 def _render_tenants(tenants: list[dict[str, Any]]) -> list[str]:
