@@ -39,7 +39,7 @@ from gpulock.api import acquire
 from gpulock.core.errors import GpulockError
 from gpulock.core.settings import Settings
 from gpulock.core.state import ENV_STATE_DIR
-from gpulock.lock.lease import ENV_TICKET, leases_held
+from gpulock.lock.lease import ENV_TICKET, Lease, leases_held
 
 FORWARDED = (
     signal.SIGTERM,
@@ -128,13 +128,7 @@ def run(
                 granted.release()
             return 128 + stop.signum
         try:
-            env = dict(os.environ)
-            env["CUDA_VISIBLE_DEVICES"] = held.cuda_visible_devices
-            # gpulock numbers GPUs as NVML does (PCI bus order); CUDA's default is fastest
-            # first, which on a mixed machine would put the job on a GPU it did not lock.
-            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-            env[ENV_TICKET] = f"{held.gpu}:{held.ticket}"
-            env[ENV_STATE_DIR] = str(settings.state_dir)
+            env = command_env(held, settings)
             _become_subreaper(libc)
             child: list[int] = []  # the command's pid, once it runs
             caught: list[int] = []  # signals that came before it did
@@ -176,6 +170,19 @@ def run(
             signal.set_wakeup_fd(old_wakeup)
         os.close(wake_r)
         os.close(wake_w)
+
+
+def command_env(lease: Lease, settings: Settings) -> dict[str, str]:
+    """The environment of a command that runs on ``lease`` (``gpulock run``'s, a pool's
+    worker): ours, with its GPU, its ticket and the state folder."""
+    env = dict(os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = lease.cuda_visible_devices
+    # gpulock numbers GPUs as NVML does (PCI bus order); CUDA's default is fastest first,
+    # which on a mixed machine would put the job on a GPU it did not lock.
+    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    env[ENV_TICKET] = f"{lease.gpu}:{lease.ticket}"
+    env[ENV_STATE_DIR] = str(settings.state_dir)
+    return env
 
 
 def _forwarder(child: list[int], caught: list[int]) -> Callable[[int, FrameType | None], None]:

@@ -34,10 +34,9 @@ from gpulock.api import acquire_async
 from gpulock.core import devices
 from gpulock.core.errors import GpulockError, LockTimeout
 from gpulock.core.settings import Settings
-from gpulock.core.state import ENV_STATE_DIR
 from gpulock.lock.lease import ENV_TICKET, Lease
 from gpulock.pool import ENV_SIZE, ENV_WORKER, policy, record
-from gpulock.runner import terminal_delivers
+from gpulock.runner import command_env, terminal_delivers
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -224,11 +223,7 @@ class Pool:
     async def _start(self, lease: Lease) -> None:
         index = min(set(range(len(self.running) + 1)) - set(self.running))
         size = len(self.running) + 1
-        env = dict(os.environ)
-        env["CUDA_VISIBLE_DEVICES"] = lease.cuda_visible_devices
-        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-        env[ENV_TICKET] = f"{lease.gpu}:{lease.ticket}"
-        env[ENV_STATE_DIR] = str(self.settings.state_dir)
+        env = command_env(lease, self.settings)
         env[ENV_WORKER] = str(index)
         env[ENV_SIZE] = str(size)
         fds = () if lease.claim_fd is None else (lease.claim_fd,)
