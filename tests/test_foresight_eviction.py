@@ -181,6 +181,24 @@ def test_only_the_recent_past_is_kept_per_model_and_agent(tmp_path: Path) -> Non
     assert [u.at_wall for u in past.uses] == list(range(500 - fi.KEEP_PER_USER, 500))
 
 
+def test_a_forged_digest_is_refused_under_python_O_too(tmp_path: Path) -> None:
+    """The digest's checks are code, not ``assert``: ``python -O`` strips asserts, and an
+    offset that is text would then reach the arithmetic of ``read_past``."""
+    import subprocess
+    import sys
+
+    (tmp_path / fi.DIGEST_NAME).write_text(
+        '{"format": "gpulock.foresight-past/1", "inode": 1, "offset": "7",'
+        ' "uses": {}, "loads": [], "models_of": {}, "fleets": {}}'
+    )
+    code = "from gpulock.residents import foresight_inputs as fi; "
+    code += f"print(fi._load_digest(fi.Path({str(tmp_path / fi.DIGEST_NAME)!r})))"
+    out = subprocess.run(
+        [sys.executable, "-O", "-c", code], capture_output=True, text=True, check=False, cwd=REPO
+    )
+    assert (out.returncode, out.stdout.strip()) == (0, "None"), out.stderr
+
+
 @pytest.mark.parametrize("garbage", ["fifo", "folder", "deep", "symlink"])
 def test_garbage_in_place_of_the_digest_hangs_and_breaks_nothing(
     tmp_path: Path, garbage: str

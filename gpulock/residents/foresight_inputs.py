@@ -241,10 +241,12 @@ def _load_digest(path: Path) -> tuple[Past, int, int] | None:
         doc = safejson.loads(raw) if raw is not None else None
     except (OSError, StateDirError, ValueError):
         return None
+    if not isinstance(doc, dict) or doc.get("format") != DIGEST_FORMAT:
+        return None
+    inode, offset = doc.get("inode"), doc.get("offset")
+    if not isinstance(inode, int) or not isinstance(offset, int) or offset < 0:
+        return None
     try:
-        assert isinstance(doc, dict) and doc.get("format") == DIGEST_FORMAT
-        inode, offset = doc["inode"], doc["offset"]
-        assert isinstance(inode, int) and isinstance(offset, int) and offset >= 0
         uses = [
             fs.Use(str(m), float(t), str(b))
             for m, users in doc["uses"].items()
@@ -256,7 +258,7 @@ def _load_digest(path: Path) -> tuple[Past, int, int] | None:
         ]
         models_of = {str(a): {str(m) for m in ms} for a, ms in doc["models_of"].items()}
         fleets: dict[int, str | None] = {int(p): str(f) for p, f in doc["fleets"].items()}
-    except (AssertionError, KeyError, TypeError, ValueError, AttributeError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
     return Past(uses, loads, models_of, fleets), inode, offset
 
