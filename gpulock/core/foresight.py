@@ -167,14 +167,9 @@ class Forecast:
 
     def unneeded(self, model: str, factor: float = UNNEEDED_FACTOR) -> bool:
         """No use expected within ``factor`` times its reload time (or none at all): keeping
-        it loaded saves less than the memory it holds costs the others."""
-        nu = self.next.get(model)
-        if nu is None or nu.at_wall is None or nu.confidence <= 0:
-            return True
-        rc = self.reload.get(model)
-        cost = rc.seconds if rc is not None else DEFAULT_RELOAD_S
-        distance = max(nu.at_wall - self.now_wall, 0.0) / max(nu.confidence, 0.05)
-        return distance >= factor * max(cost, MIN_RELOAD_S)
+        it loaded saves less than the memory it holds costs the others.  ``score`` is that
+        distance in reload times."""
+        return self.score(model) >= factor
 
     def why(self, model: str) -> dict[str, Any]:
         """The evidence for an ``evict`` event: next use, its source, the reload cost."""
