@@ -133,8 +133,9 @@ class NeedTooLarge(LockError, ValueError):
 class NoSuchGpu(LockError, ValueError):
     """A GPU index this machine (or its ``simulate:`` GPUs) does not have: a usage error.
 
-    ``known`` are the indices it has, ``source`` where that came from (``simulated``, ``nvidia
-    driver``).  The CLI exits 2 (``exit_code``), as for any other bad argument.
+    ``known`` are the indices it has, ``source`` where that came from (``simulated`` or
+    ``NVIDIA``, as ``devices.known_gpus`` says).  The CLI exits 2 (``exit_code``), as for any
+    other bad argument.
     """
 
     exit_code = 2
