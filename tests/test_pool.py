@@ -359,3 +359,16 @@ def test_a_pool_inside_gpulock_run_refuses_to_share_one_ticket(pool_cli: Cli) ->
     assert r.code == 1, r.describe()
     assert "error: gpulock pool runs inside a lease on gpu0" in r.stderr, r.describe()
     assert cli.events("pool-worker") == []
+
+
+def test_a_forged_pool_record_is_skipped_not_a_traceback(pool_cli: Cli) -> None:
+    """``<state>/pools/*.json`` is read by every ``gpulock status``: nesting deep enough to
+    crash ``json.loads`` is garbage to skip, as for tickets and resident records."""
+    cli = pool_cli
+    assert cli.run("status").code == 0  # the state folder exists
+    pools = cli.state / "pools"
+    pools.mkdir(mode=0o700)
+    (pools / "1.json").write_bytes(b"[" * 60_000)
+    r = cli.run("status", "--json")
+    assert r.code == 0, r.describe()
+    assert "Traceback" not in r.stderr, r.describe()

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpulock.core import identity
+from gpulock.core import identity, safejson
 from gpulock.core.errors import StateDirError
 from gpulock.core.settings import Settings
 from gpulock.core.state import atomic_write, ensure_subdir, read_small
@@ -68,7 +68,7 @@ def live(settings: Settings) -> list[dict[str, Any]]:
             continue
         try:
             raw = read_small(folder / name, limit=1 << 16)
-            doc = json.loads(raw) if raw is not None else None
+            doc = safejson.loads(raw) if raw is not None else None
         except (OSError, StateDirError, ValueError):
             continue
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
