@@ -66,7 +66,6 @@ def gather(
     gpus: Iterable[int],
     *,
     now_wall: float | None = None,
-    cron: bool = True,
 ) -> fs.Forecast:
     """The forecast for ``records`` (residents and tenant models) at ``now_wall``; the
     tickets waiting on ``gpus`` count as uses now."""
@@ -74,9 +73,8 @@ def gather(
     past = read_past(settings.state_dir, mode=settings.file_mode)
     uses = past.uses + [fs.Use(model_key(r), r.last_used_wall) for r in records if r.idle_known]
     planned = [p for gpu in gpus for p in waiters(settings, gpu, past.models_of, now)]
-    if cron:
-        planned += cron_plans(past.models_of, now)
-        planned += fleet_plans(past.fleets, past.models_of, now)
+    planned += cron_plans(past.models_of, now)
+    planned += fleet_plans(past.fleets, past.models_of, now)
     models = {model_key(r): r.bytes for r in records}
     return fs.forecast(
         models, planned, uses, past.loads, now, utc_offset_s=float(local_offset_s(now))
