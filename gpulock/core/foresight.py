@@ -43,7 +43,7 @@ class ConfigLike(Protocol):
     """What ``policy_of`` reads of ``gpulock.core.config.Config`` (which imports this module
     to check the key when a file is loaded: no import back)."""
 
-    def section(self, name: str) -> Any: ...
+    def settings_of(self, name: str, keys: Sequence[str]) -> Mapping[str, Any] | None: ...
 
     def error(self, key: str, problem: str, hint: str | None = None) -> Exception: ...
 
@@ -419,15 +419,9 @@ def order(
 
 def policy_of(config: ConfigLike) -> str:
     """``eviction.policy`` from the config (``foresight`` or ``lru``), validated."""
-    section = config.section("eviction")
+    section = config.settings_of("eviction", KEYS)
     if section is None:
         return DEFAULT_POLICY
-    if not isinstance(section, dict):
-        raise config.error("eviction", "expected a mapping, like 'policy: foresight'")
-    for key in section:
-        if key not in KEYS:
-            hint = "known keys: " + ", ".join(KEYS)
-            raise config.error(f"eviction.{key}", f"unknown key {key!r}", hint=hint)
     value = section.get("policy", DEFAULT_POLICY)
     if value not in POLICIES or not isinstance(value, str):
         raise config.error(
