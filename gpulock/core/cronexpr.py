@@ -5,7 +5,8 @@ it serves run next.  The fleet's own schedules are APScheduler's business (``age
 the small part gpulock needs without importing the packages built on it: five fields (minute
 hour day month weekday) with ``*``, ``a-b``, ``*/n``, ``a-b/n``, lists, month and day names, and
 the ``@daily`` family.  Cron's rule holds: when both day-of-month and day-of-week are
-restricted, either one matching is enough.  Times are local (``time.localtime``).
+restricted, either one matching is enough (a field starting with ``*``, ``*/2`` too, is not
+restricted: cron's and ``agents.schedules``' reading).  Times are local (``time.localtime``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Cron:
     days: frozenset[int]
     months: frozenset[int]
     weekdays: frozenset[int]  # 0 = Sunday
-    any_day: bool  # day-of-month is '*'
+    any_day: bool  # day-of-month starts with '*' ('*', '*/2')
     any_weekday: bool
 
     def day_matches(self, mday: int, month: int, wday_sun0: int) -> bool:
@@ -92,7 +93,7 @@ def parse(text: str) -> Cron:
     weekdays = frozenset(0 if w == 7 else w for w in sets[4])
     return Cron(
         frozenset(sets[0]), frozenset(sets[1]), frozenset(sets[2]), frozenset(sets[3]),
-        weekdays, fields[2] == "*", fields[4] == "*",
+        weekdays, fields[2].startswith("*"), fields[4].startswith("*"),
     )  # fmt: skip
 
 
