@@ -61,19 +61,19 @@ def make_certs(folder: Path) -> Certs:
     for name in ("ca", "other-ca"):
         openssl("req", "-x509", *ec, "-keyout", f"{name}.key", "-out", f"{name}.pem",
                 "-days", "2", "-subj", f"/CN=gpulock test {name}", cwd=folder)  # fmt: skip
-    openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1",
-            cwd=folder)  # fmt: skip
-    (folder / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "san.cnf",
-            cwd=folder)  # fmt: skip
+
+    def signed(name: str, subject: str, extension: str) -> None:
+        """``NAME.key`` and ``NAME.pem``: a certificate for ``subject`` signed by ``ca``."""
+        openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject,
+                cwd=folder)  # fmt: skip
+        (folder / f"{name}.cnf").write_text(extension + "\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.cnf",
+                cwd=folder)  # fmt: skip
+
+    signed("server", "/CN=127.0.0.1", "subjectAltName=IP:127.0.0.1")
     # A client certificate, signed by the same CA, for a Redis that asks for one.
-    openssl("req", *ec, "-keyout", "client.key", "-out", "client.csr", "-subj", "/CN=host-a",
-            cwd=folder)  # fmt: skip
-    (folder / "client.cnf").write_text("extendedKeyUsage=clientAuth\n")
-    openssl("x509", "-req", "-in", "client.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", "client.pem", "-days", "2", "-extfile", "client.cnf",
-            cwd=folder)  # fmt: skip
+    signed("client", "/CN=host-a", "extendedKeyUsage=clientAuth")
     return Certs(folder / "ca.pem", folder / "other-ca.pem", folder / "server.pem",
                  folder / "server.key")  # fmt: skip
 
