@@ -20,12 +20,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from procs import wait_until
 from redis_server import RedisServer, need_redis
-from router_servers import free_port, log_tail
 from serve_server import GatewayProc
 
 from cluster.config import ClusterConfig
@@ -89,36 +88,18 @@ class TlsRedis(RedisServer):
     def url(self) -> str:
         return f"rediss://127.0.0.1:{self.port}/0"
 
-    def start(self, *, same_port: bool = False) -> TlsRedis:
-        exe = need_redis()
+    def argv(self, exe: str) -> list[str]:
         assert self.certs is not None
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
         argv = [exe, "--port", "0", "--tls-port", str(self.port), "--bind", "127.0.0.1"]
         argv += ["--tls-cert-file", str(self.certs.cert), "--tls-key-file", str(self.certs.key)]
         argv += ["--tls-ca-cert-file", str(self.certs.ca), "--tls-auth-clients", self.auth_clients]
         argv += ["--save", "", "--appendonly", "no", "--dir", str(self.folder)]
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
-            )
-        proc = self.proc
+        return argv
 
-        def ready() -> str:
-            if proc.poll() is not None:
-                return "exited"
-            return "up" if self._answers() else ""
-
-        if (
-            wait_until(ready, 20.0, lambda: f"redis-server {self.port}\n{log_tail(self.log)}")
-            != "up"
-        ):
-            text = log_tail(self.log)
-            self.proc = None
-            if "tls" in text.lower() or "ssl" in text.lower():
-                pytest.skip(f"{NO_TLS}: {text.strip().splitlines()[-1]}")
-            raise AssertionError(f"redis-server exited:\n{text}")
-        return self
+    def exited(self, log: str) -> NoReturn:
+        if "tls" in log.lower() or "ssl" in log.lower():
+            pytest.skip(f"{NO_TLS}: {log.strip().splitlines()[-1]}")
+        super().exited(log)
 
     def _answers(self) -> bool:
         assert self.certs is not None
