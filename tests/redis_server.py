@@ -21,6 +21,8 @@ import pytest
 from procs import wait_until
 from router_servers import free_port, log_tail
 
+HANG_BOUND_S = 60.0  # "does not hang": a deadline against a hang, not a speed (the test's
+# message check names the short timeout that ended the wait)
 REDIS_MISSING = (
     "redis-server not found: it comes with Debian's 'redis-server' package, which 'make test' "
     "installs when it runs as root"

@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 import pytest
 from procs import wait_until
-from redis_server import RedisServer, need_redis
+from redis_server import HANG_BOUND_S, RedisServer, need_redis
 from serve_server import GatewayProc
 
 from cluster.config import ClusterConfig
@@ -192,7 +192,7 @@ def test_a_wrong_ca_is_a_clear_degraded_state_not_a_hang(
     beat = publish(env, "w")
     assert beat.store.problem is not None
     assert beat.store.problem.startswith("TLS: certificate verify failed"), beat.store.problem
-    assert time.monotonic() - started < 30  # generous: a handshake refused, not a timeout
+    assert time.monotonic() - started < HANG_BOUND_S  # a handshake refused, not a hang
     # In process: Unavailable, with the reason.
     cc = ClusterConfig(redis_url=tls_redis.url, host="w", tls_ca=str(tls_redis.certs.other_ca))
     with pytest.raises(Unavailable, match="certificate verify failed"):
@@ -299,7 +299,7 @@ def test_a_frozen_tls_redis_costs_one_short_timeout(tls_redis: TlsRedis) -> None
         started = time.monotonic()
         with pytest.raises(Unavailable, match=r"no answer within 0\.5s"):
             store.hosts()
-        assert time.monotonic() - started < 10  # generous: the timeout is 0.5 s
+        assert time.monotonic() - started < HANG_BOUND_S  # the timeout is 0.5 s: no hang
     finally:
         tls_redis.thaw()
     assert isinstance(Store(cc).hosts(), list)  # thawed: a fresh connection works again
