@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import Cli
 from procs import World  # tests/ is on sys.path: pytest puts a conftest's folder there
+from redis_server import RedisServer
 from router_servers import FaultServer
 
 # Variables that would make a test depend on the shell it was started from: a lease inherited
@@ -54,3 +55,13 @@ def ok_cloud() -> Iterator[FaultServer]:
         yield f
     finally:
         f.stop()
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real ``redis-server`` on a free port of 127.0.0.1, no persistence (skips without one)."""
+    r = RedisServer(tmp_path / "redis").start()
+    try:
+        yield r
+    finally:
+        r.stop()

@@ -15,11 +15,14 @@ import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn, Self
 
 import pytest
 from procs import wait_until
 from router_servers import free_port, log_tail
 
+HANG_BOUND_S = 60.0  # "does not hang": a deadline against a hang, not a speed (the test's
+# message check names the short timeout that ended the wait)
 REDIS_MISSING = (
     "redis-server not found: it comes with Debian's 'redis-server' package, which 'make test' "
     "installs when it runs as root"
@@ -48,21 +51,42 @@ class RedisServer:
     def log(self) -> Path:
         return self.folder / f"redis-{self.port}.log"
 
-    def start(self, *, same_port: bool = False) -> RedisServer:
-        exe = need_redis()
-        self.folder.mkdir(parents=True, exist_ok=True)
-        if not same_port or not self.port:
-            self.port = free_port()
+    def argv(self, exe: str) -> list[str]:
         argv = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
         argv += ["--appendonly", "no", "--dir", str(self.folder), "--protected-mode", "no"]
         if self.password:
             argv += ["--requirepass", self.password]
+        return argv
+
+    def start(self, *, same_port: bool = False) -> Self:
+        exe = need_redis()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if not same_port or not self.port:
+            self.port = free_port()
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+                self.argv(exe),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
             )
-        wait_until(self._answers, 20.0, lambda: f"redis-server {self.port}\n{log_tail(self.log)}")
+        proc = self.proc
+
+        def ready() -> str:
+            if proc.poll() is not None:
+                return "exited"
+            return "up" if self._answers() else ""
+
+        state = wait_until(ready, 20.0, lambda: f"redis-server {self.port}\n{log_tail(self.log)}")
+        if state != "up":
+            self.proc = None
+            self.exited(log_tail(self.log))
         return self
+
+    def exited(self, log: str) -> NoReturn:
+        """It exited instead of answering; ``log`` is the end of its log."""
+        raise AssertionError(f"redis-server exited:\n{log}")
 
     def _answers(self) -> bool:
         try:

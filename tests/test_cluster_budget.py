@@ -112,101 +112,90 @@ def shared_spend(url: str) -> float:
 
 
 def test_three_hosts_agents_never_spend_past_one_budget(
-    tmp_path: Path, ok_cloud: FaultServer
+    tmp_path: Path, redis: RedisServer, ok_cloud: FaultServer
 ) -> None:
-    redis = RedisServer(tmp_path / "redis").start()
-    try:
-        envs = {h: host_env(tmp_path, h, redis.url, ok_cloud.base_url) for h in HOSTS}
-        answered = run_agents(envs)
-        assert sum(answered.values()) == int(BUDGET / CALL_USD), answered  # ten calls, no more
-        assert ok_cloud.count("/completions") == 10
-        assert shared_spend(redis.url) == BUDGET
-        for h in HOSTS:  # each host keeps its own spend in its own ledger as well
-            assert ledger_spend(envs[h]) == answered[h] * CALL_USD
-        shown = subprocess.run(
-            [sys.executable, "-m", "cluster", "--json"],
-            env=envs["a"], capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert shown.returncode == 0, shown.stderr
-        obj = json.loads(shown.stdout)["spend"]
-        assert (obj["total_usd"], obj["daily_budget_usd"]) == (BUDGET, BUDGET)
-    finally:
-        redis.stop()
+    envs = {h: host_env(tmp_path, h, redis.url, ok_cloud.base_url) for h in HOSTS}
+    answered = run_agents(envs)
+    assert sum(answered.values()) == int(BUDGET / CALL_USD), answered  # ten calls, no more
+    assert ok_cloud.count("/completions") == 10
+    assert shared_spend(redis.url) == BUDGET
+    for h in HOSTS:  # each host keeps its own spend in its own ledger as well
+        assert ledger_spend(envs[h]) == answered[h] * CALL_USD
+    shown = subprocess.run(
+        [sys.executable, "-m", "cluster", "--json"],
+        env=envs["a"], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    obj = json.loads(shown.stdout)["spend"]
+    assert (obj["total_usd"], obj["daily_budget_usd"]) == (BUDGET, BUDGET)
 
 
 def test_partitioned_hosts_spend_at_most_their_share_and_an_empty_redis_is_refilled(
-    tmp_path: Path, ok_cloud: FaultServer
+    tmp_path: Path, redis: RedisServer, ok_cloud: FaultServer
 ) -> None:
-    redis = RedisServer(tmp_path / "redis").start()
-    try:
-        envs = {h: host_env(tmp_path, h, redis.url, ok_cloud.base_url) for h in HOSTS}
-        # The hosts' servers have seen each other (what each host's cluster.json says).
-        beats = [
-            Heartbeat(
-                host_settings(env),
-                ClusterConfig(redis_url=redis.url, host=h, heartbeat_s=60.0),
-                lambda now, h=h: HostReport(h, None, now, 60.0),
-                ledger_spend=lambda env=env: ledger.read(host_settings(env)).spend_usd,
-            )
-            for h, env in envs.items()
-        ]
-        for _round in range(2):  # the second round: every host has seen all three
-            for beat in beats:
-                beat.tick()
-        redis.stop()  # partitioned: each host may spend its share, $5.00, no more
-        answered = run_agents(envs)
-        assert answered == dict.fromkeys(HOSTS, 3), answered  # 3 x $1.50 <= $5.00 < 4 x $1.50
-        assert sum(ledger_spend(envs[h]) for h in HOSTS) == 13.5 <= BUDGET
-
-        redis.start(same_port=True)  # back, and empty (no persistence)
-        # Until every host seen has reported today, a host keeps to its share: a has spent
-        # $4.50 of its $5.00, so a $1.50 call must wait for the others' ledgers.
-        assert run_agents({"a": envs["a"]}, calls=1) == {"a": 0}
-        for beat in beats:  # each host's heartbeat refills Redis from its own ledger
-            beat.tick()
-        assert shared_spend(redis.url) == 13.5  # no budget starts again from zero
-        answered = run_agents(envs, calls=1)
-        assert sum(answered.values()) == 1, answered  # 13.5 + 1.5 = 15: then it is spent
-        assert shared_spend(redis.url) == BUDGET
-    finally:
-        redis.stop()
-
-
-def test_the_reservation_script_refills_and_checks_in_one_step(tmp_path: Path) -> None:
-    redis = RedisServer(tmp_path / "redis").start()
-    try:
-        a = Store(ClusterConfig(redis_url=redis.url, host="a"))
-        b = Store(ClusterConfig(redis_url=redis.url, host="b"))
-        ok, model, total = spend.reserve(
-            a, "cloud:x", 1.0, model_budget_usd=3.0, total_budget_usd=None,
-            local_spend_usd={"cloud:x": 1.5, "cloud:y": 0.5},
-        )  # fmt: skip
-        assert (ok, model, total) == (True, 1.5, 2.0)  # refilled from a's ledger, then checked
-        # b expects 3 hosts and sees 2 (a, b): it keeps to its share, 3.00 / 3, of its own.
-        ok, model, _total = spend.reserve(
-            b, "cloud:x", 1.0, model_budget_usd=3.0, total_budget_usd=None,
-            local_spend_usd={}, hosts_expected=3,
-        )  # fmt: skip
-        assert (ok, model) == (True, 0.0)
-        ok, model, _total = spend.reserve(
-            b, "cloud:x", 0.5, model_budget_usd=3.0, total_budget_usd=None,
-            local_spend_usd={}, hosts_expected=3,
-        )  # fmt: skip
-        assert (ok, model) == (False, 1.0)
-        ok, model, _total = spend.reserve(
-            a, "cloud:x", 1.0, model_budget_usd=3.0, total_budget_usd=None, local_spend_usd={}
+    envs = {h: host_env(tmp_path, h, redis.url, ok_cloud.base_url) for h in HOSTS}
+    # The hosts' servers have seen each other (what each host's cluster.json says).
+    beats = [
+        Heartbeat(
+            host_settings(env),
+            ClusterConfig(redis_url=redis.url, host=h, heartbeat_s=60.0),
+            lambda now, h=h: HostReport(h, None, now, 60.0),
+            ledger_spend=lambda env=env: ledger.read(host_settings(env)).spend_usd,
         )
-        assert (ok, model) == (False, 3.5)  # 2.5 (a) + 1.0 (b) + 1.0 > 3.0: refused
-        spend.settle(a, "cloud:x", -0.25)  # a's call cost less than its bound
-        assert spend.spent(a) == {"cloud:x": 3.25, "cloud:y": 0.5}
-    finally:
-        redis.stop()
+        for h, env in envs.items()
+    ]
+    for _round in range(2):  # the second round: every host has seen all three
+        for beat in beats:
+            beat.tick()
+    redis.stop()  # partitioned: each host may spend its share, $5.00, no more
+    answered = run_agents(envs)
+    assert answered == dict.fromkeys(HOSTS, 3), answered  # 3 x $1.50 <= $5.00 < 4 x $1.50
+    assert sum(ledger_spend(envs[h]) for h in HOSTS) == 13.5 <= BUDGET
+
+    redis.start(same_port=True)  # back, and empty (no persistence)
+    # Until every host seen has reported today, a host keeps to its share: a has spent
+    # $4.50 of its $5.00, so a $1.50 call must wait for the others' ledgers.
+    assert run_agents({"a": envs["a"]}, calls=1) == {"a": 0}
+    for beat in beats:  # each host's heartbeat refills Redis from its own ledger
+        beat.tick()
+    assert shared_spend(redis.url) == 13.5  # no budget starts again from zero
+    answered = run_agents(envs, calls=1)
+    assert sum(answered.values()) == 1, answered  # 13.5 + 1.5 = 15: then it is spent
+    assert shared_spend(redis.url) == BUDGET
 
 
-def test_a_429_on_one_host_cools_the_endpoint_on_another(tmp_path: Path) -> None:
+def test_the_reservation_script_refills_and_checks_in_one_step(redis: RedisServer) -> None:
+    a = Store(ClusterConfig(redis_url=redis.url, host="a"))
+    b = Store(ClusterConfig(redis_url=redis.url, host="b"))
+    ok, model, total = spend.reserve(
+        a, "cloud:x", 1.0, model_budget_usd=3.0, total_budget_usd=None,
+        local_spend_usd={"cloud:x": 1.5, "cloud:y": 0.5},
+    )  # fmt: skip
+    assert (ok, model, total) == (True, 1.5, 2.0)  # refilled from a's ledger, then checked
+    # b expects 3 hosts and sees 2 (a, b): it keeps to its share, 3.00 / 3, of its own.
+    ok, model, _total = spend.reserve(
+        b, "cloud:x", 1.0, model_budget_usd=3.0, total_budget_usd=None,
+        local_spend_usd={}, hosts_expected=3,
+    )  # fmt: skip
+    assert (ok, model) == (True, 0.0)
+    ok, model, _total = spend.reserve(
+        b, "cloud:x", 0.5, model_budget_usd=3.0, total_budget_usd=None,
+        local_spend_usd={}, hosts_expected=3,
+    )  # fmt: skip
+    assert (ok, model) == (False, 1.0)
+    ok, model, _total = spend.reserve(
+        a, "cloud:x", 1.0, model_budget_usd=3.0, total_budget_usd=None, local_spend_usd={}
+    )
+    assert (ok, model) == (False, 3.5)  # 2.5 (a) + 1.0 (b) + 1.0 > 3.0: refused
+    spend.settle(a, "cloud:x", -0.25)  # a's call cost less than its bound
+    assert spend.spent(a) == {"cloud:x": 3.25, "cloud:y": 0.5}
+
+
+def test_a_429_on_one_host_cools_the_endpoint_on_another(
+    tmp_path: Path, redis: RedisServer
+) -> None:
     limited = FaultServer(mode="429", retry_after="120").start()
     steady = FaultServer(mode="ok").start()
-    redis = RedisServer(tmp_path / "redis").start()
     try:
         envs = {h: host_env(tmp_path, h, redis.url, limited.base_url) for h in ("a", "b")}
         for env in envs.values():  # a second, steady candidate after the rate-limited one
@@ -235,14 +224,14 @@ def test_a_429_on_one_host_cools_the_endpoint_on_another(tmp_path: Path) -> None
         assert out.stdout.strip() == "steady", out.stderr
         assert limited.count("/completions") == 1  # b never called the cooling endpoint
     finally:
-        redis.stop()
         limited.stop()
         steady.stop()
 
 
-def test_a_rate_limit_window_is_shared_by_the_hosts(tmp_path: Path, ok_cloud: FaultServer) -> None:
+def test_a_rate_limit_window_is_shared_by_the_hosts(
+    tmp_path: Path, redis: RedisServer, ok_cloud: FaultServer
+) -> None:
     steady = FaultServer(mode="ok").start()
-    redis = RedisServer(tmp_path / "redis").start()
     try:
         envs = {h: host_env(tmp_path, h, redis.url, ok_cloud.base_url) for h in HOSTS}
         for env in envs.values():  # 2 requests a minute on the paid endpoint, then steady
@@ -257,5 +246,4 @@ def test_a_rate_limit_window_is_shared_by_the_hosts(tmp_path: Path, ok_cloud: Fa
         assert ok_cloud.count("/completions") == 2  # ...and only two by the limited endpoint
         assert steady.count("/completions") == len(HOSTS) * AGENTS_PER_HOST - 2
     finally:
-        redis.stop()
         steady.stop()

@@ -85,36 +85,32 @@ def ledger_file(env: dict[str, str]) -> dict[str, object]:
 
 
 def test_a_cluster_hosts_ledger_counts_the_utc_day_like_redis(
-    tmp_path: Path, ok_cloud: FaultServer
+    tmp_path: Path, redis: RedisServer, ok_cloud: FaultServer
 ) -> None:
     tz, offset = tz_apart()
     days = {utc_day()}
     assert local_day(offset) not in days
-    redis = RedisServer(tmp_path / "redis").start()
-    try:
-        env = host_env(tmp_path / "a", ok_cloud.base_url, tz, redis.url)
-        out = run(env, sys.executable, "-c", AGENT)
-        assert out.returncode == 0 and out.stdout.strip() == "paid", out.stderr
-        days.add(utc_day())  # (a test that straddles midnight UTC may see either day)
-        led = ledger_file(env)
-        assert led["day"] in days, (led["day"], days, tz)  # not the agent's local day
-        assert list(led["spend_usd"].values()) == [1.5], led  # type: ignore[attr-defined]
-        # Redis counts the same day, and the same spend: the refill from this ledger agrees.
-        store = Store(ClusterConfig(redis_url=redis.url, host="reader"))
-        assert spend.spent(store) == led["spend_usd"]
+    env = host_env(tmp_path / "a", ok_cloud.base_url, tz, redis.url)
+    out = run(env, sys.executable, "-c", AGENT)
+    assert out.returncode == 0 and out.stdout.strip() == "paid", out.stderr
+    days.add(utc_day())  # (a test that straddles midnight UTC may see either day)
+    led = ledger_file(env)
+    assert led["day"] in days, (led["day"], days, tz)  # not the agent's local day
+    assert list(led["spend_usd"].values()) == [1.5], led  # type: ignore[attr-defined]
+    # Redis counts the same day, and the same spend: the refill from this ledger agrees.
+    store = Store(ClusterConfig(redis_url=redis.url, host="reader"))
+    assert spend.spent(store) == led["spend_usd"]
 
-        status = run(env, sys.executable, "-m", "gpulock", "status", "--json")
-        assert status.returncode == 0, status.stderr
-        usage = json.loads(status.stdout)["usage"]
-        assert usage["day"] == led["day"] and usage["cloud_spend_usd"] == 1.5, usage
-        assert usage["by_agent"]["tz-agent"]["calls"] == 1
-        text = run(env, sys.executable, "-m", "gpulock", "status").stdout
-        assert "model calls today (UTC): cloud 1; cloud spend $1.5000 of $15.00" in text, text
-        explain = run(env, sys.executable, "-m", "gpulock", "route", "t", "--explain")
-        assert explain.returncode == 0, explain.stderr
-        assert "$1.5000 spent today" in explain.stdout, explain.stdout
-    finally:
-        redis.stop()
+    status = run(env, sys.executable, "-m", "gpulock", "status", "--json")
+    assert status.returncode == 0, status.stderr
+    usage = json.loads(status.stdout)["usage"]
+    assert usage["day"] == led["day"] and usage["cloud_spend_usd"] == 1.5, usage
+    assert usage["by_agent"]["tz-agent"]["calls"] == 1
+    text = run(env, sys.executable, "-m", "gpulock", "status").stdout
+    assert "model calls today (UTC): cloud 1; cloud spend $1.5000 of $15.00" in text, text
+    explain = run(env, sys.executable, "-m", "gpulock", "route", "t", "--explain")
+    assert explain.returncode == 0, explain.stderr
+    assert "$1.5000 spent today" in explain.stdout, explain.stdout
 
 
 def test_a_host_alone_keeps_its_local_day(tmp_path: Path, ok_cloud: FaultServer) -> None:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from procs import wait_until
-from redis_server import RedisServer
+from redis_server import HANG_BOUND_S, RedisServer
 
 from cluster import report
 from cluster.config import ClusterConfig
@@ -30,17 +29,6 @@ from gpulock.core.settings import load as load_settings
 
 PASSWORD = "correct-horse-battery"  # noqa: S105 (the test server's, made up)
 PW_ENV = "PW"  # the name of the variable holding the password
-HANG_BOUND_S = 60.0  # "does not hang": a deadline against a hang, not a speed (the message
-# names the 0.5 s timeout that ended it)
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    r = RedisServer(tmp_path / "redis").start()
-    try:
-        yield r
-    finally:
-        r.stop()
 
 
 class Clock:

@@ -24,11 +24,10 @@ import pytest
 from procs import wait_until
 from redis_server import RedisServer, need_redis
 from router_servers import free_port, kill_group
-from serve_server import GatewayProc, Reply
+from serve_server import GatewayProc, Reply, clean_env
 
 from router.tiny_model import ensure_tiny_llama
 
-START_S = 60.0
 WAIT_S = 30.0
 
 
@@ -39,6 +38,7 @@ class Host(GatewayProc):
     name: str = ""
     folder: Path = Path()
     key: str = ""  # this gateway's API key (serve.api_keys_env), sent on every request
+    isolated: bool = True
 
     def request(
         self,
@@ -50,33 +50,6 @@ class Host(GatewayProc):
     ) -> Reply:
         auth = {"Authorization": f"Bearer {self.key}"} if self.key else {}
         return super().request(method, path, body, {**auth, **(headers or {})}, **kw)
-
-    def start(self) -> Host:
-        argv = [sys.executable, "-m", "gpulock", "serve", "--listen", f"127.0.0.1:{self.port}"]
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                env={**_clean_env(), **self.env},
-                start_new_session=True,
-            )
-        proc = self.proc
-
-        def up() -> str:
-            if proc.poll() is not None:
-                return "exited"
-            try:
-                r = self.request("GET", "/health")
-            except OSError:
-                return ""
-            return "up" if r.status == 200 else ""
-
-        assert wait_until(up, START_S, lambda: f"serve {self.name}\n{self.output()}") == "up", (
-            self.output()
-        )
-        return self
 
     def stop(self) -> None:
         """Stopped even when a test left it frozen (SIGSTOP)."""
@@ -101,7 +74,7 @@ class Host(GatewayProc):
             [sys.executable, "-m", "gpulock", *args],
             capture_output=True,
             text=True,
-            env={**_clean_env(), **self.env},
+            env={**clean_env(), **self.env},
             timeout=60,
         )
 
@@ -110,10 +83,6 @@ class Host(GatewayProc):
         return self.request(
             "POST", "/v1/chat/completions", body, {"X-Gpulock-Agent": agent, **headers}
         )
-
-
-def _clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("GPULOCK_")}
 
 
 def make_host(
@@ -185,7 +154,7 @@ def fleet(h: Host) -> dict[str, Any]:
         [sys.executable, "-m", "cluster", "--json"],
         capture_output=True,
         text=True,
-        env={**_clean_env(), **h.env},
+        env={**clean_env(), **h.env},
         timeout=60,
     )
     assert r.returncode == 0, r.stderr
@@ -216,7 +185,7 @@ def test_each_host_publishes_and_sees_the_fleet(pool: Pool) -> None:
         [sys.executable, "-m", "cluster"],
         capture_output=True,
         text=True,
-        env={**_clean_env(), **pool.a.env},
+        env={**clean_env(), **pool.a.env},
         timeout=60,
     ).stdout
     assert text.splitlines()[0] == "cluster: 2 hosts, redis ok"
@@ -333,7 +302,7 @@ def test_agents_on_a_busy_host_get_models_on_the_idle_peer(pool: Pool) -> None:
         agents = [
             subprocess.Popen(
                 [sys.executable, "-c", AGENT, f"agent-{i}"],
-                env={**_clean_env(), **a.env},
+                env={**clean_env(), **a.env},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -373,7 +342,7 @@ def hold_gpu(h: Host, name: str) -> subprocess.Popen[bytes]:
     before = len([e for e in h.events("acquire") if e.get("name") == name])
     p = subprocess.Popen(
         [sys.executable, "-m", "gpulock", "run", "--name", name, "--", "sleep", "600"],
-        env={**_clean_env(), **h.env},
+        env={**clean_env(), **h.env},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

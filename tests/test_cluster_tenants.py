@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -28,6 +27,7 @@ import pytest
 from procs import wait_until
 from redis_server import RedisServer, need_redis
 from router_servers import free_port, kill_group
+from serve_server import clean_env
 from standins.ollama import Ollama
 from test_cluster_serve import Host, fleet, hold_gpu
 
@@ -193,7 +193,7 @@ def test_a_busy_local_line_sends_a_tenant_request_to_the_idle_peer(pool: Pool) -
         assert route(a)["host"] == "b"
         agent = subprocess.run(
             [sys.executable, "-c", AGENT, "agent-model"],
-            env={**_clean_env(), **a.env},
+            env={**clean_env(), **a.env},
             capture_output=True,
             text=True,
             timeout=120,
@@ -277,10 +277,6 @@ def test_requests_waiting_for_tickets_of_their_own_count_once(pool: Pool) -> Non
 def _waits(h: Host) -> int:
     st = json.loads(h.gpulock("status", "--json").stdout)
     return sum(1 for g in st["gpus"] for e in g["waiters"] if e["state"] == "waiting")
-
-
-def _clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("GPULOCK_")}
 
 
 def test_the_line_counts_every_request_in_it_and_keeps_its_pace(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ each under the host that ran it.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -20,7 +19,7 @@ from typing import Any
 from procs import wait_until
 from redis_server import RedisServer, need_redis
 from router_servers import free_port, kill_group
-from serve_server import GatewayProc, Reply
+from serve_server import GatewayProc, Reply, clean_env
 
 from gpulock.core.config import load_config
 from gpulock.core.settings import load as load_settings
@@ -37,10 +36,6 @@ m = router.get_model("chat", agent=sys.argv[1])
 text = m.chat([{"role": "user", "content": "hi"}], max_tokens=4)
 print(json.dumps({"host": m.host, "tier": m.tier}))
 """
-
-
-def _clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("GPULOCK_")}
 
 
 def config_text(redis: RedisServer, tiny: Path, name: str, extra: str) -> str:
@@ -69,26 +64,7 @@ def start_b(root: Path, redis: RedisServer, tiny: Path) -> GatewayProc:
     config = folder / "gpulock.yaml"
     config.write_text(config_text(redis, tiny, "b", f"  gateway: http://127.0.0.1:{port}\n"))
     env = {"GPULOCK_CONFIG": str(config), "GPULOCK_STATE_DIR": str(folder / "state")}
-    b = GatewayProc(log=folder / "serve.log", env=env, port=port)
-    argv = [sys.executable, "-m", "gpulock", "serve", "--listen", f"127.0.0.1:{port}"]
-    with open(b.log, "ab") as log:
-        b.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            env={**_clean_env(), **env},
-            start_new_session=True,
-        )
-
-    def up() -> bool:
-        try:
-            return b.request("GET", "/health").status == 200
-        except OSError:
-            return False
-
-    wait_until(up, WAIT_S, lambda: f"serve b\n{b.output()}")
-    return b
+    return GatewayProc(log=folder / "serve.log", env=env, port=port, isolated=True).start()
 
 
 def b_warm(b: GatewayProc) -> bool:
@@ -101,7 +77,7 @@ def b_warm(b: GatewayProc) -> bool:
 def agent(env: dict[str, str], name: str) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-c", AGENT, name],
-        env={**_clean_env(), **env},
+        env={**clean_env(), **env},
         capture_output=True,
         text=True,
         timeout=180,
@@ -143,7 +119,7 @@ def test_status_counts_each_call_under_the_host_that_ran_it(tmp_path: Path) -> N
 
         status = subprocess.run(
             [sys.executable, "-m", "gpulock", "status", "--json"],
-            env={**_clean_env(), **a_near},
+            env={**clean_env(), **a_near},
             capture_output=True,
             text=True,
             timeout=60,
@@ -156,7 +132,7 @@ def test_status_counts_each_call_under_the_host_that_ran_it(tmp_path: Path) -> N
         assert usage["by_agent"]["agent-sent"]["calls"] == 1
         text = subprocess.run(
             [sys.executable, "-m", "gpulock", "status"],
-            env={**_clean_env(), **a_near},
+            env={**clean_env(), **a_near},
             capture_output=True,
             text=True,
             timeout=60,

@@ -14,11 +14,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from cli_helpers import REPO
+from procs import wait_until
 
 README = (REPO / "README.md").read_text()
 AGENTS_GUIDE = (REPO / "docs" / "agents.md").read_text()
@@ -164,20 +164,19 @@ def test_the_tours_status_has_the_real_columns(tmp_path: Path) -> None:
     sh = Shell(*checkout(tmp_path))
     sh.env["GPULOCK_SIMULATE"] = "24GiB"
     shown = block_with("console", "$ gpulock status", TOUR).splitlines()
+
+    def status_holding() -> str | None:
+        r = subprocess.run(
+            ["gpulock", "status"], cwd=sh.cwd, env=sh.env, capture_output=True, text=True
+        )
+        return r.stdout if "holding" in r.stdout else None
+
     holder = subprocess.Popen(
         ["gpulock", "run", "--name", "digest", "--", sys.executable, "-c", "input()"],
         cwd=sh.cwd, env=sh.env, stdin=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            r = subprocess.run(
-                ["gpulock", "status"], cwd=sh.cwd, env=sh.env, capture_output=True, text=True
-            )
-            if "holding" in r.stdout or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        real = r.stdout.splitlines()
+        real = wait_until(status_holding, 60, "gpulock status to show digest holding").splitlines()
         assert real[0].split(",")[0] == shown[1].split(",")[0]  # gpu0  simulated 24.0 GiB
         assert real[1].split() == shown[2].split()  # the columns
         assert real[2].split()[2:4] == shown[3].split()[2:4] == ["holding", "digest"]

@@ -199,9 +199,13 @@ def test_a_storm_past_max_queue_is_429_with_retry_after_then_normal_service(
     replies: list[Reply] = []
     t = threading.Thread(target=lambda: replies.extend(storm(g, 40)))
     t.start()
-    wait_until(
-        lambda: g.request("GET", "/health").json()["waiting"] >= 4, WAIT_S, "4 requests waiting"
-    )
+
+    def queue_full() -> bool:  # the line full and a request past it refused, the GPU still held
+        if g.request("GET", "/health").json()["waiting"] < 4:
+            return False
+        return bool(world.events("gateway-request", status=429))
+
+    wait_until(queue_full, WAIT_S, "4 requests waiting and one more refused with a 429")
     holder.release()
     t.join(WAIT_S)
     statuses = sorted(r.status for r in replies)
