@@ -120,12 +120,7 @@ class Store:
         self.problem = f"{problem} ({self.cc.redis_url})"
         self._retry_at = now + self._backoff_s
         self._backoff_s = min(BACKOFF_MAX_S, self._backoff_s * 2)
-        if self._redis is not None:  # a fresh connection next time: the old one may be wedged
-            try:
-                self._redis.close()
-            except Exception:
-                pass
-            self._redis = None
+        self.close()  # a fresh connection next time: the old one may be wedged
 
     def _password_note(self) -> str:
         env = self.cc.password_env
