@@ -91,8 +91,7 @@ def peer(
     if deadline_s is not None and ahead and line_s > deadline_s:
         return None
     warm = name in report.warm
-    start = wait(best) + penalty_s
-    start += 0.0 if warm else runs.load_s
+    start = line_s + (0.0 if warm else runs.load_s)
     return Location(
         report.host,
         False,
