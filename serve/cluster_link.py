@@ -28,6 +28,7 @@ from cluster.store import Unavailable
 from gpulock.core.settings import Settings
 from router import ledger, probe
 from router.backends import BackendError
+from router.backends.peer import FROM_HEADER
 from router.choose import Choice, Host, Verdict, cid, line_wait
 from router.routes import Candidate
 from router.waitest import quantile
@@ -35,8 +36,6 @@ from serve.engines import Ask, RemoteEngine
 
 if TYPE_CHECKING:
     from serve.dispatch import Dispatcher, Opened
-
-FROM_HEADER = "X-Gpulock-From"  # a forwarded request: the peer runs it itself (no second hop)
 
 
 class PeerEngine(RemoteEngine):

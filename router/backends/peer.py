@@ -14,7 +14,7 @@ from typing import Any
 from router.backends.openai_api import OpenAIBackend, _openai
 from router.routes import Candidate
 
-FROM_HEADER = "X-Gpulock-From"
+FROM_HEADER = "X-Gpulock-From"  # a forwarded request: the peer runs it itself (no second hop)
 
 
 class PeerBackend(OpenAIBackend):
