@@ -307,16 +307,9 @@ class ClusterLink:
         ``kind: command`` tenant's calls take no ticket (its server holds one for as long as
         it runs): while it runs, nothing of the line is ahead of them; while it does not, its
         start waits in the line like any load."""
-        if self._own_ticket(c) and cid(c) in host.warm:
+        if self.d.own_ticket(c) and cid(c) in host.warm:
             return 0.0, 0
         return self._with_own(gpu, *line_wait(host, Verdict(c, True, "", gpu=gpu, need_bytes=need)))
-
-    def _own_ticket(self, c: Candidate) -> bool:
-        """``c`` is a ``kind: command`` tenant's model (as ``Dispatcher._own_ticket``)."""
-        if c.tenant is None:
-            return False
-        spec = next((t for t in self.settings.config.tenants if t.name == c.tenant), None)
-        return spec is not None and spec.kind == "command"
 
     def _with_own(self, gpu: int, wait: float | None, ahead: int) -> tuple[float | None, int]:
         """The wait on ``gpu`` and the requests ahead, counting this server's own requests at

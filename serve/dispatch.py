@@ -310,7 +310,7 @@ class Dispatcher:
     ) -> Opened:
         c = v.candidate
         ticket = None
-        if c.tier == "gpu" and not self._own_ticket(c):
+        if c.tier == "gpu" and not self.own_ticket(c):
             assert v.gpu is not None
             timeout = c.timeout_s if left is None else min(c.timeout_s, left)
             slot = await stack.enter_async_context(
@@ -397,7 +397,7 @@ class Dispatcher:
             headers={"Retry-After": "5"},
         )
 
-    def _own_ticket(self, c: Candidate) -> bool:
+    def own_ticket(self, c: Candidate) -> bool:
         """A ``kind: command`` tenant's server holds its own ticket for as long as it runs: a
         call to it takes no second one (it would wait behind the server for ever)."""
         if c.tenant is None:
