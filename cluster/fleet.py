@@ -105,8 +105,7 @@ def render(obj: dict[str, Any]) -> str:
         if i == 0:
             continue
         for g in hosts[i - 1]["gpus"]:
-            total = format_size(g["total_bytes"]) if g["total_bytes"] is not None else "?"
-            free = format_size(g["free_bytes"]) if g["free_bytes"] is not None else "?"
+            total, free = format_size(g["total_bytes"]), format_size(g["free_bytes"])  # None: ?
             est = g["est_wait_s"]
             wait = f"~{format_duration(est)}" if est is not None else "unknown"
             lines.append(
