@@ -22,8 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from gpulock.core.foresight import DISK_BYTES_PER_S
+
 FORMAT: Final = "gpulock.cluster.host/1"
-LOAD_BYTES_PER_S: Final = 1 << 30  # a load's time when none was measured: 1 GiB/s from disk
+# A load's time when none was measured: its size at foresight's cold read from disk (1 GiB/s).
+LOAD_BYTES_PER_S: Final = DISK_BYTES_PER_S
 LOAD_MIN_S: Final = 1.0
 
 
