@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from cluster import cooldowns, spend
 from cluster import report as report_mod
 from cluster.config import ClusterConfig
-from cluster.place import in_transit
+from cluster.place import Sent
 from cluster.report import HostReport
 from cluster.store import Store, Unavailable
 from gpulock.core import clusterview
@@ -63,9 +63,7 @@ class Heartbeat:
         self.fleet = Fleet()
         self._was_up: bool | None = None
         self._hosts_seen = 1
-        self._lock = threading.Lock()
-        # When this host sent requests to each peer, recently (herding: cluster.place).
-        self._sent: dict[str, list[float]] = {}
+        self._sent = Sent()  # requests sent to each peer, recently (herding: cluster.place)
 
     # --- one pass ----------------------------------------------------------------------------
 
@@ -118,21 +116,11 @@ class Heartbeat:
 
     def sent(self) -> dict[str, int]:
         """Requests sent to each peer that its report (as last read) does not show yet."""
-        at = {r.host: r.at_wall for r in self.fleet.reports}
-        with self._lock:
-            return {
-                h: n
-                for h, times in self._sent.items()
-                if h in at and (n := in_transit(times, at[h]))
-            }
+        return self._sent.counts(self.fleet.reports)
 
     def count_sent(self, host: str) -> None:
         at = next((r.at_wall for r in self.fleet.reports if r.host == host), None)
-        now = time.time()
-        with self._lock:
-            # Sends its last report shows are forgotten (a newer report shows them too).
-            times = [t for t in self._sent.get(host, ()) if at is None or in_transit((t,), at)]
-            self._sent[host] = [*times, now]
+        self._sent.add(host, at, time.time())
 
     # --- edges -------------------------------------------------------------------------------
 

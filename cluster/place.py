@@ -17,6 +17,7 @@ it when that report arrived sent a burst's next requests to the peer that looked
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -33,6 +34,33 @@ def in_transit(sent_wall: Iterable[float], report_at_wall: float) -> int:
     """How many of the requests sent to a peer (at these wall times, this host's clock) its
     report made at ``report_at_wall`` does not show (see the module doc)."""
     return sum(1 for t in sent_wall if t > report_at_wall - TRANSIT_S)
+
+
+class Sent:
+    """When this process sent requests to each peer, for as long as the peer's report may not
+    show them (``in_transit``): the one bookkeeping of ``gpulock serve`` and of ``get_model``."""
+
+    def __init__(self) -> None:
+        self._times: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, host: str, report_at_wall: float | None, now_wall: float) -> None:
+        """One more request sent to ``host``, whose last report was made at ``report_at_wall``
+        (None: none read).  Sends that report shows are forgotten (a newer one shows them too)."""
+        with self._lock:
+            times = self._times.get(host, [])
+            if report_at_wall is not None:
+                times = [t for t in times if in_transit((t,), report_at_wall)]
+            self._times[host] = [*times, now_wall]
+
+    def counts(self, reports: Iterable[HostReport]) -> dict[str, int]:
+        """The requests sent to each of these peers that its report does not show yet."""
+        with self._lock:
+            return {
+                r.host: n
+                for r in reports
+                if (n := in_transit(self._times.get(r.host, ()), r.at_wall))
+            }
 
 
 @dataclass(frozen=True, slots=True)

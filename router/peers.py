@@ -33,6 +33,7 @@ from router.routes import Candidate
 
 if TYPE_CHECKING:
     from cluster.config import ClusterConfig
+    from cluster.place import Sent
     from cluster.report import HostReport
     from cluster.store import Store
 
@@ -71,7 +72,16 @@ def feed_cooldowns(feed: Callable[[], dict[str, tuple[float, str]]] | None) -> N
     _cooldown_feed = feed
 
 
-_sent: dict[str, list[float]] = {}  # peer -> when this process sent it requests (wall times)
+_sent: Sent | None = None  # when this process sent requests to each peer (herding)
+
+
+def _sends() -> Sent:
+    global _sent
+    if _sent is None:
+        from cluster.place import Sent
+
+        _sent = Sent()
+    return _sent
 
 
 def _view(settings: Settings) -> _View:
@@ -152,7 +162,7 @@ def _place(
         wait, ahead = line_wait(host, v)
         load_s = load_estimate_s(v.need_bytes)
         local = place.here(cc.host, wait, ahead, warm=cid(c) in host.warm, load_s=load_s, gpu=v.gpu)
-    sent = {r.host: place.in_transit(_sent.get(r.host, ()), r.at_wall) for r in reports}
+    sent = _sends().counts(reports)
     cooling = cooldowns.cooling_peers(shared_cooldowns(settings))
     locs = place.locations(
         c.name,
@@ -200,13 +210,9 @@ def _place(
 def count_sent(settings: Settings, peer: str) -> None:
     """One more request handed to ``peer``, counted by this process for its next choices until
     the peer's report shows it (herding: see ``cluster.place``)."""
-    from cluster.place import in_transit
-
     _cc, reports = peers(settings)
     at = next((r.at_wall for r in reports if r.host == peer), None)
-    # Sends its last report shows are forgotten (a newer report shows them too).
-    times = [t for t in _sent.get(peer, ()) if at is None or in_transit((t,), at)]
-    _sent[peer] = [*times, time.time()]
+    _sends().add(peer, at, time.time())
 
 
 def share_cooldown(settings: Settings, key: str, length_s: float, reason: str) -> None:
