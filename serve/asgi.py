@@ -24,13 +24,8 @@ log = logging.getLogger("gpulock.serve")
 T = TypeVar("T")
 
 
-def _is_ollama(path: str) -> bool:
-    return path.startswith("/api/")
-
-
 def error_response(e: ApiError, path: str) -> JSONResponse:
-    body = e.ollama() if _is_ollama(path) else e.openai()
-    return JSONResponse(body, status_code=e.status, headers=e.headers)
+    return JSONResponse(e.body(path), status_code=e.status, headers=e.headers)
 
 
 class KeyCheck:

@@ -32,6 +32,10 @@ class ApiError(Exception):
     def ollama(self) -> dict[str, object]:
         return {"error": self.message}
 
+    def body(self, path: str) -> dict[str, object]:
+        """In the shape of the API ``path`` came in by: ``/api/...``: Ollama's, else OpenAI's."""
+        return self.ollama() if path.startswith("/api/") else self.openai()
+
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, code="invalid_request", param=param)

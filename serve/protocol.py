@@ -24,6 +24,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from serve.errors import ApiError
+
 log = logging.getLogger("gpulock.serve")
 
 REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
@@ -31,14 +33,6 @@ REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header F
 
 class TooLarge(Exception):
     """Raised from a parser callback: the headers passed ``max_header``."""
-
-
-def error_body(status: int, message: str, path: str) -> bytes:
-    """An error in the shape of the API ``path`` belongs to (see ``serve.errors``)."""
-    if path.startswith("/api/"):
-        return json.dumps({"error": message}).encode()
-    err = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
-    return json.dumps({"error": err}).encode()
 
 
 class GuardedHttp(HttpToolsProtocol):
@@ -137,7 +131,7 @@ class GuardedHttp(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         path = self._path.split(b"?", 1)[0].decode("latin-1")
-        body = error_body(status, message, path)
+        body = json.dumps(ApiError(status, message).body(path)).encode()
         head = (
             f"HTTP/1.1 {status} ".encode()
             + REASONS.get(status, b"Error")
