@@ -1,7 +1,7 @@
 """The heartbeat: every ``cluster.heartbeat``, publish this host and read the others.
 
-``tick(now)`` does one pass and returns how long to sleep; ``run(stop)`` is the loop around it,
-in a thread of ``gpulock serve`` (Redis calls never run on the event loop).  Each pass:
+``tick(now)`` does one pass; ``run(stop)`` is the loop around it, one pass a heartbeat, in a
+thread of ``gpulock serve`` (Redis calls never run on the event loop).  Each pass:
 
 1. build this host's report (a callable given by the server: GPUs, lines, candidates, warm);
 2. publish it (expires after three heartbeats) and read every live host's report;
@@ -67,7 +67,7 @@ class Heartbeat:
 
     # --- one pass ----------------------------------------------------------------------------
 
-    def tick(self, now_wall: float | None = None) -> float:
+    def tick(self, now_wall: float | None = None) -> None:
         now = time.time() if now_wall is None else now_wall
         mine = self.build(now)
         try:
@@ -81,25 +81,23 @@ class Heartbeat:
             self.fleet = Fleet((), False, self.store.problem or str(e), now)
             self._changed(False)
             self._view(now)
-            return self.cc.heartbeat_s
+            return
         reports = tuple(r for r in (report_mod.parse(o) for o in raw) if r is not None)
         peers = cooldowns.cooling_peers(cooling)
         self.fleet = Fleet(reports, True, None, now, peers, cooling, spent)
         self._hosts_seen = max(1, len(reports))
         self._changed(True)
         self._view(now)
-        return self.cc.heartbeat_s
 
     def run(self, stop: threading.Event) -> None:
         """Beat until ``stop`` is set; then withdraw this host at once."""
         while not stop.is_set():
             started = time.monotonic()
             try:
-                sleep = self.tick()
+                self.tick()
             except Exception as e:  # a bad report must not end the heartbeat for good
                 self.settings.emit("cluster-error", host=self.cc.host, error=type(e).__name__)
-                sleep = self.cc.heartbeat_s
-            stop.wait(max(0.0, sleep - (time.monotonic() - started)))
+            stop.wait(max(0.0, self.cc.heartbeat_s - (time.monotonic() - started)))
         try:
             self.store.withdraw()
         except Unavailable:
