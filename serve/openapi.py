@@ -300,10 +300,7 @@ def document(models: list[str] | None = None) -> dict[str, Any]:
                 },
             }
         },
-        "/metrics": _get(
-            "the Prometheus exposition",
-            {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}},
-        ),
+        "/metrics": _get("the Prometheus exposition", text),
         "/openapi.json": _get("this document", any_obj),
     }
     for what in ("pull", "push", "create", "copy", "delete"):
