@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -122,24 +122,33 @@ def placeable(c: Candidate) -> bool:
     return c.tier == "gpu" and c.host is None and (c.local or c.tenant is not None)
 
 
-def relocate(
-    settings: Settings, choice: Choice, host: Host, deadline_s: float | None = None
-) -> Choice:
-    """``choice`` with its gpu verdict moved to the peer that starts it soonest (if any).
+def offers(choice: Choice) -> Iterator[tuple[Verdict, bool]]:
+    """The verdicts a peer may take, in route order, each with whether this host competes for
+    it too: every local gpu candidate passed over only for its line (longer than the deadline;
+    this host does not), then the chosen one when it is a placeable gpu candidate (it does).
 
-    A local gpu candidate passed over only for its line (longer than the deadline) is offered
-    to the peers too, in route order: an agent does not wait out its deadline here, or fall
-    back to a smaller tier or the cloud, while a peer's GPU sits idle."""
+    Offering the passed-over ones keeps an agent from waiting out its deadline here, or falling
+    back to a smaller tier or the cloud, while a peer's GPU sits idle.  ``relocate`` here and
+    ``serve.cluster_link`` both walk this."""
     for v in choice.verdicts:
         c = v.candidate
         if v is choice.chosen:
             if placeable(c):
-                return _place(settings, choice, host, v, deadline_s, here_too=True)
-            return choice
+                yield v, True
+            return
         if placeable(c) and not v.ok and " queue: " in v.reason:
-            moved = _place(settings, choice, host, v, deadline_s, here_too=False)
-            if moved is not choice:
-                return moved
+            yield v, False
+
+
+def relocate(
+    settings: Settings, choice: Choice, host: Host, deadline_s: float | None = None
+) -> Choice:
+    """``choice`` with its gpu verdict moved to the peer that starts it soonest (if any), the
+    ``offers`` tried in turn."""
+    for v, here_too in offers(choice):
+        moved = _place(settings, choice, host, v, deadline_s, here_too=here_too)
+        if here_too or moved is not choice:
+            return moved
     return choice
 
 

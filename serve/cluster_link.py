@@ -187,26 +187,23 @@ class ClusterLink:
         left: float | None,
     ) -> Opened | None:
         """The request, forwarded to a peer that starts its gpu candidate sooner; None: run
-        it here.  A local gpu candidate passed over only for its line (past the deadline) is
-        offered to the peers too, in route order (as ``router.peers.relocate`` does)."""
-        from router.peers import placeable
+        it here.  The verdicts offered, in turn, are ``router.peers.offers``: a local gpu
+        candidate passed over only for its line (past the deadline) too."""
+        from router.peers import offers
 
-        for v in choice.verdicts:
+        for v, here_too in offers(choice):
             c = v.candidate
-            if v is choice.chosen:
-                if placeable(c):
-                    here_wait = (
-                        self._candidate_wait(host, c, v.need_bytes, v.gpu)
-                        if v.gpu is not None
-                        else line_wait(host, v)
-                    )
-                    warm = cid(c) in host.warm
-                    return await self.try_peers(d, ask, v, here_wait, agent, left, warm=warm)
-                return None
-            if placeable(c) and not v.ok and " queue: " in v.reason:
-                opened = await self.try_peers(d, ask, v, None, agent, left)
-                if opened is not None:
-                    return opened
+            if here_too:
+                here_wait = (
+                    self._candidate_wait(host, c, v.need_bytes, v.gpu)
+                    if v.gpu is not None
+                    else line_wait(host, v)
+                )
+                warm = cid(c) in host.warm
+                return await self.try_peers(d, ask, v, here_wait, agent, left, warm=warm)
+            opened = await self.try_peers(d, ask, v, None, agent, left)
+            if opened is not None:
+                return opened
         return None
 
     async def try_peers(
