@@ -257,11 +257,12 @@ def failed(
             count_request=False,  # admit() counted it when the call began
         )
         if settings.config.section("cluster") is not None:  # cooled for every host
+            from cluster import cooldowns
             from router import peers
 
             peers.share_cooldown(settings, cid(c), cooled, e.short)
             if c.host is not None:  # a peer that failed: no host sends it work for a while
-                peers.share_cooldown(settings, f"peer:{c.host}", cooled, e.short)
+                peers.share_cooldown(settings, cooldowns.peer(c.host), cooled, e.short)
     call_event(
         settings,
         c,
