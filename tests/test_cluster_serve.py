@@ -105,7 +105,7 @@ def make_host(
               gateway: http://127.0.0.1:{port}
               heartbeat: {heartbeat}
               remote_penalty: 500ms
-              peer_timeout: 2s
+              peer_timeout: 10s
             """
         )
         + peer_key

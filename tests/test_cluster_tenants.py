@@ -57,7 +57,7 @@ def tenant_host(root: Path, name: str, redis: RedisServer, body: str) -> Host:
               gateway: http://127.0.0.1:{port}
               heartbeat: 1s
               remote_penalty: 500ms
-              peer_timeout: 2s
+              peer_timeout: 10s
             """
         )
         + textwrap.dedent(body)
