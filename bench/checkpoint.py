@@ -5,11 +5,11 @@ Run: ``.venv/bin/python bench/checkpoint.py [--items N] [--old-max N] [--json FI
 A ``for item in ctx.batch(items)`` loop whose body does nothing, so the checkpoint is all that
 is measured, over ``--items`` (100,000) items with keys like ``notes/2026-11-23-00042.txt``:
 
-- old: ``agents/checkpoint.py`` before this change (the whole ``done`` list rewritten
+- old: ``gpulock/agents/checkpoint.py`` before this change (the whole ``done`` list rewritten
   atomically after every item, copied here).  Quadratic: it is run up to ``--old-max``
   (10,000) items and its time at 100,000 projected through its two largest sizes
   (``a n + b n^2``: a fixed cost per write plus the growing list);
-- new: ``agents.checkpoint.checkpointed`` (a snapshot once, one journal line per item);
+- new: ``gpulock.agents.checkpoint.checkpointed`` (a snapshot once, one journal line per item);
 - sqlite3: what a user might write instead: a table of done keys, one INSERT and one COMMIT
   per item (WAL, ``synchronous=NORMAL``), the same durability against a killed process.
 
@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agents import checkpoint  # noqa: E402
+from gpulock.agents import checkpoint  # noqa: E402
 from gpulock.core.state import atomic_write  # noqa: E402
 
 

@@ -108,9 +108,9 @@ def decision_config(root: Path, name: str, tiny: Path, redis_url: str | None) ->
 
 
 def publish_peers(redis_url: str, n: int) -> None:
-    from cluster.config import ClusterConfig
-    from cluster.report import GpuLine, HostReport, Runs
-    from cluster.store import Store
+    from gpulock.cluster.config import ClusterConfig
+    from gpulock.cluster.report import GpuLine, HostReport, Runs
+    from gpulock.cluster.store import Store
 
     for i in range(n):
         name = f"peer-{i:03d}"
@@ -129,8 +129,8 @@ def publish_peers(redis_url: str, n: int) -> None:
 
 
 def decisions(config: Path, calls: int, *, fresh_reads: bool) -> tuple[float, float, str]:
-    import router
-    from router import peers
+    from gpulock import router
+    from gpulock.router import peers
 
     router.explain("chat", config=str(config))  # the first: config, state folder, GGUF header
     times = []
@@ -148,9 +148,9 @@ def decisions(config: Path, calls: int, *, fresh_reads: bool) -> tuple[float, fl
 
 
 def part1(root: Path, redis_url: str, calls: int) -> tuple[list[dict[str, Any]], float]:
-    from cluster.config import ClusterConfig
-    from cluster.store import Store
-    from router.tiny_model import ensure_tiny_llama
+    from gpulock.cluster.config import ClusterConfig
+    from gpulock.cluster.store import Store
+    from gpulock.router.tiny_model import ensure_tiny_llama
 
     tiny = ensure_tiny_llama(root)
     rows: list[dict[str, Any]] = []
@@ -192,7 +192,7 @@ def part1(root: Path, redis_url: str, calls: int) -> tuple[list[dict[str, Any]],
 def host_settings(root: Path, name: str, redis_url: str | None) -> Any:
     from gpulock.core.config import load_config
     from gpulock.core.settings import load
-    from router.routes import load_table
+    from gpulock.router.routes import load_table
 
     folder = root / name
     folder.mkdir()
@@ -210,8 +210,8 @@ def host_settings(root: Path, name: str, redis_url: str | None) -> Any:
 
 
 def run_hosts(root: Path, way: str, tag: str, redis_url: str | None, per_host: int) -> float:
-    from router import budget, ledger
-    from router.choose import cid
+    from gpulock.router import budget, ledger
+    from gpulock.router.choose import cid
 
     hosts = [host_settings(root, f"{tag}-{h}", redis_url) for h in "abc"]
     gate = threading.Barrier(3 * per_host)
@@ -361,7 +361,7 @@ def print_makespans(rows: list[dict[str, Any]]) -> float:
 
 
 def part3(root: Path, redis_url: str, jobs: int, tokens: int) -> tuple[list[dict[str, Any]], float]:
-    from router.tiny_model import ensure_tiny_llama
+    from gpulock.router.tiny_model import ensure_tiny_llama
 
     tiny = ensure_tiny_llama(root)
     rows = []

@@ -4,15 +4,15 @@ Run: ``.venv/bin/python bench/gguf_header.py [--rounds N] [--json FILE]``  (~30-
 
 Every ``gpulock route`` and every cron agent whose route names a GPU model reads its model's
 GGUF header for the VRAM estimate.  A real tokenizer makes the header big: Qwen2.5 carries
-151,936 tokens and 151,387 merges (``router.tiny_model.write_big_header`` writes such a header,
-with Qwen2.5-7B's hyperparameters and no tensors).  Two orders: llama.cpp converter's
+151,936 tokens and 151,387 merges (``gpulock.router.tiny_model.write_big_header`` writes such a
+header, with Qwen2.5-7B's hyperparameters and no tensors).  Two orders: llama.cpp converter's
 (hyperparameters before the tokenizer) and the worst one (tokenizer first).  Side by side:
 
 - old: this project's reader before this change (a read and a seek per tokenizer string, every
   array walked even after the numbers were found), copied here;
 - new: ``gpulock.core.gguf.read_info`` uncached (the in-process cache cleared each round): stops
   once the numbers are found, walks a string array's lengths in 1 MiB buffers;
-- new, cached: ``router.gguf_cache.read_info_cached`` as a fresh cron process meets it (the
+- new, cached: ``gpulock.router.gguf_cache.read_info_cached`` as a fresh cron process meets it (the
   in-process cache cleared, the state folder's ``router/gguf.json`` filled);
 - ``gguf.GGUFReader``: the ``gguf`` package (numpy, memory-maps and parses the whole file), what
   a user would pick otherwise.
@@ -42,8 +42,8 @@ sys.path.insert(0, str(REPO))
 
 from gpulock.core import gguf as gguf_info  # noqa: E402
 from gpulock.core.settings import load  # noqa: E402
-from router import gguf_cache  # noqa: E402
-from router.tiny_model import QWEN_MERGES, QWEN_TOKENS, write_big_header  # noqa: E402
+from gpulock.router import gguf_cache  # noqa: E402
+from gpulock.router.tiny_model import QWEN_MERGES, QWEN_TOKENS, write_big_header  # noqa: E402
 
 TARGET_UNCACHED_MS = 30.0
 TARGET_CACHED_MS = 1.0

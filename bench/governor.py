@@ -3,12 +3,12 @@
 Run: ``.venv/bin/python bench/governor.py [--seed N] [--no-real] [--json FILE]``  (~5-10 s)
 
 (a) Reaction time from a pressure onset to the first action.  A REPLAY through the pure
-    ``governor.policy.decide``: passes every ``interval``, a GPU jumping from 50 % to 97 %
+    ``gpulock.governor.policy.decide``: passes every ``interval``, a GPU jumping from 50 % to 97 %
     used at an onset placed at 10 phases between two passes; the time to the first ``level``
     action and to the first eviction, for samples 1/3/5 and intervals 1/10/60 s.  Two
     eviction paths: models used half a minute before every pass (the watchdog's ``min_idle``
     protects them, only the ladder's ``evict-idle`` takes them) and models idle for an hour
-    (the watchdog takes them at its next pass).  Then once for real: ``python -m governor``
+    (the watchdog takes them at its next pass).  Then once for real: ``python -m gpulock.governor``
     with a 1 s interval on a simulated GPU, real owner processes, onset = an owner registering
     a big model; first level read from ``governor.json``, first eviction = the owner's unload
     callback running (skipped with a note if the daemon is not there or fails).
@@ -50,7 +50,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from governor.model import (  # noqa: E402
+from gpulock.governor.model import (  # noqa: E402
     LEVELS,
     GovernorConfig,
     GpuSignals,
@@ -59,7 +59,7 @@ from governor.model import (  # noqa: E402
     Snapshot,
     State,
 )
-from governor.policy import decide, threshold_in_force  # noqa: E402
+from gpulock.governor.policy import decide, threshold_in_force  # noqa: E402
 
 GiB = 1024**3
 MiB = 1024**2
@@ -116,7 +116,9 @@ def replay_reaction(samples: int, interval: float, path: str) -> tuple[list[floa
 
 def part_a(figures: dict[str, Any]) -> None:
     print("\n(a) reaction time from a pressure onset to the first action")
-    print("    REPLAY through governor.policy.decide (not the daemon): passes every interval,")
+    print(
+        "    REPLAY through gpulock.governor.policy.decide (not the daemon): passes every interval,"
+    )
     print(f"    the GPU jumps 50 % -> 97 % at {PHASES} onsets spread between two passes;")
     print("    seconds, mean / max over the onsets.  Watchdog 85 %, vram_pressure 95 %.")
     head = (
@@ -227,7 +229,7 @@ def real_reaction(tmp: Path, trial: int) -> dict[str, float]:
     owners: list[Owner] = []
     log = (tmp / f"real-{trial}.log").open("w")
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "governor", "--config", str(cfg), "--state-dir", str(state)],
+        [sys.executable, "-m", "gpulock.governor", "--config", str(cfg), "--state-dir", str(state)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -271,10 +273,9 @@ def real_reaction(tmp: Path, trial: int) -> dict[str, float]:
 
 
 def part_a_real(tmp: Path, figures: dict[str, Any], skip: bool) -> str:
-    print(
-        "\n    for real: python -m governor, interval 1s, samples 1, min_idle 0s; simulated 24 GiB"
-    )
-    print("    GPU, an owner holding an idle 4 GiB model; onset = another owner registers 19 GiB")
+    print("\n    for real: python -m gpulock.governor, interval 1s, samples 1, min_idle 0s;")
+    print("    simulated 24 GiB GPU, an owner holding an idle 4 GiB model; onset = another owner")
+    print("    registers 19 GiB")
     print(
         "    (96 %); first level = since_wall in governor.json, first evict = the unload callback"
     )
@@ -282,10 +283,10 @@ def part_a_real(tmp: Path, figures: dict[str, Any], skip: bool) -> str:
         print("    skipped (--no-real)")
         return "real daemon skipped"
     if (
-        not (REPO / "governor" / "daemon.py").exists()
-        or not (REPO / "governor" / "cli.py").exists()
+        not (REPO / "gpulock" / "governor" / "daemon.py").exists()
+        or not (REPO / "gpulock" / "governor" / "cli.py").exists()
     ):
-        print("    skipped: governor/daemon.py or governor/cli.py is not there yet")
+        print("    skipped: gpulock/governor/daemon.py or gpulock/governor/cli.py is not there yet")
         return "real daemon not there"
     results = []
     try:
@@ -375,12 +376,12 @@ def part_b(tmp: Path, figures: dict[str, Any]) -> tuple[float, str]:
 
 
 def probe_cost(tmp: Path, figures: dict[str, Any]) -> str:
-    if not (REPO / "governor" / "probes.py").exists():
-        print("    Probe.collect: skipped, governor/probes.py is not there yet")
+    if not (REPO / "gpulock" / "governor" / "probes.py").exists():
+        print("    Probe.collect: skipped, gpulock/governor/probes.py is not there yet")
         return "Probe.collect not measured"
     try:
-        from governor.probes import Probe
         from gpulock.core.settings import load
+        from gpulock.governor.probes import Probe
     except Exception as e:
         print(f"    Probe.collect: skipped, import failed: {e!r}")
         return "Probe.collect not measured"

@@ -102,7 +102,7 @@ def say(text: str) -> None:
 
 def write_model(path: Path, size_mib: int) -> Path:
     """A llama GGUF of about ``size_mib`` (reused when already there)."""
-    from router.tiny_model import write_tiny_llama
+    from gpulock.router.tiny_model import write_tiny_llama
 
     per_layer = 4 * (4 * 2048 * 2048 + 3 * 2048 * 5632)
     layers = max(1, round(size_mib * MiB / per_layer))

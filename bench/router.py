@@ -38,10 +38,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import router  # noqa: E402
+from gpulock import router  # noqa: E402
 from gpulock.core.settings import load  # noqa: E402
 from gpulock.lock.queuedir import QueueDir  # noqa: E402
-from router.tiny_model import ensure_tiny_llama  # noqa: E402
+from gpulock.router.tiny_model import ensure_tiny_llama  # noqa: E402
 
 TARGET_MS = 1.0
 KEY_ENV = "GPULOCK_BENCH_KEY"  # a dummy: the cloud candidate is judged, never called

@@ -143,7 +143,7 @@ def free_port() -> int:
 
 
 def real_rows(root: Path, rounds: int) -> tuple[list[tuple[str, list[float]]], str | None]:
-    from router.tiny_model import ensure_tiny_llama
+    from gpulock.router.tiny_model import ensure_tiny_llama
 
     rows: list[tuple[str, list[float]]] = []
     tiny = ensure_tiny_llama(root / "tiny")

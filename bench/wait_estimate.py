@@ -12,9 +12,9 @@ Run: ``.venv/bin/python bench/wait_estimate.py [--jobs N] [--events FILE] [--jso
     (who held, for how long already, who waited, their names and needs, from the ``acquire``
     and ``release`` events) and the holds released before it are given to both estimators:
     - old: one GPU-wide median of the last 20 holds; a holder past it counts 0 s remaining;
-      one median per waiter ahead (router/probe.py before this change, copied here);
-    - new: ``router.waitest.estimate_wait``: each ticket from its own name's holds, a holder's
-      remaining time given how long it has held, the lock's sharing rule, at p90.
+      one median per waiter ahead (gpulock/router/probe.py before this change, copied here);
+    - new: ``gpulock.router.waitest.estimate_wait``: each ticket from its own name's holds, a
+      holder's remaining time given how long it has held, the lock's sharing rule, at p90.
     Their prediction is set against the wait the ticket really had (``waited_s``).
 (3) Deadline choices: for each such ticket and each deadline in DEADLINES_S the router would
     take the GPU when the prediction is within the deadline.  A choice is wrong when the GPU
@@ -44,7 +44,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from router.waitest import Queued, estimate_wait, history_from  # noqa: E402
+from gpulock.router.waitest import Queued, estimate_wait, history_from  # noqa: E402
 
 GiB = 1024**3
 TOTAL = 24 * GiB
@@ -144,7 +144,7 @@ def holds_of(log: Path, gpu: int = 0) -> list[Hold]:
 
 
 def old_estimate(line: Sequence[Queued], holds: Sequence[float]) -> float:
-    """router/probe.py's estimate before this change (copied for the comparison)."""
+    """gpulock/router/probe.py's estimate before this change (copied for the comparison)."""
     typical = statistics.median(holds[-20:]) if holds else DEFAULT_HOLD_S
     elapsed = [q.held_s for q in line if q.held_s is not None]
     waiters = sum(1 for q in line if q.held_s is None)

@@ -270,19 +270,19 @@ SECTIONS: tuple[Section, ...] = (
     Section(("tenants",), "gpulock.core.tenantspec", {"tenants": "KEYS"}, "../tenants.md"),
     Section(
         ("watchdog", "governor"),
-        "governor.config",
+        "gpulock.governor.config",
         {"watchdog": "WATCHDOG_KEYS", "governor": "GOVERNOR_KEYS"},
         "../governor.md",
     ),
     Section(
         ("router", "routes"),
-        "router.routes",
+        "gpulock.router.routes",
         {"router": "ROUTER_KEYS", "routes": "TASK_KEYS"},
         "../router.md",
         defaults="DEFAULTS",
     ),
-    Section(("serve",), "serve.config", {"serve": "KEYS"}, "../serve.md"),
-    Section(("cluster",), "cluster.config", {"cluster": "KEYS"}, "../cluster.md"),
+    Section(("serve",), "gpulock.serve.config", {"serve": "KEYS"}, "../serve.md"),
+    Section(("cluster",), "gpulock.cluster.config", {"cluster": "KEYS"}, "../cluster.md"),
     Section(
         ("prefetch",),
         "gpulock.lock.prefetch",
@@ -292,7 +292,7 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(("metrics",), "gpulock.metrics.config", {"metrics": "KEYS"}, "../metrics.md"),
     Section(("eviction",), "gpulock.core.foresight", {"eviction": "KEYS"}, "../foresight.md"),
-    Section(("agents",), "agents.registry", {"agents": "CONFIG_KEYS"}, "../agents.md"),
+    Section(("agents",), "gpulock.agents.registry", {"agents": "CONFIG_KEYS"}, "../agents.md"),
 )
 
 _ENTRY = re.compile(r"^``(\w+)`` \((.*)\)$")
@@ -424,12 +424,13 @@ def config_reference() -> str:
 
 
 def _fleet_file() -> list[str]:
-    from agents import fleetfile
+    from gpulock.agents import fleetfile
 
     out = [
         "## The fleet file",
         "",
-        "`gpulock fleet FILE` reads a YAML file of its own (validated by `agents.fleetfile`):",
+        "`gpulock fleet FILE` reads a YAML file of its own (validated by "
+        "`gpulock.agents.fleetfile`):",
         "",
         "| section | keys |",
         "| --- | --- |",

@@ -436,16 +436,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from gpulock import status
+    from gpulock.core.sections import check_sections, line
 
     settings = _settings(args)
+    # The sections status does not read itself (serve:, router:...), checked once by the
+    # parts that read them: a typo there is seen now, not when that service next starts.
+    problems = [line(e) for e in check_sections(settings.config)[0]]
     if args.watch is None:
-        snap = status.snapshot(settings)
+        snap = status.snapshot(settings) | {"config_problems": problems}
         print(json.dumps(snap, indent=2) if args.json else status.render(snap))
         return EX_OK
     interval = max(args.watch, 0.1)
     try:
         while True:
-            snap = status.snapshot(settings)
+            snap = status.snapshot(settings) | {"config_problems": problems}
             text = json.dumps(snap) if args.json else status.render(snap)
             if sys.stdout.isatty() and not args.json:
                 sys.stdout.write("\x1b[H\x1b[2J")  # home + clear: redraw in place

@@ -19,7 +19,7 @@ from pathlib import Path
 
 GROUP = "gpulock.commands"
 
-# "``gpulock agent`` (also ``python -m agents``): run one agent" -> "run one agent"
+# "``gpulock agent`` (also ``python -m gpulock.agents``): run one agent" -> "run one agent"
 _LABEL_RE = re.compile(r"^``gpulock [^`]*``[^:]*:\s+")
 _SENTENCE_RE = re.compile(r"(?<=\.)\s")
 

@@ -359,7 +359,9 @@ def cluster_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
     return {"host": view.host, "hosts": view.hosts, "redis": view.redis, "problem": view.problem}
 
 
-LEDGER_FORMAT = "gpulock.ledger/1"  # written by router/ledger.py; read here without the router
+LEDGER_FORMAT = (
+    "gpulock.ledger/1"  # written by gpulock/router/ledger.py; read here without the router
+)
 
 
 def usage_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
@@ -373,7 +375,8 @@ def usage_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
         raw = json.loads(data) if data else None
     except (OSError, ValueError, RecursionError, GpulockError):
         return None
-    # The ledger's day: the UTC day in a cluster (router.ledger.utc_day), else the local day.
+    # The ledger's day: the UTC day in a cluster (gpulock.router.ledger.utc_day), else the local
+    # day.
     clustered = settings.config.section("cluster") is not None
     day = calendar_day(now_w, utc=clustered)
     if not isinstance(raw, dict) or raw.get("format") != LEDGER_FORMAT or raw.get("day") != day:
@@ -435,6 +438,10 @@ def render(snap: dict[str, Any]) -> str:
         )
     if snap.get("devices_problem"):
         lines.append(f"devices: {snap['devices_problem']}")
+    problems = snap.get("config_problems") or []
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        lines.append(f"config: {problems[0]}{more}: see 'gpulock config check'")
     if not snap["gpus"]:
         lines.append(f"no GPU queues yet (state folder {snap['state_dir']})")
         lines += _render_residents(snap.get("residents", []))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from agents import Context, agent
+from gpulock.agents import Context, agent
 
 LIMIT_S = 30.0  # nothing outlives a crashed test for long
 

@@ -9,7 +9,7 @@ import os
 import time
 
 import gpulock
-from agents import Context, agent
+from gpulock.agents import Context, agent
 
 
 @agent("fleet-probe", timeout="1m", description="append one line per run to its first input")

@@ -15,22 +15,32 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("gpulock", "router", "governor", "agents", "serve", "cluster")
 
-# gpulock's rooms, lowest first: a module may import its own room and the rooms below it.
+# gpulock's floors, lowest first: a module may import its own room and the rooms below it.  The
+# lock's side (core .. views) is what every cron job may load; the upper rooms are built on it.
 ROOMS = ("core", "lock", "tenants", "residents", "face", "views")
 VIEWS = ("report", "metrics")
+# The rooms built on the lock's side, and the upper rooms each may import besides it:
+# agents, serve -> router -> cluster -> the face <- governor.
+UPPER: dict[str, tuple[str, ...]] = {
+    "governor": (),
+    "cluster": (),
+    "router": ("cluster",),
+    "serve": ("router", "cluster"),
+    "agents": ("router",),
+}
 
 
 def modules(root: Path = REPO) -> dict[str, Path]:
-    """Dotted name -> file, for every module of the five packages."""
+    """Dotted name -> file, for every module of gpulock (package data under share/ is not code)."""
     out = {}
-    for pkg in PACKAGES:
-        for path in sorted((root / pkg).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            out[".".join(parts)] = path
+    for path in sorted((root / "gpulock").rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if parts[1] == "share":
+            continue
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
     return out
 
 
@@ -59,7 +69,7 @@ def _targets(module: str, path: Path) -> Iterator[str]:
 
 
 def edges(root: Path = REPO) -> dict[str, set[str]]:
-    """Module -> the modules of the five packages it imports."""
+    """Module -> the gpulock modules it imports."""
     known = modules(root)
     out: dict[str, set[str]] = defaultdict(set)
     for mod, path in known.items():
@@ -71,10 +81,16 @@ def edges(root: Path = REPO) -> dict[str, set[str]]:
     return dict(out)
 
 
-def room(module: str) -> str | None:
-    """The room of a gpulock module (None outside gpulock)."""
+def upper(module: str) -> str | None:
+    """The upper room of a module (``gpulock.router.model`` -> ``router``), None below them."""
     parts = module.split(".")
-    if parts[0] != "gpulock":
+    return parts[1] if len(parts) > 1 and parts[1] in UPPER else None
+
+
+def room(module: str) -> str | None:
+    """The room of a module of the lock's side (None for an upper room's module)."""
+    parts = module.split(".")
+    if parts[0] != "gpulock" or upper(module):
         return None
     if len(parts) > 1 and parts[1] in ("core", "lock", "tenants", "residents"):
         return parts[1]
@@ -132,19 +148,24 @@ class Figures:
 
 def gpulock_graph(root: Path = REPO) -> dict[str, set[str]]:
     g = edges(root)
-    return {
-        m: {t for t in ts if t.startswith("gpulock")}
-        for m, ts in g.items()
-        if m.startswith("gpulock")
-    }
+    return {m: {t for t in ts if t.startswith("gpulock")} for m, ts in g.items()}
+
+
+def wrong_way(m: str, t: str) -> bool:
+    """An arrow against the floors: up the lock's side, from the lock's side into an upper room,
+    or between upper rooms other than agents, serve -> router -> cluster."""
+    um, ut = upper(m), upper(t)
+    if ut is not None:
+        return um is None or (ut != um and ut not in UPPER[um])
+    if um is not None:
+        return False  # an upper room may reach the lock's side (through its doors: test_layout)
+    rank = {name: i for i, name in enumerate(ROOMS)}
+    return rank[room(t) or ""] > rank[room(m) or ""]
 
 
 def figures(root: Path = REPO) -> Figures:
     g = gpulock_graph(root)
-    rank = {name: i for i, name in enumerate(ROOMS)}
-    up = sorted(
-        (m, t) for m, ts in g.items() for t in ts if rank[room(t) or ""] > rank[room(m) or ""]
-    )
+    up = sorted((m, t) for m, ts in g.items() for t in ts if wrong_way(m, t))
     found = circles(g)
     depth = 0
     if not found:
@@ -160,12 +181,12 @@ def figures(root: Path = REPO) -> Figures:
 
 
 def outside_imports(root: Path = REPO) -> dict[str, set[str]]:
-    """Each package above gpulock -> the gpulock modules it imports."""
-    out: dict[str, set[str]] = {p: set() for p in PACKAGES[1:]}
+    """Each upper room -> the modules of the lock's side it imports (its doors)."""
+    out: dict[str, set[str]] = {p: set() for p in UPPER}
     for m, ts in edges(root).items():
-        pkg = m.split(".")[0]
-        if pkg in out:
-            out[pkg] |= {t for t in ts if t.startswith("gpulock")}
+        pkg = upper(m)
+        if pkg is not None:
+            out[pkg] |= {t for t in ts if upper(t) is None}
     return out
 
 

@@ -1,6 +1,6 @@
 """``@agent(..., workers="auto", need=...)``: an agent's batch split between a pool's workers.
 
-Real runs of ``python -m agents run`` on a simulated 24 GiB GPU: the run leads a ``gpulock
+Real runs of ``python -m gpulock.agents run`` on a simulated 24 GiB GPU: the run leads a ``gpulock
 pool`` whose workers are the same command line, and ``ctx.batch()`` gives each item to one of
 them.  A worker SIGKILLs itself in the middle of an item: the item must be done again by
 another worker, and every item exactly once in the batch's output.
@@ -19,16 +19,16 @@ from pathlib import Path
 import pytest
 from cli_helpers import Cli, pid_alive, wait_until
 
-from agents import agent
+from gpulock.agents import agent
 
-AGENTS = (sys.executable, "-m", "agents")
+AGENTS = (sys.executable, "-m", "gpulock.agents")
 
 # The agent: argv [COUNT]; appends "<item> <pid>" to OUT once an item's work is over.  With
 # the file KILL present, the first worker to reach item 3 removes it and SIGKILLs itself in
 # the middle of that item.
 AGENT_PY = """\
 import os, signal, time
-from agents import agent
+from gpulock.agents import agent
 
 OUT = {out!r}
 KILL = {kill!r}
@@ -163,7 +163,7 @@ def test_sigterm_to_the_leader_stops_every_worker_and_keeps_the_checkpoint(
 def test_a_shared_state_folder_gets_claims_its_group_can_write(tmp_path: Path) -> None:
     """With ``group`` set, the claims folder is made like the state folder's own (2770, the
     group's), whatever the umask: another member's worker must be able to claim items."""
-    from agents import poolbatch
+    from gpulock.agents import poolbatch
     from gpulock.core.state import ensure_state_dir, ensure_subdir, file_mode
 
     group = grp.getgrgid(os.getgid()).gr_name

@@ -1,4 +1,4 @@
-"""The cron-safe agent runtime, driven as cron drives it: ``python -m agents run NAME``.
+"""The cron-safe agent runtime, driven as cron drives it: ``python -m gpulock.agents run NAME``.
 
 Every run is a real process in a private state folder; the test agents live in
 ``tests/agent_fixtures.py`` and are loaded with ``--module``.  The pure parts (declaring,
@@ -23,24 +23,24 @@ from typing import Any
 import pytest
 from cli_helpers import Cli, assert_clean_error, error_lines, wait_until
 
-from agents import AgentSpec, agent, checkpoint, progress
-from agents.runtime import Stopped, agent_dir, classify, skip_reason
-from agents.spec import check_schedule, get
+from gpulock.agents import AgentSpec, agent, checkpoint, progress
+from gpulock.agents.runtime import Stopped, agent_dir, classify, skip_reason
+from gpulock.agents.spec import check_schedule, get
 from gpulock.core.config import Config
 from gpulock.core.errors import LockTimeout
 from gpulock.core.settings import load
 
-AGENTS = (sys.executable, "-m", "agents")
+AGENTS = (sys.executable, "-m", "gpulock.agents")
 FIXTURES = str(Path(__file__).resolve().parent / "agent_fixtures.py")
 
 
 def run(cli: Cli, *args: str, **kw: Any) -> Any:
-    """``python -m agents ARGS --module <fixtures>`` to completion."""
+    """``python -m gpulock.agents ARGS --module <fixtures>`` to completion."""
     return cli.run(*args, "--module", FIXTURES, argv0=AGENTS, **kw)
 
 
 def start(cli: Cli, name: str, *args: str) -> Any:
-    """``python -m agents ARGS --module <fixtures>``, not waited for."""
+    """``python -m gpulock.agents ARGS --module <fixtures>``, not waited for."""
     return cli.start([*AGENTS, *args, "--module", FIXTURES], name)
 
 
@@ -139,7 +139,7 @@ def test_a_module_that_cannot_be_imported_is_a_usage_error(cli: Cli) -> None:
 def test_an_agent_that_exits_75_itself_is_a_quiet_skip(cli: Cli) -> None:
     module = cli.root / "later_agents.py"
     module.write_text(
-        "from agents import agent\n\n"
+        "from gpulock.agents import agent\n\n"
         "@agent('t-later')\n"
         "def later(ctx):\n"
         "    raise SystemExit(75)  # EX_TEMPFAIL: nothing to do yet, try again next run\n"
@@ -287,7 +287,7 @@ def test_flush_every_n_items(cli: Cli) -> None:
 
 
 def test_flush_every_unloads_the_routers_model_and_the_next_call_reloads_it(cli: Cli) -> None:
-    from router.tiny_model import ensure_tiny_llama
+    from gpulock.router.tiny_model import ensure_tiny_llama
 
     gguf = ensure_tiny_llama(cli.root / "models")
     config = cli.root / "gpulock.yaml"
@@ -339,7 +339,7 @@ def test_show_tells_a_running_run_and_one_that_died_without_an_end_record(cli: C
 
 
 def test_the_agent_env_names_the_run_for_the_routers_accounting(cli: Cli) -> None:
-    from router.tiny_model import ensure_tiny_llama
+    from gpulock.router.tiny_model import ensure_tiny_llama
 
     gguf = ensure_tiny_llama(cli.root / "models")
     # ./gpulock.yaml: what the router finds on its own, without the run's --config.
@@ -350,8 +350,8 @@ def test_the_agent_env_names_the_run_for_the_routers_accounting(cli: Cli) -> Non
     module = cli.root / "direct_agents.py"
     module.write_text(
         "import os, subprocess, sys\n"
-        "import router\n"
-        "from agents import agent\n"
+        "from gpulock import router\n"
+        "from gpulock.agents import agent\n"
         "\n"
         "@agent('t-direct')\n"
         "def direct(ctx):\n"
@@ -579,7 +579,7 @@ def test_config_section_errors_name_file_line_and_key(
 def test_your_agent_replaces_an_example_of_the_same_name(cli: Cli) -> None:
     module = cli.root / "mine.py"
     module.write_text(
-        "from agents import agent\n\n"
+        "from gpulock.agents import agent\n\n"
         "@agent('digest')\n"
         "def mine(ctx):\n"
         "    ctx.out.write_text('mine')\n"
@@ -595,8 +595,12 @@ def test_your_agent_replaces_an_example_of_the_same_name(cli: Cli) -> None:
 
 
 def test_import_agents_stays_light() -> None:
-    heavy = ("apscheduler", "router", "llama_cpp", "openai", "torch", "pynvml")
-    code = f"import sys, agents; print([m for m in sys.modules if m.split('.')[0] in {heavy!r}])"
+    heavy = ("apscheduler", "gpulock.router", "llama_cpp", "openai", "torch", "pynvml")
+    code = (
+        "import sys, gpulock.agents; "
+        "print([m for m in sys.modules\n"
+        f"       if any(m == h or m.startswith(h + '.') for h in {heavy!r})])"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
     assert (r.returncode, r.stdout.strip()) == (0, "[]"), r.stderr
 
@@ -621,7 +625,7 @@ def test_agent_registers_a_checked_spec_and_returns_the_function() -> None:
         agent("t-inproc")(job)
     # An example never displaces a user's agent, whichever registers first.
     example = types.FunctionType(job.__code__, job.__globals__, "example")
-    example.__module__ = "agents.examples.fake"
+    example.__module__ = "gpulock.agents.examples.fake"
     assert agent("t-inproc")(example) is example
     assert get("t-inproc") == spec
 
@@ -706,7 +710,9 @@ def test_classify_endings(exc: BaseException | None, expected: tuple[Any, ...]) 
 
 
 def test_skip_errors_are_matched_by_name_without_importing_them() -> None:
-    NoModelAvailable = type("NoModelAvailable", (Exception,), {"__module__": "router.errors"})
+    NoModelAvailable = type(
+        "NoModelAvailable", (Exception,), {"__module__": "gpulock.router.errors"}
+    )
     assert skip_reason(NoModelAvailable("no model fits")) == "no model fits"
     Other = type("NoModelAvailable", (Exception,), {"__module__": "elsewhere"})
     assert skip_reason(Other("x")) is None

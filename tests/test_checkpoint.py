@@ -1,4 +1,5 @@
-"""agents.checkpoint: O(1) per item, and a SIGKILL anywhere loses at most the item in flight.
+"""gpulock.agents.checkpoint: O(1) per item, and a SIGKILL anywhere loses at most the item in
+flight.
 
 ``ctx.batch()`` used to rewrite every done key after every item: 20,000 items took 38 s.  Now
 the snapshot is written once per run and each finished item appends one journal line.
@@ -15,12 +16,12 @@ from pathlib import Path
 
 from procs import wait_until
 
-from agents import checkpoint
+from gpulock.agents import checkpoint
 
 CHILD = """
 import os, sys
 from pathlib import Path
-from agents import checkpoint
+from gpulock.agents import checkpoint
 path, effects, ready = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 keys = [str(i) for i in range(1_000_000)]
 skip = checkpoint.resumed(path, keys)

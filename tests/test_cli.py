@@ -383,8 +383,9 @@ def test_help(cli: Cli) -> None:
 HEAVY = ("torch", "pynvml", "llama_cpp", "openai", "apscheduler", "yaml", "psutil")
 HEAVY += ("prometheus_client",)  # the metrics extra: only `gpulock metrics` and daemons load it
 # `gpulock serve`'s HTTP stack, and asyncio (only acquire_async needs it): none on these paths.
-HEAVY += ("starlette", "uvicorn", "aiohttp", "httpx", "anyio", "asyncio", "serve")
-LOADED = "sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r})"
+HEAVY += ("starlette", "uvicorn", "aiohttp", "httpx", "anyio", "asyncio", "gpulock.serve")
+# A name counts with its submodules: 'gpulock.serve' catches gpulock.serve.app too.
+LOADED = "sorted(m for m in sys.modules if any(m == h or m.startswith(h + '.') for h in {heavy!r}))"
 
 
 def python(cli: Cli, code: str, **env: str | None) -> Result:

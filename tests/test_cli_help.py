@@ -52,8 +52,10 @@ def test_listing_imports_none_of_the_commands(cli: Cli) -> None:
         "from gpulock.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    code = main(['help'])\n"
-        "tops = {'serve', 'governor', 'router', 'agents', 'starlette', 'apscheduler'}\n"
-        "print(json.dumps([code, sorted(m for m in sys.modules if m.split('.')[0] in tops)]))\n"
+        "tops = ('gpulock.serve', 'gpulock.governor', 'gpulock.router', 'gpulock.agents',\n"
+        "        'gpulock.cluster', 'starlette', 'apscheduler')\n"
+        "print(json.dumps([code, sorted(m for m in sys.modules\n"
+        "                               if any(m == t or m.startswith(t + '.') for t in tops))]))\n"
     )
     r = cli.run("-c", code, argv0=[sys.executable])
     assert r.code == 0, r.describe()

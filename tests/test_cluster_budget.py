@@ -19,15 +19,15 @@ from pathlib import Path
 from redis_server import RedisServer
 from router_servers import FaultServer
 
-from cluster import spend
-from cluster.config import ClusterConfig
-from cluster.heartbeat import Heartbeat
-from cluster.report import HostReport
-from cluster.store import Store
+from gpulock.cluster import spend
+from gpulock.cluster.config import ClusterConfig
+from gpulock.cluster.heartbeat import Heartbeat
+from gpulock.cluster.report import HostReport
+from gpulock.cluster.store import Store
 from gpulock.core.config import load_config
 from gpulock.core.settings import Settings
 from gpulock.core.settings import load as load_settings
-from router import ledger
+from gpulock.router import ledger
 
 HOSTS = ("a", "b", "c")
 AGENTS_PER_HOST = 4
@@ -37,7 +37,7 @@ CALL_USD = 1.5
 
 AGENT = """\
 import sys
-import router
+from gpulock import router
 ok = 0
 try:
     m = router.get_model("t", agent=sys.argv[1])
@@ -122,7 +122,7 @@ def test_three_hosts_agents_never_spend_past_one_budget(
     for h in HOSTS:  # each host keeps its own spend in its own ledger as well
         assert ledger_spend(envs[h]) == answered[h] * CALL_USD
     shown = subprocess.run(
-        [sys.executable, "-m", "cluster", "--json"],
+        [sys.executable, "-m", "gpulock.cluster", "--json"],
         env=envs["a"], capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
@@ -205,7 +205,9 @@ def test_a_429_on_one_host_cools_the_endpoint_on_another(
                 + f"    - {{backend: openai, name: steady, model: tiny, base_url: "
                 f"'{steady.base_url}', api_key_env: CLOUD_KEY, max_tokens: 3}}\n"
             )
-        call = "import router; m = router.get_model('t'); m.complete('x'); print(m.name)"
+        call = (
+            "from gpulock import router; m = router.get_model('t'); m.complete('x'); print(m.name)"
+        )
         out = subprocess.run(
             [sys.executable, "-c", call], env=envs["a"], capture_output=True, text=True, timeout=60
         )

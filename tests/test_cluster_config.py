@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import config as cc_mod
+from gpulock.cluster import config as cc_mod
 from gpulock.core.config import parse_config
 from gpulock.core.errors import ConfigError
 
@@ -143,5 +143,5 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
 
 def test_the_command_is_declared_for_gpulock() -> None:
     text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
-    assert 'cluster = "cluster.cli:main"' in text
+    assert 'cluster = "gpulock.cluster.cli:main"' in text
     assert 'cluster = ["redis>=8.0"]' in text

@@ -19,12 +19,12 @@ from pathlib import Path
 from redis_server import RedisServer
 from router_servers import FaultServer
 
-from cluster import spend
-from cluster.config import ClusterConfig
-from cluster.store import Store
+from gpulock.cluster import spend
+from gpulock.cluster.config import ClusterConfig
+from gpulock.cluster.store import Store
 
 AGENT = """\
-import router
+from gpulock import router
 m = router.get_model("t", agent="tz-agent")
 m.complete("x")
 print(m.name)

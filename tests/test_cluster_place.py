@@ -1,5 +1,5 @@
-"""Where a gpu candidate runs (``cluster.place``) and what a host's report holds
-(``cluster.report``): pure functions, table tests."""
+"""Where a gpu candidate runs (``gpulock.cluster.place``) and what a host's report holds
+(``gpulock.cluster.report``): pure functions, table tests."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import place, report
-from cluster.report import GpuLine, HostReport, Runs
+from gpulock.cluster import place, report
+from gpulock.cluster.report import GpuLine, HostReport, Runs
 
 NOW = 1_000_000.0
 
@@ -109,8 +109,8 @@ def test_requests_on_their_way_count_until_a_report_can_show_them() -> None:
 def test_the_heartbeat_keeps_counting_sends_a_new_report_cannot_show_yet(tmp_path: Path) -> None:
     """Forgetting what was sent whenever a new report arrived sent a burst's next requests to
     the peer that looked idle again (a skewed load kept piling onto one peer)."""
-    from cluster.config import ClusterConfig
-    from cluster.heartbeat import Fleet, Heartbeat
+    from gpulock.cluster.config import ClusterConfig
+    from gpulock.cluster.heartbeat import Fleet, Heartbeat
     from gpulock.core.config import parse_config
     from gpulock.core.settings import load as load_settings
 

@@ -16,12 +16,12 @@ import pytest
 from procs import wait_until
 from redis_server import HANG_BOUND_S, RedisServer
 
-from cluster import report
-from cluster.config import ClusterConfig
-from cluster.heartbeat import Heartbeat
-from cluster.report import GpuLine, HostReport
-from cluster.store import Store, Unavailable
 from gpulock import status
+from gpulock.cluster import report
+from gpulock.cluster.config import ClusterConfig
+from gpulock.cluster.heartbeat import Heartbeat
+from gpulock.cluster.report import GpuLine, HostReport
+from gpulock.cluster.store import Store, Unavailable
 from gpulock.core import events
 from gpulock.core.config import parse_config
 from gpulock.core.settings import Settings

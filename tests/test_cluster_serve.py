@@ -26,7 +26,7 @@ from redis_server import RedisServer, need_redis
 from router_servers import free_port, kill_group
 from serve_server import GatewayProc, Reply, clean_env
 
-from router.tiny_model import ensure_tiny_llama
+from gpulock.router.tiny_model import ensure_tiny_llama
 
 WAIT_S = 30.0
 
@@ -151,7 +151,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
 
 def fleet(h: Host) -> dict[str, Any]:
     r = subprocess.run(
-        [sys.executable, "-m", "cluster", "--json"],
+        [sys.executable, "-m", "gpulock.cluster", "--json"],
         capture_output=True,
         text=True,
         env={**clean_env(), **h.env},
@@ -182,7 +182,7 @@ def test_each_host_publishes_and_sees_the_fleet(pool: Pool) -> None:
     st = pool.a.gpulock("status")
     assert st.returncode == 0 and "cluster: 2 hosts, redis ok" in st.stdout.splitlines(), st.stdout
     text = subprocess.run(
-        [sys.executable, "-m", "cluster"],
+        [sys.executable, "-m", "gpulock.cluster"],
         capture_output=True,
         text=True,
         env={**clean_env(), **pool.a.env},
@@ -259,9 +259,9 @@ def a_sees_b_cooling(a: Host) -> bool:
 
 
 def uncool_b(pool: Pool) -> None:
-    from cluster import cooldowns
-    from cluster.config import ClusterConfig
-    from cluster.store import Store
+    from gpulock.cluster import cooldowns
+    from gpulock.cluster.config import ClusterConfig
+    from gpulock.cluster.store import Store
 
     store = Store(ClusterConfig(redis_url=pool.redis.url, host="test"))
     store.call(lambda r: r.hdel(cooldowns.key("gpulock:"), cooldowns.peer("b")))
@@ -275,7 +275,7 @@ def _idle(h: Host) -> bool:
 
 AGENT = """\
 import json, sys
-import router
+from gpulock import router
 m = router.get_model("chat", agent=sys.argv[1])
 text = m.chat([{"role": "user", "content": "hi"}], max_tokens=4)
 print(json.dumps({"host": m.host, "tier": m.tier, "text": text}))

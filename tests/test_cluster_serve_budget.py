@@ -24,11 +24,11 @@ from router_servers import FaultServer, free_port
 from serve_server import Reply
 from test_cluster_serve import Host, hosts_seen
 
-from cluster import spend
-from cluster.config import ClusterConfig
-from cluster.store import Store
+from gpulock.cluster import spend
+from gpulock.cluster.config import ClusterConfig
+from gpulock.cluster.store import Store
 from gpulock.core.settings import load
-from router import ledger
+from gpulock.router import ledger
 
 HOSTS = ("a", "b", "c")
 BUDGET = 15.0

@@ -31,9 +31,9 @@ from serve_server import clean_env
 from standins.ollama import Ollama
 from test_cluster_serve import Host, fleet, hold_gpu
 
-from cluster.config import ClusterConfig
-from cluster.place import TRANSIT_S
-from cluster.store import Store
+from gpulock.cluster.config import ClusterConfig
+from gpulock.cluster.place import TRANSIT_S
+from gpulock.cluster.store import Store
 
 GiB = 1024**3
 MODEL = "qwen2.5:7b"
@@ -153,7 +153,7 @@ def route(h: Host, *args: str) -> dict[str, Any]:
 
 AGENT = """\
 import json, sys
-import router
+from gpulock import router
 m = router.get_model("chat", agent=sys.argv[1])
 text = m.chat([{"role": "user", "content": "hi"}], max_tokens=4)
 print(json.dumps({"host": m.host, "tier": m.tier, "text": text}))
@@ -286,7 +286,7 @@ def test_the_line_counts_every_request_in_it_and_keeps_its_pace(tmp_path: Path) 
     time one more request adds is known once requests have ended."""
     from gpulock.core.config import parse_config
     from gpulock.core.settings import load as load_settings
-    from serve.line import Line
+    from gpulock.serve.line import Line
 
     settings = load_settings(parse_config("simulate: 24GiB\n", "test.yaml"), tmp_path)
     line = Line(settings, max_queue=8)

@@ -27,10 +27,10 @@ from procs import wait_until
 from redis_server import HANG_BOUND_S, RedisServer, need_redis
 from serve_server import GatewayProc
 
-from cluster.config import ClusterConfig
-from cluster.heartbeat import Heartbeat
-from cluster.report import HostReport
-from cluster.store import Store, Unavailable
+from gpulock.cluster.config import ClusterConfig
+from gpulock.cluster.heartbeat import Heartbeat
+from gpulock.cluster.report import HostReport
+from gpulock.cluster.store import Store, Unavailable
 from gpulock.core.config import load_config
 from gpulock.core.errors import ConfigError
 from gpulock.core.settings import load as load_settings
@@ -146,7 +146,7 @@ def cluster_cli(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 def publish(env: dict[str, str], name: str) -> Heartbeat:
     """One heartbeat of host ``name`` (a real publisher: serve's), through ``env``'s config."""
-    from cluster import config as cluster_config
+    from gpulock.cluster import config as cluster_config
 
     settings = load_settings(load_config(env["GPULOCK_CONFIG"]), env["GPULOCK_STATE_DIR"])
     cc = cluster_config.load(settings.config)
@@ -260,7 +260,7 @@ def test_a_rediss_url_with_a_password_is_refused_unechoed(
 
 
 def test_tls_keys_are_checked_when_the_config_loads(tmp_path: Path) -> None:
-    from cluster import config as cluster_config
+    from gpulock.cluster import config as cluster_config
 
     pem = tmp_path / "ca.pem"
     pem.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")

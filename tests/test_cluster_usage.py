@@ -24,14 +24,14 @@ from serve_server import GatewayProc, Reply, clean_env
 from gpulock.core.config import load_config
 from gpulock.core.settings import load as load_settings
 from gpulock.core.units import calendar_day
-from router import ledger
-from router.tiny_model import ensure_tiny_llama
+from gpulock.router import ledger
+from gpulock.router.tiny_model import ensure_tiny_llama
 
 WAIT_S = 60.0
 
 AGENT = """\
 import json, sys
-import router
+from gpulock import router
 m = router.get_model("chat", agent=sys.argv[1])
 text = m.chat([{"role": "user", "content": "hi"}], max_tokens=4)
 print(json.dumps({"host": m.host, "tier": m.tier}))

@@ -669,10 +669,10 @@ def test_exit_wait_is_a_duration_named_with_its_line_when_bad(tmp_path: pathlib.
 @pytest.mark.parametrize(
     ("section", "load"),
     [
-        ("serve", "serve.config"),
+        ("serve", "gpulock.serve.config"),
         ("metrics", "gpulock.metrics.config"),
-        ("governor", "governor.config"),
-        ("cluster", "cluster.config"),
+        ("governor", "gpulock.governor.config"),
+        ("cluster", "gpulock.cluster.config"),
     ],
 )
 def test_a_packages_section_is_a_mapping_of_known_keys(

@@ -1,5 +1,6 @@
-"""The systemd units in ``contrib/`` and ``crontab.example`` call gpulock at one install path,
-so a user who installs it where one file says finds every other file agreeing."""
+"""The systemd units that ship with gpulock (``gpulock/share/systemd/``) and ``crontab.example``
+call gpulock at one install path, so a user who installs it where one file says finds every
+other file agreeing."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ PROGRAM_RE = re.compile(r"(?<![\w.-])(/[\w./-]*/bin/gpulock)(?![\w.-])")
 
 
 def example_files() -> list[Path]:
-    units = sorted((REPO / "contrib").glob("*.service"))
-    assert units, "no systemd units in contrib/"
+    units = sorted((REPO / "gpulock" / "share" / "systemd").glob("*.service"))
+    assert units, "no systemd units in gpulock/share/systemd/"
     return [*units, REPO / "crontab.example"]
 
 

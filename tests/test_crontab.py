@@ -82,7 +82,7 @@ def test_variables_are_literal_and_set_what_cron_lacks(
 def test_every_schedule_is_valid(crontab: tuple[dict[str, str], list[Job]]) -> None:
     from apscheduler.triggers.cron import CronTrigger
 
-    from agents.fleetfile import parse_schedule
+    from gpulock.agents.fleetfile import parse_schedule
 
     _, jobs = crontab
     assert len(jobs) >= 6
@@ -99,9 +99,9 @@ def test_no_unescaped_percent(crontab: tuple[dict[str, str], list[Job]]) -> None
 
 
 def _parsers() -> dict[str, Callable[[list[str]], Any]]:
-    from agents import cli as agent_cli
-    from agents import fleet
     from gpulock import cli
+    from gpulock.agents import cli as agent_cli
+    from gpulock.agents import fleet
     from gpulock.metrics import cli as metrics_cli
 
     return {
@@ -140,7 +140,7 @@ def test_every_command_exists_and_its_arguments_parse(
 
 
 def _agent_jobs(jobs: list[Job]) -> list[Any]:
-    from agents import cli as agent_cli
+    from gpulock.agents import cli as agent_cli
 
     parser = agent_cli.build_parser()
     return [parser.parse_args(j.argv()[2:]) for j in jobs if j.argv()[1] == "agent"]
@@ -163,7 +163,7 @@ def test_the_agents_named_exist(crontab: tuple[dict[str, str], list[Job]], tmp_p
     listed = {a["name"] for a in json.loads(r.stdout)["agents"]}
     if not listed & EXAMPLE_AGENTS:
         pytest.skip(
-            "'gpulock agent list' shows none of the example agents: agents.examples is not "
+            "'gpulock agent list' shows none of the example agents: gpulock.agents.examples is not "
             f"importable yet (it lists {sorted(listed)})"
         )
     _, jobs = crontab
@@ -177,7 +177,7 @@ def test_the_agents_named_exist(crontab: tuple[dict[str, str], list[Job]], tmp_p
 def unit(name: str) -> dict[str, list[str]]:
     """``key -> values`` of a unit file (comments dropped; a key may repeat)."""
     out: dict[str, list[str]] = {}
-    for raw in (REPO / "contrib" / name).read_text().splitlines():
+    for raw in (REPO / "gpulock" / "share" / "systemd" / name).read_text().splitlines():
         line = raw.strip()
         if not line or line.startswith(("#", ";", "[")):
             continue
@@ -191,7 +191,7 @@ def unit(name: str) -> dict[str, list[str]]:
     [("gpulock-fleet.service", "fleet"), ("gpulock-governor.service", "governor")],
 )
 def test_the_units_crontab_names_exist_and_use_its_install_path(name: str, command: str) -> None:
-    assert f"contrib/{name}" in CRONTAB.read_text()
+    assert name in CRONTAB.read_text()
     [exec_start] = unit(name)["ExecStart"]
     argv = exec_start.split()
     assert argv[0] == PREFIX + "gpulock" and argv[1] == command, exec_start

@@ -24,7 +24,7 @@ def test_short_demo_runs_the_fleet_and_writes_the_report(tmp_path: Path) -> None
     report = tmp_path / "demo-report.html"
     argv = ["--seconds", "26", "--dir", str(tmp_path / "d"), "--report", str(report)]
     r = subprocess.run(
-        [sys.executable, "-m", "agents.demo", *argv],
+        [sys.executable, "-m", "gpulock.agents.demo", *argv],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -46,8 +46,8 @@ def test_short_demo_runs_the_fleet_and_writes_the_report(tmp_path: Path) -> None
     runs = [e for e in events if e["event"] == "fleet-run"]
     # What happened, not how much fit in a window: the demo runs its fleet on past --seconds
     # until every agent has run once, however loaded the machine is.
-    from agents.demo import FLAKY
-    from agents.demo_agents import VARIANTS
+    from gpulock.agents.demo import FLAKY
+    from gpulock.agents.demo_agents import VARIANTS
 
     assert {e["agent"] for e in runs} == {*VARIANTS, FLAKY}, sorted({e["agent"] for e in runs})
     missed = [e for e in events if e["event"] == "fleet-missed"]
@@ -65,8 +65,8 @@ def test_short_demo_runs_the_fleet_and_writes_the_report(tmp_path: Path) -> None
 
 
 def test_the_assistant_may_wait_in_line_for_its_whole_run() -> None:
-    from agents import demo_agents
-    from agents.spec import get
+    from gpulock.agents import demo_agents
+    from gpulock.agents.spec import get
 
     spec = get("assistant")
     assert spec is not None and spec.func is demo_agents.assistant
@@ -93,7 +93,7 @@ def _started_by(state: Path) -> list[str]:
 # more), "racing" (a SIGTERM lands in the child before its set-up) or "plain".
 _STAND_IN = """
 import os, signal, subprocess, sys
-from agents import demo
+from gpulock.agents import demo
 
 signal.signal(signal.SIGTERM, demo._on_signal)
 if sys.argv[1] == "stopping":
@@ -174,7 +174,7 @@ def test_a_stopped_demo_leaves_nothing_running(tmp_path: Path, sig: int) -> None
     argv = ["--seconds", "60", "--dir", str(folder), "--report", str(tmp_path / "r.html")]
     with open(out, "wb") as f:
         demo = subprocess.Popen(
-            [sys.executable, "-m", "agents.demo", *argv],
+            [sys.executable, "-m", "gpulock.agents.demo", *argv],
             cwd=tmp_path,
             env=env,
             stdout=f,

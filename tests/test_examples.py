@@ -1,7 +1,8 @@
-"""The example agents (``agents/examples/``), run as cron runs them: ``python -m agents run``.
+"""The example agents (``gpulock/agents/examples/``), run as cron runs them: ``python -m
+gpulock.agents run``.
 
 Every run is a real process with a private state folder and a config whose routes send each
-task to the tiny llama.cpp model (``router.tiny_model``): what it says is random ASCII, but
+task to the tiny llama.cpp model (``gpulock.router.tiny_model``): what it says is random ASCII, but
 every call is a real llama.cpp call through the router, so these tests check what the agents
 make of any answer (well-formed files), the accounting (``call`` and ``agent`` events), the GPU
 lock (``acquire`` events, a skip when the GPU is held) and resuming after a kill.  The sample
@@ -25,20 +26,20 @@ from typing import Any
 import pytest
 from procs import World, wait_until
 
-from agents import checkpoint
-from agents.examples.common import output_mode, paragraph
-from agents.examples.inbox_triage import LABELS, label_of
-from agents.examples.report_drafter import LineGuard, headings_from
-from agents.examples.tagger import normalise_tags, tags_for
-from agents.examples.tts_batch import CHAR_FRAMES, RATE_HZ, spoken_text, stressed, tone_hz
+from gpulock.agents import checkpoint
+from gpulock.agents.examples.common import output_mode, paragraph
+from gpulock.agents.examples.inbox_triage import LABELS, label_of
+from gpulock.agents.examples.report_drafter import LineGuard, headings_from
+from gpulock.agents.examples.tagger import normalise_tags, tags_for
+from gpulock.agents.examples.tts_batch import CHAR_FRAMES, RATE_HZ, spoken_text, stressed, tone_hz
 from gpulock.core import events
 from gpulock.core.config import parse_config
-from router.tiny_model import ensure_tiny_llama
+from gpulock.router.tiny_model import ensure_tiny_llama
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "examples" / "data"
 SAMPLE_CONFIG = REPO / "examples" / "gpulock.yaml"
-AGENTS = (sys.executable, "-m", "agents")
+AGENTS = (sys.executable, "-m", "gpulock.agents")
 GPULOCK = (sys.executable, "-m", "gpulock")
 RUN_S = 30.0
 GIB = 1024**3
@@ -93,7 +94,7 @@ class Ran:
 
 
 def run(world: World, *args: str, argv0: tuple[str, ...] = AGENTS) -> Ran:
-    """``python -m agents ARGS`` in the world's state folder and config, to completion."""
+    """``python -m gpulock.agents ARGS`` in the world's state folder and config, to completion."""
     argv = (*argv0, *args)
     p = subprocess.Popen(
         argv,
@@ -155,12 +156,12 @@ def sections(markdown: str) -> list[tuple[str, list[str]]]:
 
 
 def test_sample_config_parses_and_routes_every_example_task() -> None:
-    import governor.config
-    from router.routes import load_table
+    from gpulock.governor import config as governor_config
+    from gpulock.router.routes import load_table
 
     cfg = parse_config(SAMPLE_CONFIG.read_text(), str(SAMPLE_CONFIG))
     table = load_table(cfg)
-    governor.config.load(cfg)  # the watchdog: section is valid too
+    governor_config.load(cfg)  # the watchdog: section is valid too
     tasks = {t for t, _ in EXAMPLES.values() if t}
     assert tasks <= set(table.tasks)
     tiers = {c.tier for cands in table.tasks.values() for c in cands}
@@ -182,7 +183,7 @@ def test_agent_list_json_lists_every_example_with_its_schedule(world: World) -> 
     for name, (task, schedule) in EXAMPLES.items():
         a = listed[name]
         assert (a["task"], a["schedule"]) == (task, schedule), a
-        assert a["module"].startswith("agents.examples.") and a["description"], a
+        assert a["module"].startswith("gpulock.agents.examples.") and a["description"], a
         assert a["timeout_s"] is not None, a
     tts = listed["tts-batch"]
     assert (tts["need_bytes"], tts["flush_every"]) == (12 * GIB, 25)

@@ -58,7 +58,7 @@ def test_serve_without_its_extra_names_the_checkout_form(cli: Cli) -> None:
     code = (
         "import sys\n"
         "sys.modules['uvicorn'] = None  # as if the serve extra were not installed\n"
-        "from serve.cli import main\n"
+        "from gpulock.serve.cli import main\n"
         "sys.exit(main([]))\n"
     )
     r = cli.run("-c", code, argv0=[sys.executable], cwd=REPO)

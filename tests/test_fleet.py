@@ -24,8 +24,8 @@ import pytest
 from cli_helpers import Cli, Proc, Result, assert_clean_error, error_lines, wait_until
 from procs import World, alive
 
-from agents import fleet as fleet_mod
-from agents import fleetfile
+from gpulock.agents import fleet as fleet_mod
+from gpulock.agents import fleetfile
 from gpulock.core import events
 from gpulock.core.errors import ConfigError
 
@@ -255,14 +255,15 @@ def _plan_one(agent: dict[str, Any], **options: Any) -> fleetfile.JobSpec:
     [
         (
             {"name": "digest", "every": "5m"},
-            ["/venv/bin/python", "-m", "agents", "run", "digest"],
+            ["/venv/bin/python", "-P", "-m", "gpulock.agents", "run", "digest"],
         ),
         (
             {"name": "digest", "every": "5m", "args": ["~/notes", "x", 3], "timeout": "10m"},
             [
                 "/venv/bin/python",
+                "-P",
                 "-m",
-                "agents",
+                "gpulock.agents",
                 "run",
                 "digest",
                 "/home/u/notes",
@@ -276,8 +277,9 @@ def _plan_one(agent: dict[str, Any], **options: Any) -> fleetfile.JobSpec:
             {"name": "t", "every": "5m", "timeout": 1.5, "module": "my.agents"},
             [
                 "/venv/bin/python",
+                "-P",
                 "-m",
-                "agents",
+                "gpulock.agents",
                 "run",
                 "t",
                 "--timeout",
@@ -454,10 +456,10 @@ def test_import_stays_light_and_missing_apscheduler_names_the_extra(fw: FleetWor
     path = fw.write([fw.agent("a", every="1m")])
     code = (
         "import sys\n"
-        "import agents, agents.fleet, agents.fleetfile\n"
+        "import gpulock.agents, gpulock.agents.fleet, gpulock.agents.fleetfile\n"
         "assert 'apscheduler' not in sys.modules, 'imported at import time'\n"
         "sys.modules['apscheduler'] = None  # as if it were not installed\n"
-        "sys.exit(agents.fleet.main(sys.argv[1:]))\n"
+        "sys.exit(gpulock.agents.fleet.main(sys.argv[1:]))\n"
     )
     r = fw.cli.run("-c", code, str(path), env=fw.env(), argv0=(PY,))
     assert_clean_error(r, 1)
@@ -490,7 +492,15 @@ def test_dry_run_shows_next_fire_times_and_commands(fw: FleetWorld) -> None:
     assert all((t.hour, t.minute, t.second) == (3, 0, 0) for t in times)
     assert [b - a for a, b in itertools.pairwise(times)] == [timedelta(days=1)] * 2
     assert before < times[0] <= before + timedelta(days=1)
-    assert nightly["command"] == [PY, "-m", "agents", "run", "nightly", str(fw.root / "home/notes")]
+    assert nightly["command"] == [
+        PY,
+        "-P",  # a folder named like a package where the fleet started cannot shadow it
+        "-m",
+        "gpulock.agents",
+        "run",
+        "nightly",
+        str(fw.root / "home/notes"),
+    ]
     assert nightly["jitter_s"] == 10.0 and nightly["trigger"] == "cron 0 3 * * *"
     assert nightly["log"] == str(fw.world.state / "fleet" / "nightly.log")
     fast_times = [datetime.fromisoformat(t) for t in fast["next_runs"]]
@@ -694,7 +704,7 @@ def test_fleet_runs_real_agents_through_the_runtime(fw: FleetWorld) -> None:
     probes = fw.lines("start", "fleet-probe")
     assert probes, fleet.output() + (fw.world.state / "fleet" / "fleet-probe.log").read_text()
     runs = fw.runs("fleet-probe")
-    # `python -m agents run` ran the agent in the process the fleet started and waited for.
+    # `python -m gpulock.agents run` ran the agent in the process the fleet started and waited for.
     assert sorted(e["pid"] for e in runs) == sorted(ln.pid for ln in probes)
     assert {(e["exit"], e["outcome"]) for e in runs} == {(0, "ok")}
     timeouts = {raw.split()[5] for raw in fw.record.read_text().splitlines()}

@@ -15,13 +15,13 @@ import textwrap
 import pytest
 from cli_helpers import Cli, Result, assert_clean_error, error_lines
 
-from governor import config as governor_config
 from gpulock.core import safejson
 from gpulock.core.config import parse_config
 from gpulock.core.errors import ConfigError
+from gpulock.governor import config as governor_config
 from gpulock.lock import ticket
 from gpulock.residents import registry
-from router.routes import load_table
+from gpulock.router.routes import load_table
 
 DEEP = b"[" * 100_000
 

@@ -1,4 +1,4 @@
-"""gpulock.core.gguf and router.gguf_cache on headers as big as a real model's.
+"""gpulock.core.gguf and gpulock.router.gguf_cache on headers as big as a real model's.
 
 A real tokenizer (Qwen2.5: 151,936 tokens, 151,387 merges) is most of a GGUF header.  The VRAM
 estimate needs four numbers: the reader must not touch the tokenizer's items (it made every
@@ -17,8 +17,8 @@ import pytest
 
 from gpulock.core import gguf as gguf_info
 from gpulock.core.settings import Settings, load
-from router import gguf_cache
-from router.tiny_model import write_big_header
+from gpulock.router import gguf_cache
+from gpulock.router.tiny_model import write_big_header
 
 QWEN7B = {"architecture": "qwen2", "block_count": 28, "embedding_length": 3584}
 

@@ -22,13 +22,13 @@ import pytest
 from cli_helpers import GPULOCK, Cli, Result, assert_clean_error
 from procs import Child, World, alive, wait_until
 
-from governor import effects as effects_mod
-from governor.daemon import AlreadyRunning, Governor
-from governor.effects import Effects
-from governor.model import Action, GovernorConfig, Snapshot, State
-from governor.probes import Probe, parse_psi
 from gpulock.core import devices, level
 from gpulock.core.events import read as read_events
+from gpulock.governor import effects as effects_mod
+from gpulock.governor.daemon import AlreadyRunning, Governor
+from gpulock.governor.effects import Effects
+from gpulock.governor.model import Action, GovernorConfig, Snapshot, State
+from gpulock.governor.probes import Probe, parse_psi
 from gpulock.residents.registry import Registry
 
 GiB = 1024**3
@@ -470,10 +470,10 @@ def test_swap_rate_and_oom_baseline(world: World) -> None:
 
 def test_once_from_cron_carries_the_ladder_on(tmp_path: Path) -> None:
     """Each --once pass resumes the ladder where the last one left it, so cron can climb."""
-    from governor import daemon
-    from governor.model import GovernorConfig, State
     from gpulock.core import level
     from gpulock.core.settings import load
+    from gpulock.governor import daemon
+    from gpulock.governor.model import GovernorConfig, State
 
     settings = load(None, tmp_path / "state")
     config = GovernorConfig(interval_s=60, cooldown_s=300)

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from governor.model import GovernorConfig, GpuSignals, ResidentView, Snapshot, State
-from governor.policy import decide
 from gpulock.core import foresight as fs
+from gpulock.governor.model import GovernorConfig, GpuSignals, ResidentView, Snapshot, State
+from gpulock.governor.policy import decide
 
 GiB = 1024**3
 NOW = 1_700_000_000.0
@@ -94,9 +94,9 @@ def test_a_model_needed_within_ten_reloads_is_kept() -> None:
 def test_evict_unneeded_is_a_boolean_in_the_watchdog_section() -> None:
     import pytest
 
-    from governor.config import load
     from gpulock.core.config import parse_config
     from gpulock.core.errors import ConfigError
+    from gpulock.governor.config import load
 
     assert load(parse_config("watchdog:\n  evict_unneeded: true\n", "c.yaml")).evict_unneeded
     assert not load(parse_config("", "c.yaml")).evict_unneeded

@@ -1,4 +1,4 @@
-"""Table tests of ``governor.policy.decide`` over scripted signal traces.
+"""Table tests of ``gpulock.governor.policy.decide`` over scripted signal traces.
 
 Pure: no GPU, no files, no processes.  Every trace is a list of Snapshots replayed through
 ``decide`` with the State carried from pass to pass, one pass every 60 s of wall time; each
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from governor.model import (
+from gpulock.governor.model import (
     LEVELS,
     Action,
     GovernorConfig,
@@ -29,7 +29,7 @@ from governor.model import (
     Snapshot,
     State,
 )
-from governor.policy import Reading, decide, readings, threshold_in_force, victim_order
+from gpulock.governor.policy import Reading, decide, readings, threshold_in_force, victim_order
 
 GiB = 1024**3
 MiB = 1024**2

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from governor.model import GovernorConfig, GpuSignals, ResidentView, Snapshot, State
-from governor.policy import decide, readings
-from governor.probes import Probe, VmStat, page_bytes, parse_vmstat, read_vmstat
 from gpulock.core.settings import load
+from gpulock.governor.model import GovernorConfig, GpuSignals, ResidentView, Snapshot, State
+from gpulock.governor.policy import decide, readings
+from gpulock.governor.probes import Probe, VmStat, page_bytes, parse_vmstat, read_vmstat
 
 VMSTAT = """nr_free_pages 123456
 pswpin 10
@@ -97,7 +97,7 @@ def test_oom_kills_never_push_past_evict_idle_and_unknown_does_nothing() -> None
 
 
 def test_oom_kill_is_one_of_the_published_signals() -> None:
-    from governor import daemon
+    from gpulock.governor import daemon
 
     names = {r.key for r in readings(snap(0), GovernorConfig())}
     assert "oom_kill" in names

@@ -1,6 +1,6 @@
-"""The shape of the code: gpulock's rooms import only downward, and the packages built on it
-meet it at a few named doors.  Read from the source (tests/import_graph.py), lazy and type-only
-imports counted; a failure names the arrow to remove."""
+"""The shape of the code: gpulock's rooms import only downward, and the rooms built on the lock's
+side (router, serve, cluster, governor, agents) meet it at a few named doors.  Read from the source
+(tests/import_graph.py), lazy and type-only imports counted; a failure names the arrow to remove."""
 
 from __future__ import annotations
 
@@ -8,17 +8,19 @@ import json
 
 import pytest
 from import_graph import (
-    PACKAGES,
     REPO,
+    UPPER,
     circles,
     edges,
     figures,
     gpulock_graph,
     outside_imports,
     room,
+    upper,
+    wrong_way,
 )
 
-# The doors of gpulock for the packages built on it, and which package may use which.  The
+# The doors of the lock's side for the rooms built on it, and which room may use which.  The
 # public face (``gpulock``), ``gpulock.core`` and the CLI toolkit (``gpulock.cli``: Parser,
 # run_command, print_json... for subcommands) are open to all.
 COMMON = ("gpulock", "gpulock.core.", "gpulock.cli")
@@ -39,20 +41,42 @@ def _through(module: str, doors: tuple[str, ...]) -> bool:
     )
 
 
-def test_gpulock_has_no_import_circle() -> None:
+def test_no_import_circle_anywhere() -> None:
     assert circles(gpulock_graph()) == []
+
+
+def test_the_circle_check_finds_one() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def test_no_arrow_runs_up_from_a_lower_room() -> None:
     assert figures().arrows_up == []
 
 
-def test_gpulock_imports_none_of_the_packages_built_on_it() -> None:
+def test_the_lock_side_imports_none_of_the_rooms_built_on_it() -> None:
     wrong = sorted(
-        (m, t) for m, ts in edges().items() if m.startswith("gpulock")
-        for t in ts if not t.startswith("gpulock")
+        (m, t) for m, ts in edges().items() if upper(m) is None
+        for t in ts if upper(t) is not None
     )  # fmt: skip
     assert wrong == []
+
+
+def test_the_upper_rooms_import_only_down_their_line() -> None:
+    # agents, serve -> router -> cluster; the governor and the cluster know no other upper room
+    assert wrong_way("gpulock.serve.dispatch", "gpulock.router.choose") is False
+    assert wrong_way("gpulock.router.peers", "gpulock.cluster.place") is False
+    assert wrong_way("gpulock.cluster.place", "gpulock.router.choose") is True
+    assert wrong_way("gpulock.router.model", "gpulock.agents.spec") is True
+    assert wrong_way("gpulock.governor.policy", "gpulock.serve.app") is True
+    assert wrong_way("gpulock.status", "gpulock.router.probe") is True
+    assert [a for a in figures().arrows_up if upper(a[0])] == []
+
+
+def test_nothing_lives_at_the_top_level_but_gpulock() -> None:
+    # One import name (issue 33): a top-level `agents`, `router`... would clash with other
+    # distributions in the user's venv (the OpenAI Agents SDK installs `agents`).
+    tops = {p.name for p in REPO.iterdir() if (p / "__init__.py").is_file()}
+    assert tops == {"gpulock"}
 
 
 def test_the_lock_knows_nothing_of_residents_tenants_or_eviction() -> None:
@@ -64,9 +88,10 @@ def test_the_lock_knows_nothing_of_residents_tenants_or_eviction() -> None:
     assert wrong == []
 
 
-@pytest.mark.parametrize("package", PACKAGES[1:])
-def test_each_package_meets_gpulock_at_its_doors(package: str) -> None:
+@pytest.mark.parametrize("package", sorted(UPPER))
+def test_each_upper_room_meets_the_lock_side_at_its_doors(package: str) -> None:
     doors = COMMON + DOORS[package]
+    assert len(doors) <= 8, f"{package} has {len(doors)} doors: {doors}"
     wrong = sorted(m for m in outside_imports()[package] if not _through(m, doors))
     assert wrong == [], f"{package} opens gpulock's inner modules: {wrong}; doors: {doors}"
 

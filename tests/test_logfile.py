@@ -66,7 +66,7 @@ def test_writers_in_many_processes_lose_no_line_of_the_last_generation(tmp_path:
 def test_all_three_logs_use_it() -> None:
     import inspect
 
-    from agents import fleetrun, logs
+    from gpulock.agents import fleetrun, logs
     from gpulock.core import events
 
     for module in (events, logs, fleetrun):

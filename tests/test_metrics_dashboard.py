@@ -1,4 +1,5 @@
-"""``contrib/grafana-dashboard.json``: importable as is, and asking only for metrics we export.
+"""The Grafana dashboard (``gpulock files grafana``): importable as is, and asking only for
+metrics we export.
 
 Every query's metric names must be ones the exporter produces (``gpulock.metrics.specs``), so
 a renamed metric cannot leave the dashboard silently empty; with promtool present, every
@@ -19,7 +20,7 @@ from metrics_helpers import PROMTOOL_MISSING
 
 from gpulock.metrics import specs
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "contrib" / "grafana-dashboard.json"
+DASHBOARD = Path(__file__).resolve().parent.parent / "gpulock" / "share" / "grafana-dashboard.json"
 NAME = re.compile(r"\bgpulock_[a-zA-Z0-9_:]*")
 GRAFANA_VARS = {"$__rate_interval": "5m", "$__range": "1h", "$__interval": "1m", "$gpu": ".*"}
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from procs import DEFAULT_WAIT_S, World, wait_until
 
-import router
+from gpulock import router
 from gpulock.core import pagecache
-from router.tiny_model import ensure_tiny_llama
+from gpulock.router.tiny_model import ensure_tiny_llama
 
 pytest.importorskip("llama_cpp")
 
@@ -26,7 +26,7 @@ def tiny(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def unload_models() -> Iterator[None]:
     yield
-    from router.backends import llama_cpp
+    from gpulock.router.backends import llama_cpp
 
     for b in list(llama_cpp._cache.values()):
         b.unload()

@@ -190,12 +190,12 @@ def test_walk_the_tiny_routes_and_your_own_agent(tmp_path: Path) -> None:
     work, home = checkout(tmp_path)
     (home / "notes").mkdir(parents=True)
     (home / "notes" / "a.txt").write_text("Met Ana about the GPU queue.\n")
-    (home / "agents").mkdir()
+    (home / "my-agents").mkdir()
     code = block_with("python", '@agent("my-digest"', AGENTS_GUIDE)
-    (home / "agents" / "digest.py").write_text(code)
+    (home / "my-agents" / "digest.py").write_text(code)
     sh = Shell(work, home)
 
-    tiny = block_with("console", "router.tiny_model")
+    tiny = block_with("console", "gpulock.router.tiny_model")
     done = sh.run(tiny)
     printed = tiny.split("$ gpulock route summarize --explain\n", 1)[1].split("$ ", 1)[0]
     assert done["gpulock route summarize --explain"].stdout == printed
@@ -204,10 +204,10 @@ def test_walk_the_tiny_routes_and_your_own_agent(tmp_path: Path) -> None:
     mine = block_with("console", "agent show my-digest", AGENTS_GUIDE)
     done = sh.run(mine)
     shown = json.loads(
-        done["gpulock agent show my-digest --json --module ~/agents/digest.py"].stdout
+        done["gpulock agent show my-digest --json --module ~/my-agents/digest.py"].stdout
     )
     assert shown["name"] == "my-digest" and shown["last_run"]["outcome"] == "ok"
-    listed = done["gpulock agent list --module ~/agents/digest.py"].stdout
+    listed = done["gpulock agent list --module ~/my-agents/digest.py"].stdout
     assert "my-digest" in listed and "digest" in listed
 
 
@@ -268,7 +268,7 @@ def test_the_serve_example_answers(tmp_path: Path) -> None:
     serve = shlex.split(lines[0][2:], comments=True)
     assert serve == ["gpulock", "serve", "--config", "examples/tiny.yaml"]
     sh = Shell(work, home)
-    sh.run("$ python -m router.tiny_model examples/models/tiny-llama.gguf\n")
+    sh.run("$ python -m gpulock.router.tiny_model examples/models/tiny-llama.gguf\n")
     env = {"GPULOCK_STATE_DIR": str(tmp_path / "state"), "HOME": str(home)}
     config = ("--config", str(work / serve[3]))  # the checkout's examples/tiny.yaml
     gateway = GatewayProc(tmp_path / "serve.log", env=env, args=config).start()

@@ -632,7 +632,7 @@ def test_unload_torch_on_a_cpu_torch_module() -> None:
 def test_a_real_llama_cpp_model_is_used_then_unloaded_by_eviction(lab: Lab, tmp_path: Path) -> None:
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     pytest.importorskip("gguf", reason="gguf is not installed (needed to write the tiny model)")
-    from router.tiny_model import ensure_tiny_llama
+    from gpulock.router.tiny_model import ensure_tiny_llama
 
     path = ensure_tiny_llama(tmp_path / "models")
     lab.simulate("24GiB")

@@ -1,4 +1,4 @@
-"""``router.accounting``: the one path every model call is admitted and counted by.
+"""``gpulock.router.accounting``: the one path every model call is admitted and counted by.
 
 No model and no server: candidates from a real route table, the real ledger in a test's state
 folder, threads and processes racing for a rate limit's last request.
@@ -15,9 +15,9 @@ import time
 import pytest
 from procs import World
 
-from router import accounting, ledger
-from router.choose import Choice, Host, Verdict, choose, cid
-from router.routes import Candidate, Table, load_table
+from gpulock.router import accounting, ledger
+from gpulock.router.choose import Choice, Host, Verdict, choose, cid
+from gpulock.router.routes import Candidate, Table, load_table
 
 KEY_ENV = "GPULOCK_TEST_ACCOUNTING_KEY"
 
@@ -73,7 +73,7 @@ def test_threads_racing_for_the_last_requests_get_exactly_the_limit(world: World
 def test_processes_share_the_rate_limit(world: World) -> None:
     t = table(world, ", rate_limit: 2")
     code = (
-        "import router.accounting as a, router.select as sel\n"
+        "import gpulock.router.accounting as a, gpulock.router.select as sel\n"
         "s, t = sel.context()\n"
         "print(a.admit(s, t.settings, 't', t.tasks['t'][0]).ok)\n"
     )

@@ -1,4 +1,5 @@
-"""router.choose: the pure decision, table-tested with hand-built Hosts, GPUs and candidates.
+"""gpulock.router.choose: the pure decision, table-tested with hand-built Hosts, GPUs and
+candidates.
 
 No file, clock, GPU or environment is read here: each row is a machine state and the verdict it
 must give, reason text included (the reasons are what ``.why`` and ``gpulock route`` show).
@@ -11,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from router.choose import Choice, GpuView, Host, choose, cid
-from router.routes import Candidate
+from gpulock.router.choose import Choice, GpuView, Host, choose, cid
+from gpulock.router.routes import Candidate
 
 GiB = 1024**3
 NOW = 1_800_000_000.0

@@ -21,7 +21,7 @@ from cli_helpers import GPULOCK, Cli, assert_clean_error, wait_until
 
 from gpulock.core import gguf as gguf_info
 from gpulock.core.units import format_size
-from router.tiny_model import ensure_tiny_llama
+from gpulock.router.tiny_model import ensure_tiny_llama
 
 VERDICT_KEYS = {
     "key",
@@ -426,7 +426,7 @@ def test_a_fifo_named_as_the_model_is_not_waited_on(tmp_path: Path) -> None:
 
 def test_status_shows_todays_usage(cli: Cli, tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("llama_cpp")
-    import router
+    from gpulock import router
 
     cfg = routes(cli, tiny, extra="router: {daily_budget: 2.5}")
     assert cli.status()["usage"] is None  # the router was never used

@@ -25,9 +25,9 @@ import pytest
 from procs import World, wait_until
 from router_servers import OK_TOKENS_IN, OK_TOKENS_OUT, FaultServer, LlamaServer, free_port
 
-import router
+from gpulock import router
 from gpulock.core.settings import Settings
-from router import ledger
+from gpulock.router import ledger
 
 pytest.importorskip("openai")
 pytest.importorskip("llama_cpp.server.app")
@@ -42,7 +42,7 @@ PRICE_IN, PRICE_OUT = 0.5, 2.0  # USD per 1000 tokens: large, so that the sums a
 
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
-    from router.tiny_model import ensure_tiny_llama
+    from gpulock.router.tiny_model import ensure_tiny_llama
 
     folder = tmp_path_factory.mktemp("cloud")
     server = LlamaServer(ensure_tiny_llama(folder), folder / "server.log", api_key=SECRET)
@@ -436,7 +436,7 @@ def test_the_routers_daily_budget_covers_every_cloud_candidate(
 def test_a_rate_limit_counts_requests_across_processes(world: World, fault: FaultServer) -> None:
     fault.mode = "ok"
     configure(world, "t:\n" + cloud("limited", fault.base_url, extra=", rate_limit: 2"))
-    code = "import router; print(router.get_model('t').complete('x'))"
+    code = "from gpulock import router; print(router.get_model('t').complete('x'))"
     for _ in range(2):  # two other processes use it...
         out = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=60

@@ -23,16 +23,16 @@ from pathlib import Path
 import pytest
 from procs import World
 
-import router
+from gpulock import router
 from gpulock.core import claim, level
 from gpulock.core import gguf as gguf_info
 from gpulock.core.errors import StateDirError
 from gpulock.core.settings import Settings
 from gpulock.core.units import calendar_day
 from gpulock.residents import registry
-from router import ledger
-from router.choose import cid
-from router.tiny_model import ensure_tiny_llama
+from gpulock.router import ledger
+from gpulock.router.choose import cid
+from gpulock.router.tiny_model import ensure_tiny_llama
 
 pytest.importorskip("llama_cpp")
 
@@ -49,7 +49,7 @@ def unload_models() -> Iterator[None]:
     """Models stay loaded in this process between calls (that is the point of persistent):
     unload what each test loaded, so that none is warm in the next test."""
     yield
-    from router.backends import llama_cpp
+    from gpulock.router.backends import llama_cpp
 
     for b in list(llama_cpp._cache.values()):
         b.unload()
@@ -443,9 +443,9 @@ def test_an_allocation_failure_in_llama_cpps_log_is_an_oom_the_governor_counts(
 ) -> None:
     # A CUDA out-of-memory shows only in llama.cpp's log ("Failed to create llama_context" is
     # all the exception says); this machine has no GPU to run out of, so the log is given.
-    from router.backends import BackendError
-    from router.backends.llama_cpp import LlamaBackend
-    from router.routes import load_table
+    from gpulock.router.backends import BackendError
+    from gpulock.router.backends.llama_cpp import LlamaBackend
+    from gpulock.router.routes import load_table
 
     s = configure(world, gpu_and_cpu(tiny))
     c = load_table(s.config).tasks["t"][0]

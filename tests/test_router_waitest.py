@@ -1,11 +1,18 @@
-"""router.waitest: the queue-wait estimate, table-tested (pure: no file, clock or GPU)."""
+"""gpulock.router.waitest: the queue-wait estimate, table-tested (pure: no file, clock or GPU)."""
 
 from __future__ import annotations
 
 import pytest
 
-from router.choose import GpuView, Host
-from router.waitest import HoldHistory, Queued, estimate_wait, history_from, hold_left, quantile
+from gpulock.router.choose import GpuView, Host
+from gpulock.router.waitest import (
+    HoldHistory,
+    Queued,
+    estimate_wait,
+    history_from,
+    hold_left,
+    quantile,
+)
 
 GiB = 1024**3
 QUICK = [("tagger", 0.05)] * 20
@@ -86,8 +93,8 @@ def test_history_keeps_the_recent_holds_per_name() -> None:
 
 
 def test_choose_decides_the_deadline_against_the_line() -> None:
-    from router.choose import choose
-    from router.routes import Candidate
+    from gpulock.router.choose import choose
+    from gpulock.router.routes import Candidate
 
     gpu_c = Candidate(
         task="t",

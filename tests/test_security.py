@@ -411,9 +411,9 @@ sys.stdin.read()
 def test_the_governor_never_kills_a_process_named_by_a_forged_resident_record(
     shared: Shared, claimed_uid: int
 ) -> None:
-    from governor.effects import Effects
-    from governor.model import Action, GovernorConfig, Snapshot
     from gpulock.core.settings import load
+    from gpulock.governor.effects import Effects
+    from gpulock.governor.model import Action, GovernorConfig, Snapshot
     from gpulock.residents import registry
 
     settings = load(str(shared.config), shared.state)

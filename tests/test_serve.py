@@ -23,7 +23,7 @@ import pytest
 from router_servers import LlamaServer, free_port
 from serve_server import GatewayProc
 
-from router.tiny_model import ensure_tiny_llama
+from gpulock.router.tiny_model import ensure_tiny_llama
 
 UPSTREAM_KEY = "upstream-test-key"
 MSG = [{"role": "user", "content": "hello"}]

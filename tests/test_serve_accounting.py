@@ -1,4 +1,5 @@
-"""``gpulock serve``'s calls go through the router's one accounting path (``router.accounting``).
+"""``gpulock serve``'s calls go through the router's one accounting path
+(``gpulock.router.accounting``).
 
 A real ``gpulock serve`` in a child process; its cloud candidates are ``FaultServer``s on
 127.0.0.1 answering canned OpenAI completions (11 tokens in, 3 out: $0.014 a call at
@@ -31,11 +32,11 @@ from procs import wait_until
 from router_servers import OK_TOKENS_IN, OK_TOKENS_OUT, FaultServer
 from serve_server import GatewayProc
 
-import router
+from gpulock import router
 from gpulock.core import events
 from gpulock.core.settings import load
-from router import ledger
-from router.tiny_model import ensure_tiny_llama
+from gpulock.router import ledger
+from gpulock.router.tiny_model import ensure_tiny_llama
 
 KEY_ENV = "GPULOCK_TEST_ACCOUNTING_KEY"
 SECRET = "sk-accounting-3b1f0c9e7d2a4e68"  # noqa: S105

@@ -21,7 +21,7 @@ import pytest
 from procs import DEFAULT_WAIT_S, Child, World, wait_until
 from serve_server import GatewayProc, Reply
 
-from router.tiny_model import ensure_tiny_llama
+from gpulock.router.tiny_model import ensure_tiny_llama
 
 WAIT_S = 60.0
 MSG = [{"role": "user", "content": "hello"}]

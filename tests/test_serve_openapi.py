@@ -16,12 +16,12 @@ from router_servers import FaultServer
 from serve_server import GatewayProc, stand_in_gateway
 
 from gpulock.core.settings import load
-from router.routes import load_table
-from serve import schema
-from serve.app import build_app
-from serve.dispatch import Dispatcher
-from serve.line import Line
-from serve.openapi import document
+from gpulock.router.routes import load_table
+from gpulock.serve import schema
+from gpulock.serve.app import build_app
+from gpulock.serve.dispatch import Dispatcher
+from gpulock.serve.line import Line
+from gpulock.serve.openapi import document
 
 EXAMPLES = 10  # per operation and phase; the document has 22 operations
 CHECKS = (

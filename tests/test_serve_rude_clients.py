@@ -27,7 +27,7 @@ from procs import World, wait_until
 from serve_server import GatewayProc, Reply
 from serve_wire import connect, request_bytes, responses
 
-from router.tiny_model import ensure_tiny_llama
+from gpulock.router.tiny_model import ensure_tiny_llama
 
 WAIT_S = 120.0
 CLIENTS = int(os.environ.get("GPULOCK_RUDE_CLIENTS", "300"))

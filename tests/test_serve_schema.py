@@ -1,4 +1,4 @@
-"""``serve.schema``: the bounded parse and the validator the handlers use, as a table."""
+"""``gpulock.serve.schema``: the bounded parse and the validator the handlers use, as a table."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from serve import schema
+from gpulock.serve import schema
 
 MSG = [{"role": "user", "content": "hi"}]
 

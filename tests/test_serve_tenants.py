@@ -132,7 +132,7 @@ def test_tenant_slash_model_through_the_official_clients(
 
 @pytest.mark.slow
 def test_a_real_llama_server_tenant_through_gpulock_serve(tmp_path: Path) -> None:
-    from router.tiny_model import ensure_tiny_llama
+    from gpulock.router.tiny_model import ensure_tiny_llama
 
     models = tmp_path / "models"
     models.mkdir()

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from router.tiny_model import ensure_tiny_llama
+    from gpulock.router.tiny_model import ensure_tiny_llama
 
     return ensure_tiny_llama(tmp_path_factory.mktemp("tiny"))
 

@@ -12,10 +12,10 @@ from pathlib import Path
 from standins.ollama import Ollama
 from tenant_helpers import settings_for
 
-from governor.daemon import Governor
-from governor.model import GovernorConfig, GpuSignals, ResidentView, Snapshot, State
-from governor.policy import decide
 from gpulock.core import events
+from gpulock.governor.daemon import Governor
+from gpulock.governor.model import GovernorConfig, GpuSignals, ResidentView, Snapshot, State
+from gpulock.governor.policy import decide
 
 GiB = 1024**3
 REPO = Path(__file__).resolve().parent.parent
@@ -68,11 +68,12 @@ def test_the_watchdog_evicts_an_idle_tenant_model_once_its_idle_time_is_known(
 
 def test_governor_reaches_gpulock_only_through_the_arbiter() -> None:
     for name in ("effects.py", "probes.py"):
-        tree = ast.parse((REPO / "governor" / name).read_text())
+        tree = ast.parse((REPO / "gpulock" / "governor" / name).read_text())
         used = set()
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpulock"):
-                used.add(node.module)
+            module = node.module or "" if isinstance(node, ast.ImportFrom) else ""
+            if module.startswith("gpulock") and not module.startswith("gpulock.governor"):
+                used.add(module)
                 if node.module == "gpulock":
                     used |= {f"gpulock.{a.name}" for a in node.names}
         assert used <= {"gpulock", "gpulock.arbiter", "gpulock.core.units"}, (name, used)

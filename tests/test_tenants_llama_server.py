@@ -20,12 +20,12 @@ from llama_router import LlamaRouter, get, post
 from procs import wait_until
 from tenant_helpers import settings_for
 
-from governor.daemon import Governor
-from governor.model import GovernorConfig
 from gpulock import status as status_mod
 from gpulock.core import events
 from gpulock.core import identity as procs
 from gpulock.core.settings import Settings
+from gpulock.governor.daemon import Governor
+from gpulock.governor.model import GovernorConfig
 from gpulock.residents import eviction
 from gpulock.tenants import survey
 
@@ -35,7 +35,7 @@ WAIT_S = 60.0
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from router.tiny_model import ensure_tiny_llama, write_tiny_llama
+    from gpulock.router.tiny_model import ensure_tiny_llama, write_tiny_llama
 
     folder = tmp_path_factory.mktemp("models")
     tiny = ensure_tiny_llama(tmp_path_factory.mktemp("tiny"))

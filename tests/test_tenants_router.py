@@ -18,14 +18,14 @@ from router_servers import free_port
 from standins.ollama import Ollama
 from tenant_helpers import write_config
 
-import router
+from gpulock import router
 from gpulock.core import settings as settings_mod
 from gpulock.core.config import load_config
 from gpulock.core.errors import ConfigError
 from gpulock.lock.queuedir import QueueDir
 from gpulock.residents import registry
+from gpulock.router.routes import load_table
 from gpulock.tenants import survey
-from router.routes import load_table
 
 GiB = 1024**3
 
@@ -102,7 +102,7 @@ def test_cold_start_call_passes_keep_alive_zero(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_command_tenant_is_started_by_the_first_call(tmp_path: Path) -> None:
-    from router.tiny_model import ensure_tiny_llama
+    from gpulock.router.tiny_model import ensure_tiny_llama
 
     model = ensure_tiny_llama(tmp_path / "models")
     port = free_port()

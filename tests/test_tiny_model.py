@@ -1,4 +1,5 @@
-"""router.tiny_model: a real (tiny, random) llama GGUF that llama.cpp loads, tokenizes and runs."""
+"""gpulock.router.tiny_model: a real (tiny, random) llama GGUF that llama.cpp loads, tokenizes and
+runs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from router.tiny_model import (
+from gpulock.router.tiny_model import (
     BOS_ID,
     BYTE0_ID,
     EOS_ID,
@@ -111,7 +112,7 @@ def test_metadata_reads_back(model_path: Path) -> None:
 def test_command_line_writes_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "cli.gguf"
     done = subprocess.run(
-        [sys.executable, "-m", "router.tiny_model", str(out), "--seed", "3"],
+        [sys.executable, "-m", "gpulock.router.tiny_model", str(out), "--seed", "3"],
         capture_output=True,
         text=True,
         check=True,

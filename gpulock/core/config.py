@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from gpulock.core.errors import ConfigError, StateDirError
+from gpulock.core.errors import ConfigError, StateDirError, known_hint
 from gpulock.core.state import expand_path, home_dir
 from gpulock.core.units import parse_duration, parse_size
 
@@ -188,9 +188,7 @@ class Config:
             raise self.error(name, f"expected a mapping of settings, got {type(raw).__name__}")
         for k in raw:
             if k not in keys:
-                raise self.error(
-                    f"{name}.{k}", f"unknown key {k!r}", hint="known keys: " + ", ".join(keys)
-                )
+                raise self.error(f"{name}.{k}", f"unknown key {k!r}", hint=known_hint(k, keys))
         return raw
 
     def line_of(self, key: str) -> int | None:
@@ -284,19 +282,23 @@ def load_config(explicit: str | None = None, environ: Mapping[str, str] | None =
     path = find_config(explicit, environ)
     if path is None:
         return Config()
-    raw = read_config_bytes(path)
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            "is not UTF-8 text", file=str(path), line=raw[: exc.start].count(b"\n") + 1
-        ) from None
-    config = parse_config(text, str(path))
+    config = parse_config(read_config_text(path), str(path))
     if config.section("eviction") is not None:  # a typo fails every command, not the first evict
         from gpulock.core.foresight import policy_of
 
         policy_of(config)
     return config
+
+
+def read_config_text(path: pathlib.Path) -> str:
+    """The text of a config file; ConfigError naming it when it cannot be read or is not UTF-8."""
+    raw = read_config_bytes(path)
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            "is not UTF-8 text", file=str(path), line=raw[: exc.start].count(b"\n") + 1
+        ) from None
 
 
 MAX_CONFIG_BYTES: Final = 16 * 1024 * 1024  # a config is a few KiB; past this it is a mistake
@@ -346,11 +348,20 @@ def read_config_bytes(path: pathlib.Path, what: str = "config file") -> bytes:
 # --- reading the YAML ------------------------------------------------------------------------
 
 
-def parse_config(text: str, file: str, *, sections: frozenset[str] = SECTIONS) -> Config:
+def parse_config(
+    text: str,
+    file: str,
+    *,
+    sections: frozenset[str] = SECTIONS,
+    problems: list[ConfigError] | None = None,
+) -> Config:
     """Validate config ``text``; ``file`` names it in errors and anchors a relative state_dir.
 
     ``sections``: the top-level keys kept raw for another reader (the fleet file passes its
-    own); any other key that is not one of gpulock's is an error naming it.
+    own); any other key that is not one of gpulock's is an error naming it.  With a
+    ``problems`` list, a wrong top-level key or value is added to it and left at its default
+    instead of raised, so that every one of them is found (``gpulock config check``); a file
+    that is not YAML still raises.
 
     Pure but for the group lookup (``grp``) behind ``group``.
     """
@@ -388,7 +399,7 @@ def parse_config(text: str, file: str, *, sections: frozenset[str] = SECTIONS) -
         raise ConfigError(f"invalid YAML: {exc}", file=file) from None
     except RecursionError:
         raise ConfigError("invalid YAML: nested too deeply", file=file) from None
-    return _validate(document, builder.lines, file, sections)
+    return _validate(document, builder.lines, file, sections, problems)
 
 
 MAX_DEPTH: Final = 64  # levels of nesting; gpulock's deepest section needs 5
@@ -570,7 +581,11 @@ def _is_number(value: Any) -> bool:
 
 
 def _validate(
-    document: dict[Any, Any], lines: dict[str, int], file: str, section_names: frozenset[str]
+    document: dict[Any, Any],
+    lines: dict[str, int],
+    file: str,
+    section_names: frozenset[str],
+    problems: list[ConfigError] | None = None,
 ) -> Config:
     base = Config(path=pathlib.Path(file), lines=MappingProxyType(lines))
     sections: dict[str, Any] = {}
@@ -585,30 +600,39 @@ def _validate(
         elif isinstance(key, str) and key in DEFAULTS:
             values[key] = value
         else:
-            import difflib
-
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
             # The problem names the key already: pass it as an attribute, not twice in the text.
             error = ConfigError(
                 f"unknown key {key!r}",
                 file=file,
                 line=base.line_of(str(key)),
-                hint=hint + "known keys: " + ", ".join(known),
+                hint=known_hint(key, known),
             )
             error.key = str(key)
-            raise error
+            if problems is None:
+                raise error
+            problems.append(error)
 
     changes: dict[str, Any] = {"sections": MappingProxyType(sections)}
     for key, value in values.items():
         check = _CHECKS[key]
-        field_name, parsed = check(base, value, file)
+        try:
+            field_name, parsed = check(base, value, file)
+        except ConfigError as error:
+            if problems is None:
+                raise
+            problems.append(error)
+            continue
         changes[field_name] = parsed
     if raw_tenants is not None:
         from gpulock.core.tenantspec import parse_tenants  # only a config with tenants pays for it
 
         gpu = changes.get("default_gpu", base.default_gpu)
-        changes["tenants"] = parse_tenants(base, raw_tenants, gpu)
+        try:
+            changes["tenants"] = parse_tenants(base, raw_tenants, gpu)
+        except ConfigError as error:
+            if problems is None:
+                raise
+            problems.append(error)
     return dataclasses.replace(base, **changes)
 
 

@@ -6,7 +6,8 @@ the small part gpulock needs without importing the packages built on it: five fi
 hour day month weekday) with ``*``, ``a-b``, ``*/n``, ``a-b/n``, lists, month and day names, and
 the ``@daily`` family.  Cron's rule holds: when both day-of-month and day-of-week are
 restricted, either one matching is enough (a field starting with ``*``, ``*/2`` too, is not
-restricted: cron's and ``agents.schedules``' reading).  Times are local (``time.localtime``).
+restricted: cron's and ``gpulock.agents.schedules``' reading).  Times are local
+(``time.localtime``).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ hint as a note (``hint: ...`` under the message); the library never exits the pr
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -167,3 +168,15 @@ class NotPermitted(LockError, PermissionError):
             f"cannot {action} ticket {ticket}: it belongs to uid {owner_uid}",
             hint="only the ticket's owner or root may do that",
         )
+
+
+def known_hint(name: object, known: Iterable[str], what: str = "known keys") -> str:
+    """The hint for an unknown name, alike everywhere (a config key, a command, a file, a
+    policy): ``did you mean 'listen'? known keys: listen, max_queue``, the guess only when one
+    is close."""
+    import difflib
+
+    names = list(known)
+    close = difflib.get_close_matches(str(name), names, n=1)
+    guess = f"did you mean {close[0]!r}? " if close else ""
+    return f"{guess}{what}: {', '.join(names)}"

@@ -7,8 +7,9 @@ as soon as we have them: llama.cpp's converter writes them before the tokenizer,
 the tokenizer, arrays are skipped without touching their items: a string array by walking its
 length prefixes in large buffered reads (``_skip_strings``), a fixed-size one by one seek.  So a
 header costs well under a millisecond (tens of ms for the worst order) and imports nothing: the
-``gguf`` package would pull in numpy and memory-map the whole file.  ``router/gguf_cache.py``
-keeps the result in the state folder, so a cron process does not parse the header again.
+``gguf`` package would pull in numpy and memory-map the whole file.
+``gpulock/router/gguf_cache.py`` keeps the result in the state folder, so a cron process does not
+parse the header again.
 
 The estimate, for ``n_gpu_layers`` of ``block_count`` layers offloaded::
 

@@ -1,10 +1,10 @@
 """Append-only log files rotated by size: the one way gpulock's logs grow and roll over.
 
-Used by the event log (``gpulock.core.events``), the agents' run logs (``agents.logs``) and the
-fleet's per-agent output logs (``agents.fleetrun``).  A line is appended with one ``write()`` on
-an ``O_APPEND`` descriptor, so lines from many processes never interleave.  Past ``max_bytes``
-the file is renamed to ``<name>.1`` (one old generation kept), under a short ``flock`` on a
-lock file beside it, so that two processes never rotate at once (the second would otherwise
+Used by the event log (``gpulock.core.events``), the agents' run logs (``gpulock.agents.logs``) and
+the fleet's per-agent output logs (``gpulock.agents.fleetrun``).  A line is appended with one
+``write()`` on an ``O_APPEND`` descriptor, so lines from many processes never interleave.  Past
+``max_bytes`` the file is renamed to ``<name>.1`` (one old generation kept), under a short ``flock``
+on a lock file beside it, so that two processes never rotate at once (the second would otherwise
 rename the first one's fresh file over the old generation).
 
 Files are opened as every state file is (``gpulock.core.state.open_regular``): a symlink, a folder

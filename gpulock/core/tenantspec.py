@@ -25,7 +25,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpulock.core.errors import ConfigError
+from gpulock.core.errors import ConfigError, known_hint
 from gpulock.core.units import parse_duration, parse_size
 
 
@@ -101,9 +101,7 @@ def _tenant(cfg: ConfigErrors, key: str, item: Any, default_gpu: int) -> TenantS
         raise cfg.error(key, "expected a mapping with name, kind and url")
     for k in item:
         if k not in KEYS:
-            raise cfg.error(
-                f"{key}.{k}", f"unknown tenant key {k!r}", hint="known keys: " + ", ".join(KEYS)
-            )
+            raise cfg.error(f"{key}.{k}", f"unknown tenant key {k!r}", hint=known_hint(k, KEYS))
     name = item.get("name")
     if not isinstance(name, str) or not name.strip() or "/" in name or name != name.strip():
         raise cfg.error(f"{key}.name", f"expected a tenant name without '/', got {name!r}")

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from gpulock.core.config import Config, show_value
-from gpulock.core.errors import GpulockError
+from gpulock.core.errors import GpulockError, known_hint
 from gpulock.core.pagecache import be_idle, chunk_residency, mem_available_bytes
 from gpulock.core.state import atomic_write
 from gpulock.core.units import parse_size
@@ -97,7 +97,7 @@ def options(config: Config) -> Options:
             raise config.error(
                 f"prefetch.{key}",
                 f"unknown key {key!r}",
-                hint="known keys: " + ", ".join(sorted(DEFAULTS)),
+                hint=known_hint(key, sorted(DEFAULTS)),
             )
     enabled = raw.get("enabled", DEFAULTS["enabled"])
     if not isinstance(enabled, bool):

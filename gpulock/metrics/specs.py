@@ -8,7 +8,7 @@ number, which would make a new series per job.
 
 Counters and histograms are folded from the event log (``gpulock.metrics.tally``); gauges are
 read from the state at scrape time (``gpulock.metrics.families``).  The dashboard test checks
-``contrib/grafana-dashboard.json`` against ``names()``.
+``gpulock/share/grafana-dashboard.json`` (``gpulock files grafana``) against ``names()``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,13 @@ from gpulock.report.model import Hold, Marker, ReportData, Residency, Row, Wait
 from gpulock.report.svg import LEFT, Scale, W, axis, esc, px
 from gpulock.report.values import clock
 
-LEVELS = ("normal", "reduce", "evict-idle", "force-evict", "freeze")  # as governor.model has them
+LEVELS = (
+    "normal",
+    "reduce",
+    "evict-idle",
+    "force-evict",
+    "freeze",
+)  # as gpulock.governor.model has them
 ROW_H, BAR_H, AXIS_H = 20, 12, 24
 MERGE_ABOVE = 4000  # more bars than this in the timeline: bars close together merge
 MERGE_GAP_PX = 3.0  # ...when less than this apart (about a minute in a 12-hour report)

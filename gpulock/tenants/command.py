@@ -21,11 +21,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 
-from gpulock.core import identity
+from gpulock.core import children, identity
 from gpulock.core.settings import Settings
 from gpulock.core.state import ensure_subdir
 from gpulock.core.tenantspec import TenantSpec
@@ -104,7 +103,7 @@ class CommandAdapter(Adapter):
         server starts and serves, and the model files its command names are warmed into the
         page cache while that ticket waits (``--prefetch``)."""
         argv = [
-            sys.executable, "-m", "gpulock", "run",
+            *children.python("-m", "gpulock", "run"),
             "--gpu", str(self.spec.gpu),
             "--need", str(self.spec.need_bytes),
             "--name", TICKET_PREFIX + self.spec.name,

@@ -1,0 +1,374 @@
+"""llama.cpp in this process (llama-cpp-python): the cpu and gpu tiers.
+
+A gpu-tier call waits in gpulock's line for its GPU with ``need`` = the model's VRAM estimate
+(warming the GGUF into the page cache meanwhile, see ``gpulock.lock.prefetch``), loads the model if
+it is not loaded, registers it as a resident (so the watchdog and other agents can see it and
+ask for it back), runs, and gives the GPU back.  Between calls the model stays
+loaded (``persistent``: evictable while idle; the next call reloads it) or is unloaded at once
+(``cold-start``: the memory is checked free again before the call returns).  cpu-tier models take
+no lock and register nothing.
+
+``llama_cpp`` is imported on the first load, so choosing a route costs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from gpulock import acquire
+from gpulock.core import devices
+from gpulock.core.errors import GpulockError, LockTimeout
+from gpulock.core.extras import install_hint
+from gpulock.core.settings import Settings
+from gpulock.residents.adapters import unload_llama
+from gpulock.router.backends import BackendError, Result
+from gpulock.router.routes import Candidate
+
+VERIFY_S = 5.0  # how long a cold-start unload may take to show on NVML
+_lock = threading.Lock()
+
+
+def _llama_class() -> Any:
+    try:
+        import llama_cpp
+        from llama_cpp import Llama
+    except ImportError as e:
+        raise GpulockError(
+            f"llama-cpp-python is not installed ({e})",
+            hint=install_hint("llama"),
+        ) from None
+    _install_log_tap(llama_cpp)
+    return Llama
+
+
+def _is_oom(text: str) -> bool:
+    t = text.lower()
+    return "out of memory" in t or "cudamalloc" in t or "failed to allocate" in t
+
+
+# llama.cpp's last log lines, numbered.  With verbose=False llama-cpp-python raises only
+# "Failed to load model from file" or "Failed to create llama_context"; why (a cudaMalloc that
+# ran out of memory, a damaged file) is in llama.cpp's log, which the tap keeps a window of.
+_log: deque[tuple[int, str]] = deque(maxlen=64)
+_log_count = itertools.count(1)
+_tap: Any = None
+
+
+def _install_log_tap(llama_cpp: Any) -> None:
+    """Route llama.cpp's log through a tap that remembers it, then on to llama-cpp-python's
+    own handler (which prints what its verbosity allows), so nothing else changes."""
+    global _tap
+    if _tap is not None:
+        return
+    import ctypes
+
+    try:
+        from llama_cpp import _logger
+
+        forward = _logger.llama_log_callback
+    except (ImportError, AttributeError):
+        forward = None
+
+    @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+    def tap(level: int, text: bytes, user_data: Any) -> None:
+        _log.append((next(_log_count), text.decode("utf-8", "replace").strip()))
+        if forward is not None:
+            forward(level, text, user_data)
+
+    _tap = tap  # ctypes calls it for ever: it must outlive this function
+    llama_cpp.llama_log_set(tap, ctypes.c_void_p(0))
+
+
+def _log_mark() -> int:
+    return _log[-1][0] if _log else 0
+
+
+def _log_since(mark: int) -> list[str]:
+    return [line for n, line in list(_log) if n > mark and line]
+
+
+class LlamaBackend:
+    """One model file with one context size, loaded at most once in this process."""
+
+    def __init__(self, c: Candidate, settings: Settings, *, gpu: int | None, need: int | None):
+        self.candidate = c
+        self.settings = settings
+        self.gpu = gpu if c.tier == "gpu" else None
+        self.need = need
+        self._llm: Any = None
+        self._resident: Any = None
+        # llama.cpp contexts are not thread-safe; re-entrant: a cold-start call unloads inside
+        self._call_lock = threading.RLock()
+        self.loads = 0
+
+    @property
+    def loaded(self) -> bool:
+        if self._resident is not None:
+            return bool(self._resident.loaded)
+        return self._llm is not None
+
+    # --- the calls ---------------------------------------------------------------------------
+
+    def complete(self, prompt: str, *, wait_s: float | None, label: str, **kw: Any) -> Result:
+        return self._run(lambda llm: llm.create_completion(prompt, **kw), "text", wait_s, label)
+
+    def chat(
+        self, messages: list[dict[str, Any]], *, wait_s: float | None, label: str, **kw: Any
+    ) -> Result:
+        return self._run(
+            lambda llm: llm.create_chat_completion(messages=messages, **kw), "chat", wait_s, label
+        )
+
+    def stream(
+        self,
+        kind: str,
+        payload: Any,
+        *,
+        wait_s: float | None,
+        label: str,
+        usage: dict[str, int],
+        **kw: Any,
+    ) -> Iterator[str]:
+        """Yield text pieces as they are generated; ``usage`` gets the token counts at the end."""
+        with self._session(wait_s, label) as llm:
+            mark = _log_mark()
+            n = 0
+            try:
+                if kind == "chat":
+                    chunks = llm.create_chat_completion(messages=payload, stream=True, **kw)
+                else:
+                    chunks = llm.create_completion(payload, stream=True, **kw)
+                for chunk in chunks:  # llama.cpp raises here, at the first piece, not above
+                    choice = (chunk.get("choices") or [{}])[0]
+                    piece = choice.get("text")
+                    if piece is None:
+                        piece = (choice.get("delta") or {}).get("content")
+                    if piece:
+                        n += 1
+                        yield piece
+            except (RuntimeError, ValueError, OSError) as e:
+                # A prompt longer than the context (a context halved at governor level reduce,
+                # say) is a failure of this candidate, to fall back from, as in _run.
+                self._failed(e, "server", _log_since(mark))
+            text = payload if kind != "chat" else " ".join(m.get("content", "") for m in payload)
+            usage["tokens_in"] = len(llm.tokenize(str(text).encode(), add_bos=True))
+            usage["tokens_out"] = n
+
+    def _run(
+        self, call: Callable[[Any], Any], kind: str, wait_s: float | None, label: str
+    ) -> Result:
+        with self._session(wait_s, label) as llm:
+            mark = _log_mark()
+            try:
+                out = call(llm)
+            except (RuntimeError, ValueError, OSError) as e:
+                self._failed(e, "server", _log_since(mark))
+        choice = out["choices"][0]
+        text = choice["text"] if kind == "text" else (choice["message"].get("content") or "")
+        usage = out.get("usage") or {}
+        return Result(
+            text, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)), out
+        )
+
+    @contextlib.contextmanager
+    def _session(self, wait_s: float | None, label: str) -> Iterator[Any]:
+        """The loaded model for one call: under the GPU lock on the gpu tier."""
+        with self._call_lock:
+            if self.gpu is None:
+                if self._llm is None:
+                    self._llm = self._load()
+                try:
+                    yield self._llm
+                finally:
+                    if self.candidate.policy == "cold-start":
+                        self.unload()
+                return
+            try:
+                lease = acquire(
+                    gpu=self.gpu,
+                    need=self.need,
+                    timeout=wait_s,
+                    name=label,
+                    config=self.settings.config,
+                    state_dir=self.settings.state_dir,
+                    prefetch=self._prefetch(),
+                )
+            except LockTimeout as e:
+                raise BackendError("busy", str(e)) from None
+            with lease:
+                if self._resident is None:
+                    self._resident = self._register()
+                try:
+                    with self._resident.use() as llm:
+                        yield llm
+                finally:
+                    # A failed call too: cold-start leaves nothing loaded, whatever happened.
+                    if self.candidate.policy == "cold-start":
+                        self.unload()
+
+    def _prefetch(self) -> list[str]:
+        """The GGUF to warm while the call waits in line: only when it will be loaded (a model
+        already loaded reads nothing) and readable (else the load reports why)."""
+        path = self.candidate.model
+        if self.loaded or not os.path.isfile(path) or not os.access(path, os.R_OK):
+            return []
+        return [path]
+
+    # --- loading and unloading ---------------------------------------------------------------
+
+    def _load(self) -> Any:
+        c = self.candidate
+        if not os.path.isfile(c.model):
+            raise BackendError("load", f"model file not found: {c.model} ({c.key}.model)")
+        Llama = _llama_class()
+        kwargs: dict[str, Any] = {
+            "model_path": c.model,
+            "n_ctx": c.n_ctx,
+            "n_batch": min(c.n_batch, c.n_ctx),
+            "n_gpu_layers": c.n_gpu_layers,
+            "verbose": False,
+        }
+        if c.n_threads:
+            kwargs["n_threads"] = c.n_threads
+        start = time.monotonic()
+        mark = _log_mark()
+        try:
+            with _lock:  # llama.cpp's backend init is not safe to run twice at once
+                llm = Llama(**kwargs)
+        except (RuntimeError, ValueError, OSError) as e:
+            self._failed(e, "load", _log_since(mark))
+        self.loads += 1
+        self.settings.emit(
+            "model-load",
+            task=c.task,
+            model=c.name,
+            tier=c.tier,
+            gpu=self.gpu,
+            n_ctx=c.n_ctx,
+            need_bytes=self.need,
+            load_s=round(time.monotonic() - start, 6),
+        )
+        return llm
+
+    def _failed(self, e: BaseException, kind: str, log: Sequence[str] = ()) -> Any:
+        """Raise the BackendError for ``e``; ``log``: llama.cpp's lines meanwhile (the why)."""
+        text = str(e) or type(e).__name__
+        detail = next((line for line in reversed(log) if _is_oom(line)), None)
+        if detail is None and log:
+            detail = log[-1]
+        if detail and detail not in text:
+            text = f"{text} ({detail})"
+        if "exceed context window" in text:
+            raise BackendError("request", f"{self.candidate.name}: {text}", detail=text) from e
+        if _is_oom(text):
+            if self._resident is not None:
+                self._resident.report_oom()
+            elif self.gpu is not None:
+                self.settings.emit("oom", name=self.candidate.name, gpu=self.gpu)
+            raise BackendError(
+                "oom", f"{self.candidate.name}: out of memory: {text}", detail=text
+            ) from e
+        raise BackendError(kind, f"{self.candidate.name}: {text}", detail=text) from e
+
+    def _register(self) -> Any:
+        from gpulock.residents.owner import resident
+
+        c = self.candidate
+        return resident(
+            c.name,
+            gpu=self.gpu,
+            bytes=self.need,
+            load=self._load,
+            unload=unload_llama,
+            policy="cold-start" if c.policy == "cold-start" else "persistent",
+            config=self.settings.config,
+            state_dir=self.settings.state_dir,
+        )
+
+    def unload(self) -> None:
+        """Free the model now (after a call in progress in another thread); the next call loads
+        it again."""
+        with self._call_lock:
+            self._unload()
+
+    def _unload(self) -> None:
+        if self._resident is not None:
+            res, self._resident = self._resident, None
+            baseline = self._process_gpu_bytes()
+            res.release()
+            self._verify_freed(baseline)
+        elif self._llm is not None:
+            llm, self._llm = self._llm, None
+            unload_llama(llm)
+
+    def _process_gpu_bytes(self) -> int | None:
+        if self.gpu is None:
+            return None
+        report = devices.probe(self.settings.config)
+        if report.source != "nvml":
+            return None  # simulated GPUs count the registry, which release() has just updated
+        return devices.process_used_bytes(report, self.gpu, os.getpid())
+
+    def _verify_freed(self, before: int | None) -> None:
+        """On a real GPU, wait until NVML shows this process's memory gone down (cold-start)."""
+        if before is None or self.need is None:
+            return
+        deadline = time.monotonic() + VERIFY_S
+        now_bytes = before
+        while time.monotonic() < deadline:
+            now_bytes = self._process_gpu_bytes() or 0
+            if now_bytes <= max(0, before - self.need // 2):
+                break
+            time.sleep(0.05)
+        self.settings.emit(
+            "unload-verify",
+            model=self.candidate.name,
+            gpu=self.gpu,
+            before_bytes=before,
+            after_bytes=now_bytes,
+            freed=now_bytes < before,
+        )
+
+
+_cache: dict[tuple[Any, ...], LlamaBackend] = {}
+
+
+def backend_for(
+    c: Candidate, settings: Settings, *, gpu: int | None, need: int | None
+) -> LlamaBackend:
+    """This process's backend for a candidate: persistent models are shared between handles.
+
+    One copy of a model per process: when the governor's ``reduce`` asks for a smaller context
+    while the model is loaded with a larger one, the loaded one serves (a second, smaller copy
+    would add memory at the very moment memory is short); when a larger context is asked for
+    than the loaded one has, the loaded one is unloaded before the new one loads.
+    """
+    same = (c.model, c.tier, c.policy, c.n_gpu_layers, gpu, str(settings.state_dir))
+    key = (*same, c.n_ctx, c.n_batch)
+    with _lock:
+        b = _cache.get(key)
+        others = [o for k, o in _cache.items() if k[:-2] == same and k != key and o.loaded]
+        if b is None or not b.loaded:
+            roomy = next((o for o in others if o.candidate.n_ctx >= c.n_ctx), None)
+            if roomy is not None:
+                return roomy
+        if b is None:
+            b = _cache[key] = LlamaBackend(c, settings, gpu=gpu, need=need)
+    for o in others:  # outside _lock: a reload inside another call may need it
+        o.unload()
+    return b
+
+
+def loaded_models() -> set[str]:
+    """cids of the models loaded in this process now (the chooser prefers a warm model)."""
+    from gpulock.router.choose import cid
+
+    with _lock:
+        return {cid(b.candidate) for b in _cache.values() if b.loaded}

@@ -1,0 +1,447 @@
+"""The route table: the ``routes:`` and ``router:`` sections of the gpulock config, validated.
+
+::
+
+    router:
+      defaults: {n_ctx: 4096, timeout: 60s}   # shared by every candidate of every task
+      cooldown: 60s          # first cooldown after a failure; doubles per failure in a row, to 10m
+      daily_budget: 5.00     # USD across all cloud candidates, per local day
+      hold_estimate: 30s     # a GPU hold's length when the event log has no history yet
+    routes:
+      summarize:             # a task: its candidates, best first
+        - {tier: gpu, backend: llama_cpp, model: ~/models/qwen2.5-7b-q4_k_m.gguf, n_ctx: 8192,
+           min_vram: 8GiB}
+        - {tier: cpu, backend: llama_cpp, model: ~/models/qwen2.5-0.5b-q8_0.gguf}
+        - {tier: cloud, backend: openai, model: gpt-4o-mini, base_url: https://api.example/v1,
+           api_key_env: OPENAI_API_KEY, price: {input: 0.00015, output: 0.0006}}
+      digest:                # a task may inherit another's candidates, and override fields
+        inherit: summarize
+        n_ctx: 2048
+        policy: cold-start
+
+Every mistake is a ``ConfigError`` naming the file, the line and the key (``routes.summarize[0]
+.tier``).  What can change while the config stays right (a model file not there yet, an API key
+variable not set) is not an error here: the chooser rejects that candidate, with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpulock.core.config import Config
+from gpulock.core.errors import known_hint
+from gpulock.core.units import parse_duration, parse_size, parse_usd
+
+TIERS = ("cpu", "gpu", "cloud")
+BACKENDS = {"llama_cpp": ("cpu", "gpu"), "openai": ("cloud",), "tenant": ("gpu",)}
+POLICIES = ("persistent", "cold-start", "api-fallback")
+
+CANDIDATE_KEYS = (
+    "tier",
+    "backend",
+    "model",
+    "name",
+    "n_ctx",
+    "n_gpu_layers",
+    "n_batch",
+    "n_threads",
+    "vram",
+    "min_vram",
+    "price",
+    "daily_budget",
+    "rate_limit",
+    "base_url",
+    "api_key_env",
+    "policy",
+    "timeout",
+    "gpu",
+    "max_tokens",
+    "tenant",
+    "keep_alive",
+    "parallel",
+)
+TASK_KEYS = ("candidates", "inherit", *CANDIDATE_KEYS)
+ROUTER_KEYS = ("defaults", "cooldown", "daily_budget", "hold_estimate")
+
+DEFAULTS: dict[str, Any] = {
+    "n_ctx": 2048,
+    "n_batch": 512,
+    "timeout": "120s",
+    "max_tokens": 256,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One way to serve a task.  ``key`` is where it is written (``routes.summarize[0]``)."""
+
+    task: str
+    key: str
+    tier: str
+    backend: str
+    model: str  # a GGUF path (expanded) for llama_cpp, a model id for openai
+    name: str  # short label: the file's stem or the model id
+    n_ctx: int
+    n_gpu_layers: int  # -1: all layers; 0 on the cpu tier
+    n_batch: int
+    n_threads: int | None
+    vram_bytes: int | None  # as configured; None: estimated from the GGUF file
+    min_vram_bytes: int | None
+    price_in_per_1k: float  # USD per 1000 prompt tokens
+    price_out_per_1k: float  # USD per 1000 completion tokens
+    daily_budget_usd: float | None
+    rate_limit_per_min: int | None
+    base_url: str | None
+    api_key_env: str | None
+    policy: str
+    timeout_s: float
+    gpu: int | None
+    max_tokens: int
+    # backend "tenant": a model server of the config's tenants: list, called through its API
+    # (gpulock.router.backends.tenant); ``model`` is the tenant's model name, ``base_url`` its URL.
+    tenant: str | None = None
+    keep_alive_s: float | None = None  # Ollama's keep_alive for a persistent call; None: its own
+    parallel: int = 1  # requests `gpulock serve` runs at once under one ticket of this model
+    # The cluster peer that runs it (gpulock.router.peers: its gateway is ``base_url``); None: here.
+    host: str | None = None
+
+    @property
+    def local(self) -> bool:
+        return self.backend == "llama_cpp"
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSettings:
+    cooldown_s: float = 60.0
+    max_cooldown_s: float = 600.0
+    daily_budget_usd: float | None = None
+    hold_estimate_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    tasks: Mapping[str, tuple[Candidate, ...]]
+    settings: RouterSettings
+
+    @property
+    def known(self) -> list[str]:
+        return sorted(self.tasks)
+
+
+def load_table(cfg: Config) -> Table:
+    """Validate the config's ``router:`` and ``routes:`` sections."""
+    router_raw = _mapping(cfg, "router", cfg.section("router") or {})
+    for key in router_raw:
+        _known_key(cfg, "router", key, ROUTER_KEYS)
+    defaults = dict(DEFAULTS)
+    raw_defaults = _mapping(cfg, "router.defaults", router_raw.get("defaults") or {})
+    for key in raw_defaults:
+        _known_key(cfg, "router.defaults", key, CANDIDATE_KEYS)
+    defaults.update(raw_defaults)
+    settings = RouterSettings(
+        cooldown_s=_duration(cfg, "router.cooldown", router_raw.get("cooldown", "60s")),
+        daily_budget_usd=_money(cfg, "router.daily_budget", router_raw.get("daily_budget")),
+        hold_estimate_s=_duration(
+            cfg, "router.hold_estimate", router_raw.get("hold_estimate", "30s")
+        ),
+    )
+    routes = _mapping(cfg, "routes", cfg.section("routes") or {})
+    # Each candidate's fields, and where each field was written when not in the candidate
+    # itself (router.defaults, an inheriting task), so that a mistake names that key.
+    Item = tuple[str, dict[str, Any], dict[str, str]]
+    resolved: dict[str, list[Item]] = {}
+
+    def resolve(task: str, chain: tuple[str, ...]) -> list[Item]:
+        if task in resolved:
+            return resolved[task]
+        key = f"routes.{task}"
+        body = routes[task]
+        if isinstance(body, list):
+            body = {"candidates": body}
+        if not isinstance(body, Mapping):
+            got = "nothing" if body is None else f"{type(body).__name__}: {body!r}"
+            raise cfg.error(
+                key,
+                f"expected a list of candidates, best first (or a mapping with candidates: "
+                f"and/or inherit: TASK), got {got}",
+            )
+        for k in body:
+            _known_key(cfg, key, k, TASK_KEYS)
+        overrides = {k: v for k, v in body.items() if k in CANDIDATE_KEYS}
+        written = dict.fromkeys(overrides, key)
+        items: list[Item] = []
+        if "inherit" in body:
+            parent = body["inherit"]
+            if not isinstance(parent, str) or parent not in routes:
+                raise cfg.error(
+                    f"{key}.inherit",
+                    f"inherits from unknown task {parent!r}",
+                    hint="tasks: " + ", ".join(sorted(map(str, routes))),
+                )
+            if parent in chain:
+                cycle = " -> ".join((*chain, task, parent))
+                raise cfg.error(f"{key}.inherit", f"inheritance loop: {cycle}")
+            items = [
+                (k, {**fields, **overrides}, {**where, **written})
+                for k, fields, where in resolve(parent, (*chain, task))
+            ]
+        if "candidates" in body:
+            cands = body["candidates"]
+            ckey = key if isinstance(routes[task], list) else f"{key}.candidates"
+            if not isinstance(cands, list) or not cands:
+                raise cfg.error(ckey, "expected a list of candidates, best first")
+            items = []
+            for i, raw in enumerate(cands):
+                k = f"{ckey}[{i}]"
+                fields = _mapping(cfg, k, raw)
+                for f in fields:
+                    _known_key(cfg, k, f, CANDIDATE_KEYS)
+                items.append((k, {**overrides, **fields}, {**written, **dict.fromkeys(fields, k)}))
+        if not items:
+            raise cfg.error(key, "a task needs candidates (a list) or inherit: TASK")
+        resolved[task] = items
+        return items
+
+    from_defaults = dict.fromkeys(raw_defaults, "router.defaults")
+    tasks: dict[str, tuple[Candidate, ...]] = {}
+    for task in routes:
+        if not isinstance(task, str) or not task:
+            raise cfg.error("routes", f"a task name must be text, got {task!r}")
+        tasks[task] = tuple(
+            _candidate(cfg, task, k, {**defaults, **fields}, {**from_defaults, **where})
+            for k, fields, where in resolve(task, ())
+        )
+    return Table(tasks, settings)
+
+
+def _candidate(
+    cfg: Config, task: str, key: str, f: dict[str, Any], where: dict[str, str]
+) -> Candidate:
+    """``where``: field -> the key it was written under when not the candidate's own
+    (``router.defaults``, ``routes.digest``): a mistake there is named there."""
+
+    def at(name: str) -> str:
+        return f"{where.get(name, key)}.{name}"
+
+    def of(name: str) -> str:
+        """For a field written elsewhere, which candidate it failed on."""
+        return "" if where.get(name, key) == key else f" (applied to {key})"
+
+    backend = f.get("backend", "tenant" if f.get("tenant") is not None else None)
+    # Every field is type-checked before use: a mapping here is unhashable, so even the
+    # lookup in BACKENDS would fail with a TypeError instead of naming the key.
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise cfg.error(
+            at("backend"),
+            f"expected one of {', '.join(BACKENDS)}, got {backend!r}",
+        )
+    tier = f.get("tier", {"openai": "cloud", "tenant": "gpu"}.get(backend, "cpu"))
+    if not isinstance(tier, str) or tier not in BACKENDS[backend]:
+        allowed = " or ".join(BACKENDS[backend])
+        raise cfg.error(
+            at("tier"), f"backend {backend} serves tier {allowed}, got {tier!r}{of('tier')}"
+        )
+    model = f.get("model")
+    if not isinstance(model, str) or not model.strip():
+        what = "a GGUF file path" if backend == "llama_cpp" else "a model id like gpt-4o-mini"
+        raise cfg.error(at("model"), f"expected {what}, got {model!r}")
+    if backend == "llama_cpp":
+        model = os.path.expanduser(model)
+        if not os.path.isabs(model) and cfg.path is not None:
+            model = str(cfg.path.parent / model)  # relative to the config file, as people expect
+        label = os.path.splitext(os.path.basename(model))[0]
+    else:
+        label = model
+    base_url = _text(cfg, at("base_url"), f.get("base_url"))
+    api_key_env = _text(cfg, at("api_key_env"), f.get("api_key_env"))
+    tenant = _tenant(cfg, at("tenant"), f.get("tenant"), backend)
+    if tenant is not None:
+        base_url, api_key_env = tenant.url, tenant.api_key_env
+    if backend == "openai":
+        if base_url is None:
+            raise cfg.error(at("base_url"), "an openai candidate needs base_url")
+        if api_key_env is None:
+            raise cfg.error(
+                at("api_key_env"),
+                "an openai candidate needs api_key_env: the NAME of an environment variable",
+                hint="keys never go in the config file: api_key_env: OPENAI_API_KEY",
+            )
+        if not _env_name(api_key_env):
+            # Never echo the value: it may be the key itself, and errors end up in cron mail.
+            raise cfg.error(
+                at("api_key_env"),
+                "expected an environment variable name like OPENAI_API_KEY, got a value that "
+                f"looks like a key ({_masked(api_key_env)})",
+                hint="this is the variable's name, not the key itself",
+            )
+    default_policy = "api-fallback" if tier == "cloud" else "persistent"
+    policy = f.get("policy", default_policy)
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise cfg.error(at("policy"), f"expected one of {', '.join(POLICIES)}, got {policy!r}")
+    if tier == "cloud":
+        # A task's or the defaults' residency policy is for its local candidates: a cloud
+        # candidate loads nothing here, whatever it inherits.
+        policy = "api-fallback"
+    elif policy == "api-fallback":
+        raise cfg.error(
+            at("policy"),
+            f"api-fallback is the cloud tier's policy; a {tier} candidate is persistent or "
+            f"cold-start{of('policy')}",
+            hint="falling back along the list happens anyway: add a cloud candidate after it",
+        )
+    price_in, price_out = _price(cfg, at("price"), f.get("price"))
+    gpu_layers = _int(cfg, at("n_gpu_layers"), f.get("n_gpu_layers", -1), low=-1)
+    return Candidate(
+        task=task,
+        key=key,
+        tier=tier,
+        backend=backend,
+        model=model,
+        name=_text(cfg, at("name"), f.get("name")) or label,
+        n_ctx=_int(cfg, at("n_ctx"), f.get("n_ctx"), low=64),
+        n_gpu_layers=0 if tier == "cpu" else gpu_layers,
+        n_batch=_int(cfg, at("n_batch"), f.get("n_batch"), low=1),
+        n_threads=_opt_int(cfg, at("n_threads"), f.get("n_threads")),
+        vram_bytes=_size(cfg, at("vram"), f.get("vram")),
+        min_vram_bytes=_size(cfg, at("min_vram"), f.get("min_vram")),
+        price_in_per_1k=price_in,
+        price_out_per_1k=price_out,
+        daily_budget_usd=_money(cfg, at("daily_budget"), f.get("daily_budget")),
+        rate_limit_per_min=_opt_int(cfg, at("rate_limit"), f.get("rate_limit")),
+        base_url=base_url,
+        api_key_env=api_key_env,
+        policy=policy,
+        timeout_s=_duration(cfg, at("timeout"), f.get("timeout")),
+        max_tokens=_int(cfg, at("max_tokens"), f.get("max_tokens"), low=1),
+        tenant=tenant.name if tenant is not None else None,
+        keep_alive_s=(
+            None
+            if f.get("keep_alive") is None
+            else _duration(cfg, at("keep_alive"), f.get("keep_alive"))
+        ),
+        gpu=_opt_int(cfg, at("gpu"), f.get("gpu"), low=0) if tenant is None else tenant.gpu,
+        parallel=_int(cfg, at("parallel"), f.get("parallel", 1), low=1),
+    )
+
+
+def tenant_candidate(cfg: Config, tenant: str, model: str) -> Candidate:
+    """A tenant's model asked for by name, ``TENANT/MODEL`` (``gpulock serve``): a candidate as
+    if a route named it, with the router's defaults; ConfigError (with the configured tenants
+    as its hint) for a tenant that is not configured."""
+    router_raw = cfg.section("router")
+    raw_defaults = router_raw.get("defaults") if isinstance(router_raw, Mapping) else None
+    defaults = {**DEFAULTS, **(raw_defaults if isinstance(raw_defaults, Mapping) else {})}
+    fields = {k: v for k, v in defaults.items() if k not in ("tier", "backend", "base_url")}
+    fields.update(tenant=tenant, model=model, name=f"{tenant}/{model}")
+    return _candidate(cfg, f"{tenant}/{model}", f"tenants.{tenant}", fields, {})
+
+
+def _tenant(cfg: Config, key: str, value: Any, backend: str) -> Any:
+    """The configured tenant a ``backend: tenant`` candidate names (its TenantSpec)."""
+    if backend != "tenant":
+        if value is not None:
+            raise cfg.error(key, f"'tenant' is for backend: tenant, not {backend}")
+        return None
+    known = {t.name: t for t in cfg.tenants}
+    if not isinstance(value, str) or value not in known:
+        names = ", ".join(known) or "none is configured (add a tenants: list)"
+        raise cfg.error(
+            key, f"expected the name of a tenant, got {value!r}", hint=f"tenants: {names}"
+        )
+    return known[value]
+
+
+def _env_name(text: str) -> bool:
+    """A plausible variable name, not a pasted key (``sk-...``, ``sk_live_...``)."""
+    if text.lower().startswith(("sk-", "sk_")):
+        return False
+    return text.isascii() and text.replace("_", "").isalnum() and not text[0].isdigit()
+
+
+def _masked(text: str) -> str:
+    """Enough to recognise the mistake (``sk-``... and a length), nothing of the secret."""
+    prefix = text[:3] if text.lower().startswith(("sk-", "sk_")) else ""
+    return f"{prefix}... {len(text)} characters"
+
+
+def with_context(c: Candidate, n_ctx: int, n_batch: int) -> Candidate:
+    return replace(c, n_ctx=n_ctx, n_batch=n_batch)
+
+
+def _mapping(cfg: Config, key: str, value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise cfg.error(key, f"expected a mapping, got {type(value).__name__}: {value!r}")
+    return value
+
+
+def _known_key(cfg: Config, where: str, key: Any, known: tuple[str, ...]) -> None:
+    if key in known:
+        return
+    raise cfg.error(f"{where}.{key}", f"unknown key {key!r}", hint=known_hint(key, known))
+
+
+def _text(cfg: Config, key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise cfg.error(key, f"expected text, got {value!r}")
+    return value.strip()
+
+
+def _int(cfg: Config, key: str, value: Any, *, low: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise cfg.error(key, f"expected a whole number >= {low}, got {value!r}")
+    return value
+
+
+def _opt_int(cfg: Config, key: str, value: Any, *, low: int = 1) -> int | None:
+    return None if value is None else _int(cfg, key, value, low=low)
+
+
+def _size(cfg: Config, key: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    try:
+        size = parse_size(value)
+    except ValueError as e:
+        raise cfg.error(key, str(e)) from None
+    if size <= 0:
+        raise cfg.error(key, f"expected a size above 0, got {value!r}")
+    return size
+
+
+def _duration(cfg: Config, key: str, value: Any) -> float:
+    try:
+        seconds = parse_duration(value)
+    except (ValueError, TypeError) as e:
+        raise cfg.error(key, str(e)) from None
+    if seconds <= 0:
+        raise cfg.error(key, f"expected a duration above 0, got {value!r}")
+    return seconds
+
+
+def _money(cfg: Config, key: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_usd(value)
+    except ValueError as e:
+        raise cfg.error(key, str(e)) from None
+
+
+def _price(cfg: Config, key: str, value: Any) -> tuple[float, float]:
+    """``price: 0.0006`` (both directions) or ``{input: 0.00015, output: 0.0006}`` per 1k."""
+    if value is None:
+        return 0.0, 0.0
+    if isinstance(value, Mapping):
+        for k in value:
+            _known_key(cfg, key, k, ("input", "output"))
+        return (
+            _money(cfg, f"{key}.input", value.get("input", 0)) or 0.0,
+            _money(cfg, f"{key}.output", value.get("output", 0)) or 0.0,
+        )
+    each = _money(cfg, key, value) or 0.0
+    return each, each

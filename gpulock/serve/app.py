@@ -1,0 +1,416 @@
+"""The HTTP side of ``gpulock serve``: a Starlette app and its routes (guards:
+``gpulock.serve.asgi``).
+
+Every request passes the key check (when ``api_keys_env`` is set), has its body read up to
+``max_body`` (413 past it) and its JSON checked (400); every refusal is rendered in the shape of
+the API it came in by (``/api/...``: Ollama's, everything else: OpenAI's), never as a traceback.
+While a request waits for its place (the line), the client's disconnect is watched: a client
+that hangs up leaves the line at once.  While an answer streams, the same watch stops the
+stream and frees the place at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from gpulock import status
+from gpulock.core.errors import GpulockError
+from gpulock.core.settings import Settings
+from gpulock.core.units import parse_duration
+from gpulock.router.backends import BackendError
+from gpulock.serve import api_ollama, api_openai, schema
+from gpulock.serve.asgi import KeyCheck, Streamed, error_response, read_body, unless_hung_up
+from gpulock.serve.dispatch import Dispatcher, Opened
+from gpulock.serve.engines import Ask
+from gpulock.serve.errors import ApiError, bad_request
+from gpulock.serve.line import QueueFull
+
+log = logging.getLogger("gpulock.serve")
+AGENT_MAX = 64
+
+
+class Gateway:
+    """The endpoints, around one Dispatcher."""
+
+    def __init__(
+        self, settings: Settings, dispatcher: Dispatcher, max_body: int, read_timeout: float
+    ) -> None:
+        self.settings = settings
+        self.d = dispatcher
+        self.max_body = max_body
+        self.read_timeout = read_timeout
+
+    # --- request parts -----------------------------------------------------------------------
+
+    async def body(self, request: Request, shape: schema.Schema) -> dict[str, Any]:
+        """The request's JSON body, read within ``max_body`` and ``read_timeout``, its nesting
+        bounded, and checked against its endpoint's ``shape`` (``gpulock.serve.schema``)."""
+        data = await read_body(request, self.max_body, self.read_timeout)
+        try:
+            obj = schema.loads(data)
+            schema.validate(obj, shape)
+        except schema.Invalid as e:
+            raise bad_request(e.message, e.param) from None
+        assert isinstance(obj, dict)
+        return obj
+
+    @staticmethod
+    def agent(request: Request) -> str:
+        name = request.headers.get("x-gpulock-agent", "").strip()
+        if not name:
+            return "gpulock-serve"
+        if len(name) > AGENT_MAX or not name.isprintable():
+            raise bad_request(f"X-Gpulock-Agent: printable text of at most {AGENT_MAX} characters")
+        return name
+
+    @staticmethod
+    def deadline(request: Request) -> float | None:
+        text = request.headers.get("x-gpulock-deadline")
+        if text is None:
+            return None
+        try:
+            s = parse_duration(text.strip(), key="X-Gpulock-Deadline")
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+        if s < 0:
+            raise bad_request("X-Gpulock-Deadline must be >= 0")
+        return s
+
+    # --- the generation endpoints ------------------------------------------------------------
+
+    async def openai_chat(self, request: Request) -> Response:
+        return await self._openai(request, api_openai.chat_ask, schema.OPENAI_CHAT)
+
+    async def openai_completions(self, request: Request) -> Response:
+        return await self._openai(request, api_openai.completion_ask, schema.OPENAI_COMPLETION)
+
+    async def openai_embeddings(self, request: Request) -> Response:
+        return await self._openai(request, api_openai.embed_ask, schema.OPENAI_EMBEDDINGS)
+
+    async def _openai(
+        self, request: Request, parse: Callable[[dict[str, Any]], Ask], shape: schema.Schema
+    ) -> Response:
+        body = await self.body(request, shape)
+        ask = parse(body)
+        agent = self.agent(request)
+        opened = await self._open(request, ask, agent)
+        headers = opened.meta.headers()
+        if ask.kind == "embed":
+            self.d.account(opened, agent, opened.tokens_in, 0)
+            obj = api_openai.embeddings(ask, ask.model, opened.vectors, opened.tokens_in)
+            return JSONResponse(obj, headers=headers)
+        if not ask.stream:
+            assert opened.answer is not None
+            u = opened.answer.usage
+            self.d.account(opened, agent, u.tokens_in, u.tokens_out)
+            return JSONResponse(api_openai.answer(ask, ask.model, opened.answer), headers=headers)
+        with_usage = api_openai.include_usage(body)
+        events = api_openai.sse(ask, ask.model, opened.rest(), opened.usage, with_usage)
+        return Streamed(
+            self._guard(events, opened, agent, api_openai.stream_error),
+            "text/event-stream",
+            {**headers, "Cache-Control": "no-cache"},
+        )
+
+    async def ollama_chat(self, request: Request) -> Response:
+        return await self._ollama(
+            request, api_ollama.chat_ask, await self.body(request, schema.OLLAMA_CHAT)
+        )
+
+    async def ollama_generate(self, request: Request) -> Response:
+        body = await self.body(request, schema.OLLAMA_GENERATE)
+        ask = api_ollama.generate_ask(body)
+        self.agent(request)  # checked here too: a load takes no place in the line
+        if not ask.prompt:
+            self.d.resolve(ask.model)  # 404 for an unknown model, as Ollama answers
+            return JSONResponse(api_ollama.loaded(ask.model))
+        return await self._ollama(request, api_ollama.generate_ask, body)
+
+    async def ollama_embed(self, request: Request) -> Response:
+        return await self._ollama(
+            request, api_ollama.embed_ask, await self.body(request, schema.OLLAMA_EMBED)
+        )
+
+    async def ollama_embeddings(self, request: Request) -> Response:
+        """The older ``/api/embeddings``: one ``prompt``, one ``embedding`` back."""
+        started = time.monotonic()
+        body = await self.body(request, schema.OLLAMA_EMBEDDINGS)
+        ask = api_ollama.embed_ask({"model": body["model"], "input": [body.get("prompt", "")]})
+        agent = self.agent(request)
+        opened = await self._open(request, ask, agent)
+        self.d.account(opened, agent, opened.tokens_in, 0)
+        obj = api_ollama.embeddings(ask.model, opened.vectors, opened.tokens_in, started)
+        return JSONResponse({"embedding": obj["embeddings"][0]}, headers=opened.meta.headers())
+
+    async def ollama_show(self, request: Request) -> Response:
+        """``/api/show``: a model's details and context length (Open WebUI, Continue and the
+        ``ollama`` client ask it before a chat)."""
+        body = await self.body(request, schema.OLLAMA_SHOW)
+        name = body.get("model") or body.get("name")
+        if not isinstance(name, str) or not name:
+            raise bad_request("model is required")
+        _, cands = self.d.resolve(name)  # 404 in Ollama's shape for an unknown name
+        return JSONResponse(api_ollama.show(name, cands[0].n_ctx, cands[0].tier))
+
+    async def ollama_refused(self, request: Request) -> Response:
+        """The model-file endpoints of Ollama (pull, push, create, copy, delete, blobs): the
+        models are gpulock's routes, not files this server manages."""
+        what = request.url.path.removeprefix("/api/").split("/")[0]
+        raise ApiError(
+            404,  # not 501: a model this server cannot fetch is, to the client, not here
+            f"gpulock serve does not {what} models: its models are the tasks and candidates of "
+            "the routes: config (GET /api/tags lists them)",
+            code="not_implemented",
+        )
+
+    async def _ollama(
+        self,
+        request: Request,
+        parse: Callable[[dict[str, Any]], Ask],
+        body: dict[str, Any],
+    ) -> Response:
+        started = time.monotonic()
+        ask = parse(body)
+        agent = self.agent(request)
+        opened = await self._open(request, ask, agent)
+        headers = opened.meta.headers()
+        if ask.kind == "embed":
+            self.d.account(opened, agent, opened.tokens_in, 0)
+            obj = api_ollama.embeddings(ask.model, opened.vectors, opened.tokens_in, started)
+            return JSONResponse(obj, headers=headers)
+        if not ask.stream:
+            assert opened.answer is not None
+            u = opened.answer.usage
+            self.d.account(opened, agent, u.tokens_in, u.tokens_out)
+            obj = api_ollama.answer(ask, ask.model, opened.answer, started)
+            return JSONResponse(obj, headers=headers)
+        lines = api_ollama.ndjson(ask, ask.model, opened.rest(), opened.usage, started)
+        return Streamed(
+            self._guard(lines, opened, agent, lambda e: json.dumps(e.ollama()).encode() + b"\n"),
+            "application/x-ndjson",
+            headers,
+        )
+
+    async def _open(self, request: Request, ask: Ask, agent: str) -> Opened:
+        deadline = self.deadline(request)
+        try:
+            # A request a peer forwarded (cluster) runs here: no second hop.
+            local_only = "x-gpulock-from" in request.headers
+            opened = await unless_hung_up(
+                request,
+                self.d.open(ask, agent=agent, deadline_s=deadline, local_only=local_only),
+            )
+            request.state.meta = opened.meta  # for the gateway-request event
+            return opened
+        except QueueFull as e:
+            raise ApiError(
+                429,
+                f"too many requests waiting: {e}",
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+            ) from None
+
+    async def _guard(
+        self,
+        chunks: AsyncIterator[bytes],
+        opened: Opened,
+        agent: str,
+        render: Callable[[ApiError], bytes],
+    ) -> AsyncIterator[bytes]:
+        """A stream that fails midway ends with an error event in the API's shape."""
+        try:
+            async for b in chunks:
+                yield b
+            self.d.account(opened, agent, opened.usage.tokens_in, opened.usage.tokens_out)
+        except ApiError as e:
+            yield render(e)
+        except BackendError as e:
+            log.info("stream of %s broke off: %s", opened.meta.model, e.short)
+            self.d.broke(opened, agent, e)
+            msg = f"{opened.meta.model}: the answer broke off mid-stream ({e.short})"
+            yield render(ApiError(502, msg, type="server_error", code="upstream_broke_off"))
+        except Exception as e:
+            log.warning("stream of %s broke off: %s", opened.meta.model, type(e).__name__)
+            self.d.broke(opened, agent, BackendError("server", type(e).__name__))
+            msg = f"{opened.meta.model}: the answer broke off mid-stream ({type(e).__name__})"
+            yield render(ApiError(502, msg, type="server_error", code="upstream_broke_off"))
+        finally:
+            self.d.hung_up(opened, agent)  # nothing when counted above
+            await opened.close()
+
+    # --- listings and status -----------------------------------------------------------------
+
+    async def _names(self) -> list[str]:
+        """Tasks first, then candidates, then the tenants' models (``TENANT/MODEL``)."""
+        known = self.d.known()
+        held = await asyncio.to_thread(self.d.tenant_models)  # asks the tenants: off the loop
+        return known + [n for n in held if n not in known]
+
+    async def openai_models(self, request: Request) -> Response:
+        return JSONResponse(api_openai.models(await self._names()))
+
+    async def ollama_tags(self, request: Request) -> Response:
+        sizes = {c.name: c.vram_bytes or 0 for c in self.d.candidates()}
+        return JSONResponse(api_ollama.tags([(n, sizes.get(n, 0)) for n in await self._names()]))
+
+    async def ollama_ps(self, request: Request) -> Response:
+        rows: dict[str, tuple[str, int, int]] = {}
+        for b in self.d.loaded():  # a model and its embedding context: one entry
+            size = b.need or 0
+            name = b.candidate.name
+            old = rows.get(name, (name, 0, 0))
+            rows[name] = (name, old[1] + size, old[2] + (size if b.gpu is not None else 0))
+        return JSONResponse(api_ollama.ps(list(rows.values())))
+
+    async def ollama_version(self, request: Request) -> Response:
+        return JSONResponse({"version": api_ollama.API_VERSION})
+
+    async def root(self, request: Request) -> Response:
+        return PlainTextResponse("Ollama is running")
+
+    async def health(self, request: Request) -> Response:
+        line = self.d.line
+        running = sum(line.held().values())
+        out: dict[str, Any] = {"status": "ok", "waiting": line.waiting, "running": running}
+        if self.d.cluster is not None:
+            out["cluster"] = self.d.cluster.health()
+        return JSONResponse(out)
+
+    async def gpulock_cluster(self, request: Request) -> Response:
+        """The fleet, as ``gpulock cluster --json`` prints it (404 without a cluster)."""
+        if self.d.cluster is None:
+            raise ApiError(404, "this gpulock serve is not in a cluster (config: cluster:)")
+        return JSONResponse(self.d.cluster.fleet_object())
+
+    async def metrics(self, request: Request) -> Response:
+        """The Prometheus exposition of this state folder (as ``gpulock metrics`` prints it)."""
+        from gpulock.metrics.collector import CONTENT_TYPE, exposition
+
+        body = await asyncio.to_thread(exposition, self.settings)
+        return Response(body, media_type=CONTENT_TYPE)
+
+    def measured(self, request: Request, response: Response, duration_s: float) -> None:
+        """One ``gateway-request`` event: what the metrics' request histogram counts.  For a
+        stream, the time to its first piece (the response's start).  Labels stay bounded: a
+        name that resolved to nothing is not one of them."""
+        meta = getattr(request.state, "meta", None)
+        self.settings.emit(
+            "gateway-request",
+            task=meta.task if meta is not None else "",
+            tier=meta.tier if meta is not None else "",
+            model=meta.model if meta is not None else "",
+            outcome=_outcome(response.status_code, response.headers.get("x-gpulock-refused")),
+            status=response.status_code,
+            duration_s=round(duration_s, 6),
+        )
+
+    async def openapi(self, request: Request) -> Response:
+        from gpulock.serve.openapi import document
+
+        return JSONResponse(document(self.d.known()))
+
+    async def gpulock_status(self, request: Request) -> Response:
+        snap = await asyncio.to_thread(status.snapshot, self.settings)
+        return JSONResponse(snap)
+
+
+def build_app(
+    settings: Settings,
+    dispatcher: Dispatcher,
+    *,
+    keys: tuple[str, ...],
+    max_body: int,
+    read_timeout: float = 30.0,
+    on_shutdown: Callable[[], Awaitable[None]] | None = None,
+) -> ASGIApp:
+    g = Gateway(settings, dispatcher, max_body, read_timeout)
+
+    def guarded(fn: Callable[[Request], Awaitable[Response]], *, measured: bool = False) -> Any:
+        """``measured``: a generation endpoint, counted in a ``gateway-request`` event."""
+
+        async def endpoint(request: Request) -> Response:
+            started = time.monotonic()
+            try:
+                response = await fn(request)
+            except ApiError as e:
+                response = error_response(e, request.url.path)
+            except GpulockError as e:  # gpulock's own refusals say what is wrong, in words
+                err = ApiError(503, str(e), type="server_error", code="unavailable")
+                response = error_response(err, request.url.path)
+            except Exception as e:  # never a traceback to the client; the log says what
+                log.exception("internal error on %s", request.url.path)
+                msg = f"internal error ({type(e).__name__}); see the gpulock serve log"
+                response = error_response(ApiError(500, msg, type="server_error"), request.url.path)
+            if measured:
+                g.measured(request, response, time.monotonic() - started)
+            return response
+
+        return endpoint
+
+    routes = [
+        Route("/v1/chat/completions", guarded(g.openai_chat, measured=True), methods=["POST"]),
+        Route("/v1/completions", guarded(g.openai_completions, measured=True), methods=["POST"]),
+        Route("/v1/embeddings", guarded(g.openai_embeddings, measured=True), methods=["POST"]),
+        Route("/v1/models", guarded(g.openai_models), methods=["GET"]),
+        Route("/api/chat", guarded(g.ollama_chat, measured=True), methods=["POST"]),
+        Route("/api/generate", guarded(g.ollama_generate, measured=True), methods=["POST"]),
+        Route("/api/embed", guarded(g.ollama_embed, measured=True), methods=["POST"]),
+        Route("/api/embeddings", guarded(g.ollama_embeddings, measured=True), methods=["POST"]),
+        Route("/api/show", guarded(g.ollama_show), methods=["POST"]),
+        Route("/api/tags", guarded(g.ollama_tags), methods=["GET", "HEAD"]),
+        Route("/api/ps", guarded(g.ollama_ps), methods=["GET"]),
+        Route("/api/version", guarded(g.ollama_version), methods=["GET"]),
+        Route("/", guarded(g.root), methods=["GET", "HEAD"]),
+        Route("/health", guarded(g.health), methods=["GET"]),
+        Route("/gpulock/status", guarded(g.gpulock_status), methods=["GET"]),
+        Route("/gpulock/cluster", guarded(g.gpulock_cluster), methods=["GET"]),
+        Route("/metrics", guarded(g.metrics), methods=["GET"]),
+        Route("/openapi.json", guarded(g.openapi), methods=["GET"]),
+    ]
+    for what in ("pull", "push", "create", "copy", "delete"):
+        method = "DELETE" if what == "delete" else "POST"  # as Ollama's API has them
+        routes.append(Route(f"/api/{what}", guarded(g.ollama_refused), methods=[method]))
+    routes.append(Route("/api/blobs/{digest}", guarded(g.ollama_refused), methods=["POST"]))
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        code = getattr(exc, "status_code", 404)
+        msg = "no such endpoint" if code == 404 else "method not allowed"
+        return error_response(ApiError(code, f"{msg}: {request.url.path}"), request.url.path)
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        if on_shutdown is not None:
+            await on_shutdown()
+
+    app = Starlette(
+        routes=routes,
+        exception_handlers={404: not_found, 405: not_found},
+        lifespan=lifespan,
+    )
+    return KeyCheck(app, keys)
+
+
+def _outcome(status_code: int, refused: str | None = None) -> str:
+    """A request's outcome, as a bounded label (``refused``: the accounting's limit, if any)."""
+    if status_code < 400:
+        return "ok"
+    if refused in ("budget", "rate"):
+        return "over-budget" if refused == "budget" else "rate-limited"
+    return {429: "queue-full", 499: "hung-up", 504: "deadline"}.get(
+        status_code, "refused" if status_code < 500 else "error"
+    )

@@ -1,0 +1,545 @@
+"""From a request's ``model`` to an answer: resolve the name, choose a candidate as
+``router.get_model`` does, wait in the line for a GPU candidate, call the engine, and fall back
+along the route when a candidate fails before its first word.
+
+A ``model`` is a task of ``routes:`` (the router picks the candidate for this moment), a
+candidate's ``name`` (that candidate only), or ``TENANT/MODEL`` (a model of a configured tenant,
+called through that tenant: ``gpulock.router.backends.tenant``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from gpulock.core.errors import ConfigError, LockTimeout
+from gpulock.core.settings import Settings
+from gpulock.router import accounting, budget, probe
+from gpulock.router.backends import BackendError
+from gpulock.router.backends.tenant import TenantBackend
+from gpulock.router.choose import Choice, Host, Verdict, choose, cid
+from gpulock.router.routes import Candidate, Table, tenant_candidate
+from gpulock.serve.engines import (
+    Answer,
+    Ask,
+    LocalEngine,
+    RemoteEngine,
+    TenantEngine,
+    Usage,
+    _EmbedLlama,
+    _HeldLlama,
+)
+from gpulock.serve.errors import ApiError, unknown_model
+from gpulock.serve.line import Line, QueueFull
+
+if TYPE_CHECKING:
+    from gpulock.cluster.config import ClusterConfig
+
+T = TypeVar("T")
+
+# HTTP statuses that blame the request, not the candidate: no fallback, the client hears it.
+REQUEST_FAULTS = frozenset({400, 413, 422})
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """What the response headers say: which tier and model answered, and the wait."""
+
+    task: str
+    tier: str
+    model: str
+    waited_ms: float
+    ticket: int | None = None  # the GPU ticket the request ran under (gpu tier)
+    host: str | None = None  # the cluster host that ran it (None: no cluster)
+
+    def headers(self) -> dict[str, str]:
+        out = {
+            "X-Gpulock-Tier": self.tier,
+            "X-Gpulock-Model": self.model,
+            "X-Gpulock-Waited-Ms": f"{self.waited_ms:.1f}",
+        }
+        if self.host is not None:
+            out["X-Gpulock-Host"] = self.host
+        return out
+
+
+class Opened:
+    """A request with its candidate chosen and its place held: the answer, or its stream."""
+
+    def __init__(self, meta: Meta, stack: AsyncExitStack, candidate: Candidate) -> None:
+        self.meta = meta
+        self.stack = stack
+        self.candidate = candidate  # what answered: its price is what the call costs
+        self.started = time.monotonic()
+        self.answer: Answer | None = None
+        self.vectors: list[list[float]] = []
+        self.tokens_in = 0
+        self.first: str | None = None
+        self.pieces: AsyncIterator[str] | None = None
+        self.usage = Usage()
+        # A cloud call's most cost, reserved against its budgets before it (gpulock.router.budget):
+        # settled by ``Dispatcher.account``, given back by ``Dispatcher.broke``.
+        self.reservation: budget.Reservation | None = None
+        self.accounted = False  # counted (answered, or broke off): nothing is left to settle
+        self.sent = 0  # pieces of a stream handed to the client so far
+
+    async def rest(self) -> AsyncIterator[str]:
+        """Every piece of a streamed answer (the first one included); frees the place at the
+        end, or as soon as the consumer stops (a client that hung up)."""
+        try:
+            if self.first:
+                self.sent += 1
+                yield self.first
+            if self.pieces is not None:
+                async for piece in self.pieces:
+                    self.sent += 1
+                    yield piece
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        await self.stack.aclose()
+
+
+class Elsewhere(Protocol):
+    """The other hosts a request may run on: ``gpulock.serve.cluster_link.ClusterLink``, which
+    builds on this module (named here in words only, so that the two stay a line, not a circle)."""
+
+    cc: ClusterConfig
+
+    async def relocate(
+        self, d: Dispatcher, ask: Ask, choice: Choice, host: Host, agent: str, left: float | None
+    ) -> Opened | None: ...
+
+    def health(self) -> dict[str, Any]: ...
+
+    def fleet_object(self) -> dict[str, Any]: ...
+
+
+class Dispatcher:
+    def __init__(self, settings: Settings, table: Table, line: Line) -> None:
+        self.settings = settings
+        self.table = table
+        self.line = line
+        self._http: Any = None  # aiohttp.ClientSession for remote candidates, made on first use
+        self._local: dict[tuple[Any, ...], _HeldLlama] = {}
+        self._tenants: dict[tuple[Any, ...], TenantBackend] = {}
+        self.cluster: Elsewhere | None = None  # set by `gpulock serve` with a cluster: section
+        # The router's accounting, with the ledger's writes gathered under load.
+        self.recorder = accounting.Recorder(settings, table.settings)
+
+    def http(self) -> Any:
+        """The one client session for OpenAI-compatible servers (made inside the event loop)."""
+        if self._http is None:
+            import aiohttp
+
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+                timeout=aiohttp.ClientTimeout(total=None, connect=10.0),
+            )
+        return self._http
+
+    # --- names -------------------------------------------------------------------------------
+
+    def candidates(self) -> list[Candidate]:
+        """Every candidate once (by name), in table order."""
+        seen: dict[str, Candidate] = {}
+        for cands in self.table.tasks.values():
+            for c in cands:
+                seen.setdefault(c.name, c)
+        return list(seen.values())
+
+    def known(self) -> list[str]:
+        """Task names first, then the candidates' names."""
+        tasks = list(self.table.tasks)
+        return tasks + [c.name for c in self.candidates() if c.name not in self.table.tasks]
+
+    def tenant_models(self) -> list[str]:
+        """``TENANT/MODEL`` of every model the configured tenants hold now (asked in
+        parallel, with short timeouts; a tenant that is down lists nothing)."""
+        if not self.settings.config.tenants:
+            return []
+        from gpulock.residents import registry
+
+        return sorted({r.id for r in registry.tenant_records(self.settings)})
+
+    def resolve(self, model: str) -> tuple[str, tuple[Candidate, ...]]:
+        if model in self.table.tasks:
+            return model, self.table.tasks[model]
+        for c in self.candidates():
+            if c.name == model:
+                return c.task, (c,)
+        if "/" in model:
+            tenant, _, name = model.partition("/")
+            try:
+                return model, (tenant_candidate(self.settings.config, tenant, name),)
+            except ConfigError:
+                tenants = ", ".join(t.name for t in self.settings.config.tenants)
+                raise ApiError(
+                    404,
+                    f"model {model!r}: no tenant {tenant!r} "
+                    f"(tenants: {tenants or 'none configured'}); "
+                    f"known models: {', '.join(self.known())}",
+                    code="model_not_found",
+                    param="model",
+                ) from None
+        raise unknown_model(model, self.known())
+
+    # --- a request ---------------------------------------------------------------------------
+
+    async def open(
+        self, ask: Ask, *, agent: str, deadline_s: float | None, local_only: bool = False
+    ) -> Opened:
+        """``local_only``: a request a peer forwarded here runs here (no second hop)."""
+        task, cands = self.resolve(ask.model)
+        deadline_at = None if deadline_s is None else time.monotonic() + deadline_s
+        failed: dict[str, str] = {}
+        refused: dict[str, Verdict] = {}  # cid -> accounting's refusal (a budget, a rate limit)
+        start = time.monotonic()
+        while True:
+            left = None if deadline_at is None else max(0.0, deadline_at - time.monotonic())
+            choice, host = self._choose(task, cands, left, failed)
+            if self.cluster is not None and not local_only:
+                # A peer that starts it sooner takes it (it waits in the peer's line there).
+                opened = await self.cluster.relocate(self, ask, choice, host, agent, left)
+                if opened is not None:
+                    return opened
+            v = choice.chosen
+            if v is None:
+                raise self._none_left(task, choice, deadline_s, refused, ask.model)
+            c = v.candidate
+            # Budgets and rate limits: judged and spent where router.get_model's are.
+            admitted = accounting.admit(self.settings, self.table.settings, task, c)
+            if not admitted.ok:
+                if cid(c) in refused:  # refused twice: the chooser and the ledger disagree
+                    failed[cid(c)] = admitted.reason
+                refused[cid(c)] = admitted
+                self._fallback(task, agent, c, admitted.reason)
+                continue
+            # The cluster's rate window, and the call's most cost reserved against its budgets.
+            held = await self._reserve(c, ask)
+            if isinstance(held, Verdict):  # get_model moves on here too
+                failed[cid(c)] = held.reason
+                refused[cid(c)] = held
+                self._fallback(task, agent, c, held.reason)
+                continue
+            stack = AsyncExitStack()
+            tried = time.monotonic()
+            try:
+                opened = await self._try(ask, v, agent, left, start, stack, task)
+            except LockTimeout:
+                await stack.aclose()
+                await self._release(held)
+                failed[cid(c)] = "GPU queue past the deadline"
+                self._fallback(task, agent, c, "busy")
+            except BackendError as e:
+                await stack.aclose()
+                await self._release(held)
+                if e.kind == "request" or (e.kind == "client" and e.status in REQUEST_FAULTS):
+                    raise ApiError(400, f"{c.name}: {e}", code="invalid_request") from None
+                failed[cid(c)] = e.short
+                await self._off_loop(
+                    accounting.failed,
+                    self.settings,
+                    self.table.settings,
+                    c,
+                    e,
+                    task=task,
+                    agent=agent,
+                    latency_s=time.monotonic() - tried,
+                    via="serve",
+                )
+                self._fallback(task, agent, c, e.short)
+            except BaseException:
+                await stack.aclose()
+                await self._release(held)
+                raise
+            else:
+                opened.reservation = held
+                return opened
+
+    async def _reserve(self, c: Candidate, ask: Ask) -> budget.Reservation | Verdict | None:
+        """What ``router.get_model`` takes before a cloud call, taken here the same way: a
+        request of the endpoint's ``rate_limit`` across the cluster, and the call's most cost
+        (its prompt, and ``max_tokens`` of output) reserved against its budgets, atomically
+        (``gpulock.router.budget``).  The Reservation (None: nothing to reserve), or the refusal."""
+        if c.tier != "cloud":
+            return None
+        rs = self.table.settings
+        if c.rate_limit_per_min is not None:
+            limited = await self._off_loop(budget.take_request, self.settings, c)
+            if limited is not None:
+                return Verdict(c, False, limited, limit="rate")
+        if not budget.needed(c, rs):
+            return None
+        payload: Any = ask.messages if ask.kind == "chat" else ask.prompt
+        limit = ask.params.get("max_tokens")
+        if ask.kind == "embed":
+            payload, limit = ask.inputs, 0  # an embedding has no output tokens
+        elif not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            limit = c.max_tokens  # what _try will ask for
+        bound = budget.bound_usd(c, payload, limit)
+        taking = asyncio.ensure_future(self._off_loop(budget.reserve, self.settings, rs, c, bound))
+        try:
+            r = await asyncio.shield(taking)
+        except asyncio.CancelledError:  # the client left while Redis answered: give it back
+            taking.add_done_callback(self._release_later)
+            raise
+        if isinstance(r, str):
+            return Verdict(c, False, r, limit="budget")
+        return r
+
+    async def _release(self, r: budget.Reservation | None) -> None:
+        """Give a reservation back: the call it was for did not happen."""
+        if r is not None:
+            await self._off_loop(budget.release, self.settings, r)
+
+    def _release_later(self, taking: asyncio.Future[budget.Reservation | str]) -> None:
+        if taking.cancelled() or taking.exception() is not None:
+            return
+        r = taking.result()
+        if isinstance(r, budget.Reservation):
+            asyncio.get_running_loop().run_in_executor(None, budget.release, self.settings, r)
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        """``fn`` run where it cannot stall the event loop: in a thread when it may call the
+        cluster's Redis (up to its 0.5 s timeout), here when it only touches local files."""
+        if self.cluster is None:
+            return fn(*args, **kw)
+        return await asyncio.to_thread(fn, *args, **kw)
+
+    async def _try(
+        self,
+        ask: Ask,
+        v: Verdict,
+        agent: str,
+        left: float | None,
+        start: float,
+        stack: AsyncExitStack,
+        task: str,
+    ) -> Opened:
+        c = v.candidate
+        ticket = None
+        if c.tier == "gpu" and not self.own_ticket(c):
+            assert v.gpu is not None
+            timeout = c.timeout_s if left is None else min(c.timeout_s, left)
+            slot = await stack.enter_async_context(
+                self.line.slot(
+                    f"{cid(c)}|{v.gpu}",
+                    gpu=v.gpu,
+                    need=v.need_bytes,
+                    parallel=c.parallel,
+                    name=agent,
+                    timeout_s=timeout,
+                    command=("gpulock-serve", ask.model, c.name),
+                )
+            )
+            ticket = slot.ticket
+        if ask.kind != "embed" and "max_tokens" not in ask.params:
+            ask = replace(ask, params={**ask.params, "max_tokens": c.max_tokens})  # the route's
+        host = self.cluster.cc.host if self.cluster is not None else None
+        meta = Meta(task, c.tier, c.name, (time.monotonic() - start) * 1000, ticket, host)
+        return await self.run(ask, Opened(meta, stack, c), self._engine(v))
+
+    async def run(
+        self, ask: Ask, opened: Opened, engine: LocalEngine | RemoteEngine | TenantEngine
+    ) -> Opened:
+        """Call ``engine``: the answer, the vectors, or the stream's first piece."""
+        stack = opened.stack
+        if ask.kind == "embed":
+            opened.vectors, opened.tokens_in = await engine.embed(ask.inputs)
+            await stack.aclose()
+        elif ask.stream:
+            pieces = engine.stream(ask, opened.usage)
+            stack.push_async_callback(_aclose, pieces)
+            try:
+                opened.first = await pieces.__anext__()
+            except StopAsyncIteration:
+                opened.first = ""
+            opened.pieces = pieces
+        else:
+            opened.answer = await engine.answer(ask)
+            await stack.aclose()
+        return opened
+
+    def _choose(
+        self, task: str, cands: tuple[Candidate, ...], left: float | None, failed: dict[str, str]
+    ) -> tuple[Choice, Host]:
+        warm = probe.warm_models() | {cid(b.candidate) for b in self._local.values() if b.loaded}
+        host = probe.host(self.settings, cands, self.table.settings, warm=warm)
+        return choose(task, cands, host, deadline_s=left, exclude=failed), host
+
+    def _none_left(
+        self,
+        task: str,
+        choice: Choice,
+        deadline_s: float | None,
+        refused: dict[str, Verdict],
+        asked: str,
+    ) -> ApiError:
+        reasons = "; ".join(f"{v.candidate.name}: {v.reason}" for v in choice.verdicts)
+        # The name the client asked for: a candidate's name is not its task's.
+        what = f"{task!r}" if asked == task else f"{asked!r} (of task {task!r})"
+        timed = deadline_s is not None and any(
+            "deadline" in v.reason for v in choice.verdicts if not v.ok
+        )
+        limit = None if timed else accounting.refusal(self.settings, choice, refused)
+        if limit is not None:  # a budget or a rate limit: OpenAI's 429s
+            kind = "insufficient_quota" if limit.kind == "budget" else "rate_limit_exceeded"
+            headers = {"X-Gpulock-Refused": limit.kind}
+            if limit.retry_after_s is not None:
+                headers["Retry-After"] = str(max(1, math.ceil(limit.retry_after_s)))
+            else:
+                headers["x-should-retry"] = "false"  # the openai client: no retry until tomorrow
+            return ApiError(429, limit.message, type=kind, code=kind, headers=headers)
+        if timed:
+            return ApiError(
+                504,
+                f"no model for {what} can answer within the deadline: {reasons}",
+                type="timeout_error",
+                code="deadline_exceeded",
+            )
+        return ApiError(
+            503,
+            f"no model available for {what}: {reasons}",
+            type="server_error",
+            code="model_unavailable",
+            headers={"Retry-After": "5"},
+        )
+
+    def own_ticket(self, c: Candidate) -> bool:
+        """A ``kind: command`` tenant's server holds its own ticket for as long as it runs: a
+        call to it takes no second one (it would wait behind the server for ever)."""
+        if c.tenant is None:
+            return False
+        spec = next((t for t in self.settings.config.tenants if t.name == c.tenant), None)
+        return spec is not None and spec.kind == "command"
+
+    def _engine(self, v: Verdict) -> LocalEngine | RemoteEngine | TenantEngine:
+        c = v.candidate
+        if c.tenant is not None:
+            key = (c.tenant, c.model, c.policy, c.keep_alive_s, v.gpu)
+            b = self._tenants.get(key)
+            if b is None:
+                b = self._tenants[key] = TenantBackend(
+                    c, self.settings, gpu=v.gpu, need=v.need_bytes, held=True
+                )
+            return TenantEngine(b)
+        if not c.local:
+            return RemoteEngine(c, self.http())
+        return LocalEngine(self._backend(v, _HeldLlama), self._backend(v, _EmbedLlama))
+
+    def _backend(self, v: Verdict, kind: type[_HeldLlama]) -> _HeldLlama:
+        c = v.candidate
+        key = (kind, c.model, c.tier, c.n_gpu_layers, v.gpu)
+        b = self._local.get(key)
+        if b is not None and b.candidate.n_ctx < c.n_ctx and b.loaded:
+            b.unload()  # a larger context is asked for than the loaded one has
+            b = None
+        if b is None:
+            b = self._local[key] = kind(c, self.settings, gpu=v.gpu, need=v.need_bytes)
+        return b
+
+    def loaded(self) -> list[_HeldLlama]:
+        return [b for b in self._local.values() if b.loaded]
+
+    def broke(self, opened: Opened, agent: str, e: BackendError) -> None:
+        """A stream that broke after its first word: too late to fall back, but the call is
+        counted as failed and its candidate cools down as one that failed before would.  Its
+        reservation is given back, as ``router.get_model`` gives it back."""
+        if opened.accounted:
+            return
+        opened.accounted = True
+        r, opened.reservation = opened.reservation, None
+        if r is not None:
+            self._later(budget.release, self.settings, r)
+        c = opened.candidate
+        self._later(
+            accounting.failed,
+            self.settings,
+            self.table.settings,
+            c,
+            e,
+            task=opened.meta.task,
+            agent=agent,
+            latency_s=time.monotonic() - opened.started,
+            via="serve",
+        )
+
+    def _later(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> None:
+        """``fn`` now when it only touches local files; in a thread, not waited for, when it
+        may call the cluster's Redis (the answer is already on its way to the client)."""
+        if self.cluster is None:
+            fn(*args, **kw)
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            fn(*args, **kw)
+        else:
+            loop.run_in_executor(None, lambda: fn(*args, **kw))
+
+    def _fallback(self, task: str, agent: str, c: Candidate, why: str) -> None:
+        self.settings.emit(
+            "fallback", task=task, agent=agent, from_model=c.name, from_tier=c.tier, error=why
+        )
+
+    def account(
+        self, opened: Opened, agent: str, tokens_in: int, tokens_out: int, **extra: Any
+    ) -> None:
+        """Count an answered request, through the router's one accounting path, and settle
+        its reservation (once: a request is counted at most once)."""
+        if opened.accounted:
+            return
+        opened.accounted = True
+        r, opened.reservation = opened.reservation, None
+        m = opened.meta
+        cost = self.recorder.record(
+            opened.candidate,
+            task=m.task,
+            agent=agent,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            latency_s=time.monotonic() - opened.started,
+            reserved_usd=r.amount_usd if r is not None else 0.0,
+            via="serve",
+            waited_ms=round(m.waited_ms, 3),
+            ticket=m.ticket,
+            **_host_field(m.host),
+            **extra,
+        )
+        if r is not None and r.clustered:
+            self._later(budget.settled, self.settings, r, cost)
+
+    def hung_up(self, opened: Opened, agent: str) -> None:
+        """A stream the client left before its end: counted with what it got, as
+        ``router.get_model`` counts a stream its caller stopped reading (the upstream's usage
+        when it came, else a token a piece sent), and its reservation settled."""
+        u = opened.usage
+        self.account(opened, agent, u.tokens_in, u.tokens_out or opened.sent, client_gone=True)
+
+    async def shutdown(self) -> None:
+        self.recorder.flush()
+        if self._http is not None:
+            await self._http.close()
+        for b in list(self._local.values()):
+            await asyncio.to_thread(b.unload)
+
+
+def _host_field(host: str | None) -> dict[str, Any]:
+    """The ``call`` event's ``host`` (the cluster host that ran it), without a cluster none."""
+    return {"host": host} if host is not None else {}
+
+
+async def _aclose(it: AsyncIterator[str]) -> None:
+    close = getattr(it, "aclose", None)
+    if close is not None:
+        await close()
+
+
+__all__ = ["Dispatcher", "Meta", "Opened", "QueueFull"]

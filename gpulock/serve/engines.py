@@ -1,0 +1,394 @@
+"""Where a served request's answer is made: llama.cpp in this process, or an OpenAI-compatible
+server over HTTP.  Both take one normalised ``Ask`` and give text (whole or in pieces) or
+embeddings, raising the router's ``BackendError`` so that a failure falls back along the route
+as ``router.get_model`` does.
+
+The in-process engine reuses the router's llama.cpp backend, with one difference: the GPU's
+ticket is held by the gateway's line (``gpulock.serve.line``) for the whole request, so the
+backend's own call to ``gpulock.acquire`` is left out.  llama.cpp calls block, so they run in worker
+threads (one per call in progress, never one per waiting request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpulock.router.backends import BackendError
+from gpulock.router.backends.llama_cpp import LlamaBackend, _llama_class
+from gpulock.router.backends.tenant import TenantBackend
+from gpulock.router.routes import Candidate
+
+PARAMS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One request, whichever API it came in by."""
+
+    kind: str  # "chat", "text" or "embed"
+    model: str
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    prompt: str = ""
+    inputs: list[str] = field(default_factory=list)
+    stream: bool = False
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Usage:
+    tokens_in: int = 0
+    tokens_out: int = 0
+    finish_reason: str = "stop"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    text: str
+    usage: Usage
+
+
+class _HeldLlama(LlamaBackend):
+    """The router's llama.cpp backend, minus its own acquire: serve's line holds the ticket."""
+
+    embedding = False
+
+    @contextlib.contextmanager
+    def _session(self, wait_s: float | None, label: str) -> Iterator[Any]:
+        with self._call_lock:
+            if self.gpu is None:
+                if self._llm is None:
+                    self._llm = self._load()
+                yield self._llm
+                return
+            if self._resident is None:
+                self._resident = self._register()
+            with self._resident.use() as llm:
+                yield llm
+
+    def _load(self) -> Any:
+        if not self.embedding:
+            return super()._load()
+        c = self.candidate
+        if not os.path.isfile(c.model):
+            raise BackendError("load", f"model file not found: {c.model} ({c.key}.model)")
+        try:
+            return _llama_class()(
+                model_path=c.model,
+                n_ctx=c.n_ctx,
+                n_gpu_layers=c.n_gpu_layers,
+                embedding=True,
+                verbose=False,
+            )
+        except (RuntimeError, ValueError, OSError) as e:
+            raise BackendError("load", f"{c.name}: {e}") from None
+
+
+class _EmbedLlama(_HeldLlama):
+    embedding = True  # llama.cpp embeds only with a context made for it: a second instance
+
+
+class LocalEngine:
+    """A llama.cpp candidate in this process (cpu or gpu tier)."""
+
+    def __init__(self, backend: _HeldLlama, embedder: _HeldLlama) -> None:
+        self.backend = backend
+        self.embedder = embedder
+
+    async def answer(self, ask: Ask) -> Answer:
+        kw = _llama_kw(ask)
+        # A client that hangs up stops the generation at the next token (llama.cpp asks this
+        # after each one); until then the call, and so the GPU's ticket, are kept.
+        stop = threading.Event()
+        kw["logits_processor"] = _stopper(stop, self.backend)
+        call = _whole_answer(self.backend, ask, kw)
+        job = asyncio.ensure_future(asyncio.to_thread(call))
+        try:
+            r = await asyncio.shield(job)
+        except asyncio.CancelledError:
+            stop.set()
+            await asyncio.wait({job})
+            raise
+        finish = ((r.raw or {}).get("choices") or [{}])[0].get("finish_reason") or "stop"
+        return Answer(r.text, Usage(r.tokens_in, r.tokens_out, finish))
+
+    async def stream(self, ask: Ask, usage: Usage) -> AsyncIterator[str]:
+        async for piece in _stream_in_thread(self.backend, ask, usage, _llama_kw(ask)):
+            yield piece
+
+    async def embed(self, inputs: list[str]) -> tuple[list[list[float]], int]:
+        def run() -> tuple[list[list[float]], int]:
+            with self.embedder._session(None, "embed") as llm:
+                out = llm.create_embedding(inputs)
+            vectors = [_flat(d["embedding"]) for d in out["data"]]
+            return vectors, int((out.get("usage") or {}).get("prompt_tokens", 0))
+
+        try:
+            return await asyncio.to_thread(run)
+        except (RuntimeError, ValueError, OSError) as e:
+            raise BackendError("server", f"{self.embedder.candidate.name}: {e}") from None
+
+
+_END = object()
+
+
+def _whole_answer(backend: Any, ask: Ask, kw: dict[str, Any]) -> Callable[[], Any]:
+    """The blocking call that answers ``ask`` whole (chat or completion), for a thread."""
+    if ask.kind == "chat":
+        return functools.partial(backend.chat, ask.messages, wait_s=None, label=ask.model, **kw)
+    return functools.partial(backend.complete, ask.prompt, wait_s=None, label=ask.model, **kw)
+
+
+async def _stream_in_thread(
+    backend: Any, ask: Ask, usage: Usage, kw: dict[str, Any]
+) -> AsyncIterator[str]:
+    """A backend's blocking ``stream`` (llama.cpp in this process, or a tenant), on the loop."""
+    counts: dict[str, int] = {}
+    payload: Any = ask.messages if ask.kind == "chat" else ask.prompt
+    gen = backend.stream(ask.kind, payload, wait_s=None, label=ask.model, usage=counts, **kw)
+    # One thread for the whole stream: the backend's lock is taken and given back by the
+    # thread that runs the generator's first and last steps, which must be the same one.
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpulock-serve-stream")
+    loop = asyncio.get_running_loop()
+    done = False
+    try:
+        while True:
+            piece = await asyncio.shield(loop.run_in_executor(pool, _next, gen))
+            if piece is _END:
+                done = True
+                break
+            yield piece
+    finally:
+        if not done:
+            # The client left: close after the piece being made (llama.cpp is not entered
+            # twice at once), in the stream's thread; the backend's finally frees the model.
+            pool.submit(getattr(gen, "close", lambda: None))
+        pool.shutdown(wait=False)
+    usage.tokens_in = counts.get("tokens_in", 0)
+    usage.tokens_out = counts.get("tokens_out", 0)
+    max_tokens = ask.params.get("max_tokens")
+    usage.finish_reason = "length" if max_tokens and usage.tokens_out >= max_tokens else "stop"
+
+
+class TenantEngine:
+    """A tenant's model (``gpulock.router.backends.tenant``), called under the ticket the line holds
+    (or, for a ``kind: command`` tenant, under its server's own ticket)."""
+
+    def __init__(self, backend: TenantBackend) -> None:
+        self.backend = backend
+
+    async def answer(self, ask: Ask) -> Answer:
+        kw = _llama_kw(ask)
+        call = _whole_answer(self.backend, ask, kw)
+        r = await asyncio.to_thread(call)
+        return Answer(r.text, Usage(r.tokens_in, r.tokens_out, "stop"))
+
+    async def stream(self, ask: Ask, usage: Usage) -> AsyncIterator[str]:
+        async for piece in _stream_in_thread(self.backend, ask, usage, _llama_kw(ask)):
+            yield piece
+
+    async def embed(self, inputs: list[str]) -> tuple[list[list[float]], int]:
+        c = self.backend.candidate
+        raise BackendError(
+            "request",
+            f"{c.name}: embeddings through a tenant are not supported; name a model "
+            "of routes: for embeddings",
+        )
+
+
+def _stopper(stop: threading.Event, backend: _HeldLlama) -> Any:
+    """A logits processor (chat and text calls both take one; llama.cpp applies it before
+    each token) that, once ``stop`` is set, leaves end-of-sequence the only possible token:
+    the call ends at the next token, as if the model had finished.  (An exception would not
+    do: llama.cpp calls it through a ctypes callback, which ignores exceptions.)"""
+    from llama_cpp import LogitsProcessorList
+
+    def check(_ids: Any, scores: Any) -> Any:
+        if not stop.is_set():
+            return scores
+        llm = (
+            backend._llm if backend._llm is not None else getattr(backend._resident, "model", None)
+        )
+        if llm is None:
+            return scores
+        eos = llm.token_eos()
+        scores[:] = -float("inf")
+        scores[eos] = 0.0
+        return scores
+
+    return LogitsProcessorList([check])
+
+
+def _next(gen: Iterator[str]) -> Any:
+    return next(gen, _END)
+
+
+def _flat(v: Any) -> list[float]:
+    # Without pooling llama.cpp gives one vector per token: mean-pool them to one.
+    if v and isinstance(v[0], list):
+        n = len(v)
+        return [sum(col) / n for col in zip(*v, strict=True)]
+    return [float(x) for x in v]
+
+
+def _llama_kw(ask: Ask) -> dict[str, Any]:
+    return {k: v for k, v in ask.params.items() if k in PARAMS and v is not None}
+
+
+class RemoteEngine:
+    """An OpenAI-compatible server (the cloud tier, or a local one like llama.cpp's), through
+    one shared ``aiohttp.ClientSession`` (kept-alive connections; its C parser keeps the
+    gateway's own cost per request low)."""
+
+    def __init__(self, c: Candidate, client: Any) -> None:
+        self.candidate = c
+        self.client = client
+
+    def _headers(self) -> dict[str, str]:
+        c = self.candidate
+        key = os.environ.get(c.api_key_env or "")
+        if not key:
+            raise BackendError("client", f"environment variable {c.api_key_env} is not set")
+        return {"Authorization": f"Bearer {key}"}
+
+    def _url(self, path: str) -> str:
+        return (self.candidate.base_url or "").rstrip("/") + path
+
+    def _body(self, ask: Ask) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.candidate.model}
+        body.update({k: v for k, v in ask.params.items() if k in PARAMS and v is not None})
+        if ask.kind == "chat":
+            body["messages"] = ask.messages
+        else:
+            body["prompt"] = ask.prompt
+        return body
+
+    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        import aiohttp
+
+        try:
+            async with self.client.post(
+                self._url(path), json=body, headers=self._headers(), timeout=self._timeout()
+            ) as r:
+                data = await r.read()
+                _check(r.status, r.headers)
+        except TimeoutError:
+            raise BackendError("timeout", "the request timed out") from None
+        except aiohttp.ClientError:
+            raise BackendError("connection", "could not connect") from None
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise BackendError("server", "the server's answer is not JSON") from None
+
+    def _timeout(self) -> Any:
+        import aiohttp
+
+        return aiohttp.ClientTimeout(total=self.candidate.timeout_s, connect=10.0)
+
+    async def answer(self, ask: Ask) -> Answer:
+        path = "/chat/completions" if ask.kind == "chat" else "/completions"
+        out = await self._post(path, self._body(ask))
+        try:
+            choice = out["choices"][0]
+            text = choice["message"].get("content") if ask.kind == "chat" else choice["text"]
+            u = out.get("usage") or {}
+            usage = Usage(
+                int(u.get("prompt_tokens") or 0),
+                int(u.get("completion_tokens") or 0),
+                choice.get("finish_reason") or "stop",
+            )
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise BackendError("server", "the server's answer is not an OpenAI response") from None
+        return Answer(text or "", usage)
+
+    async def stream(self, ask: Ask, usage: Usage) -> AsyncIterator[str]:
+        import aiohttp
+
+        path = "/chat/completions" if ask.kind == "chat" else "/completions"
+        body = {**self._body(ask), "stream": True, "stream_options": {"include_usage": True}}
+        try:
+            async with self.client.post(
+                self._url(path), json=body, headers=self._headers(), timeout=self._timeout()
+            ) as r:
+                if r.status >= 400:
+                    await r.read()
+                    _check(r.status, r.headers)
+                n = 0
+                finished = False  # [DONE] or a finish_reason seen: else the stream was cut
+                async for raw in r.content:  # one line at a time
+                    line = raw.decode("utf-8", "replace").strip()
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        finished = True
+                        break
+                    try:
+                        chunk = json.loads(data)
+                    except ValueError:
+                        raise BackendError("server", "a stream chunk is not JSON") from None
+                    u = chunk.get("usage")
+                    if u:
+                        usage.tokens_in = int(u.get("prompt_tokens") or 0)
+                        usage.tokens_out = int(u.get("completion_tokens") or 0)
+                    for choice in chunk.get("choices") or []:
+                        if choice.get("finish_reason"):
+                            usage.finish_reason = choice["finish_reason"]
+                            finished = True
+                        piece = choice.get("text")
+                        if piece is None:
+                            piece = (choice.get("delta") or {}).get("content")
+                        if piece:
+                            n += 1
+                            yield piece
+                if not finished:
+                    raise BackendError("connection", "the stream was cut off before [DONE]")
+                if not usage.tokens_out:
+                    usage.tokens_out = n
+        except TimeoutError:
+            raise BackendError("timeout", "the request timed out") from None
+        except aiohttp.ClientError:
+            raise BackendError("connection", "the connection failed") from None
+
+    async def embed(self, inputs: list[str]) -> tuple[list[list[float]], int]:
+        body = {"model": self.candidate.model, "input": inputs, "encoding_format": "float"}
+        out = await self._post("/embeddings", body)
+        try:
+            data = sorted(out["data"], key=lambda d: d.get("index", 0))
+            vectors = [_flat(d["embedding"]) for d in data]
+            tokens = int((out.get("usage") or {}).get("prompt_tokens") or 0)
+        except (KeyError, TypeError, AttributeError):
+            raise BackendError("server", "the server's answer is not an OpenAI response") from None
+        return vectors, tokens
+
+
+def _check(status: int, headers: Any) -> None:
+    """An HTTP error as the BackendError kind the router falls back on (never the body)."""
+    if status < 400:
+        return
+    retry = None
+    try:
+        retry = float(headers.get("retry-after")) if headers.get("retry-after") else None
+    except ValueError:
+        pass
+    if status == 429:
+        raise BackendError("rate-limit", "rate limited (HTTP 429)", status=429, retry_after_s=retry)
+    kind = "server" if status >= 500 else "client"
+    raise BackendError(kind, f"HTTP {status}", status=status, retry_after_s=retry)

@@ -1,0 +1,397 @@
+"""The request shapes of ``gpulock serve``'s endpoints, as JSON Schema, and the one validator
+every request body passes before a handler reads it.
+
+The same dictionaries are the request bodies of ``GET /openapi.json`` (``gpulock.serve.openapi``),
+so the published document and what the handlers accept cannot drift apart.  The validator knows
+the small part of JSON Schema used here (``type``, ``properties``, ``required``, ``items``,
+``anyOf``, ``enum``, ``minimum``, ``maximum``, ``minItems``, ``minLength``); a property may
+carry ``x-message``, the sentence a client reads when that property is wrong.  Unknown
+properties are allowed: the official clients send more than gpulock uses.
+
+Bodies are parsed with ``gpulock.core.safejson``: nesting past ``MAX_DEPTH`` (the deepest
+legitimate request, a tool's JSON Schema, is a dozen levels) is refused before ``json.loads``
+can recurse, as the state folder's readers do.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from gpulock.core import safejson
+
+MAX_DEPTH: Final = 64
+
+Schema = dict[str, Any]
+
+_NUM: Final[Schema] = {"type": "number"}
+_STOP: Final[Schema] = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}},
+        {"type": "null"},
+    ],
+    "x-message": "'stop' must be text or a list of texts",
+}
+
+
+def _opt(schema: Schema) -> Schema:
+    """An optional OpenAI parameter: JSON ``null`` means "not given", as the clients send it."""
+    return {
+        "anyOf": [schema, {"type": "null"}],
+        **{k: v for k, v in schema.items() if k[:2] == "x-"},
+    }
+
+
+def _model(message: str) -> Schema:
+    return {"type": "string", "minLength": 1, "x-message": message}
+
+
+# --- OpenAI ------------------------------------------------------------------------------------
+
+_PART: Final[Schema] = {
+    "type": "object",
+    "properties": {"type": {"type": "string"}, "text": {"type": "string"}},
+    "required": ["type"],
+}
+_OPENAI_MESSAGE: Final[Schema] = {
+    "type": "object",
+    "properties": {
+        "role": {"type": "string", "x-message": "each message needs a 'role' and a 'content'"},
+        "content": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": _PART},
+                {"type": "null"},
+            ],
+            "x-message": "a message's 'content' must be text or a list of parts "
+            '({"type": "text", "text": ...})',
+        },
+    },
+    "required": ["role"],
+    "x-message": "each message needs a 'role' and a 'content'",
+}
+_OPENAI_GEN: Final[dict[str, Schema]] = {
+    "model": _model("'model' is required: a task or model name (GET /v1/models)"),
+    "stream": _opt({"type": "boolean", "x-message": "'stream' must be true or false"}),
+    "max_tokens": _opt(
+        {"type": "integer", "minimum": 1, "x-message": "'max_tokens' must be a whole number >= 1"}
+    ),
+    "max_completion_tokens": _opt(
+        {
+            "type": "integer",
+            "minimum": 1,
+            "x-message": "'max_completion_tokens' must be a whole number >= 1",
+        }
+    ),
+    "temperature": _opt(
+        {
+            **_NUM,
+            "minimum": 0,
+            "maximum": 2,
+            "x-message": "'temperature' must be a number from 0 to 2",
+        }
+    ),
+    "top_p": _opt(
+        {**_NUM, "minimum": 0, "maximum": 1, "x-message": "'top_p' must be a number from 0 to 1"}
+    ),
+    "presence_penalty": _opt(
+        {
+            **_NUM,
+            "minimum": -2,
+            "maximum": 2,
+            "x-message": "'presence_penalty' must be a number from -2 to 2",
+        }
+    ),
+    "frequency_penalty": _opt(
+        {
+            **_NUM,
+            "minimum": -2,
+            "maximum": 2,
+            "x-message": "'frequency_penalty' must be a number from -2 to 2",
+        }
+    ),
+    "stop": _STOP,
+    "seed": _opt({"type": "integer", "x-message": "'seed' must be a whole number"}),
+    "n": _opt(
+        {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 1,
+            "x-message": "'n' must be 1: gpulock serve answers one choice per request",
+        }
+    ),
+    "stream_options": _opt(
+        {
+            "type": "object",
+            "properties": {"include_usage": {"type": "boolean"}},
+            "x-message": "'stream_options' must be an object like {\"include_usage\": true}",
+        }
+    ),
+}
+
+OPENAI_CHAT: Final[Schema] = {
+    "type": "object",
+    "properties": {
+        **_OPENAI_GEN,
+        "messages": {
+            "type": "array",
+            "minItems": 1,
+            "items": _OPENAI_MESSAGE,
+            "x-message": "'messages' is required: a non-empty list of messages",
+        },
+    },
+    "required": ["model", "messages"],
+}
+OPENAI_COMPLETION: Final[Schema] = {
+    "type": "object",
+    "properties": {
+        **_OPENAI_GEN,
+        "prompt": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
+            ],
+            "x-message": "'prompt' is required: text (one prompt per request)",
+        },
+    },
+    "required": ["model", "prompt"],
+}
+OPENAI_EMBEDDINGS: Final[Schema] = {
+    "type": "object",
+    "properties": {
+        "model": _OPENAI_GEN["model"],
+        "input": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            ],
+            "x-message": "'input' is required: text or a non-empty list of texts",
+        },
+        "encoding_format": _opt(
+            {
+                "type": "string",
+                "enum": ["float", "base64"],
+                "x-message": "'encoding_format' must be 'float' or 'base64'",
+            }
+        ),
+    },
+    "required": ["model", "input"],
+}
+
+# --- Ollama ------------------------------------------------------------------------------------
+
+_OLLAMA_OPTIONS: Final[Schema] = {
+    "type": "object",
+    "properties": {
+        "num_predict": {
+            "type": "integer",
+            "x-message": "options.num_predict must be a whole number",
+        },
+        "temperature": {
+            **_NUM,
+            "minimum": 0,
+            "x-message": "options.temperature must be a number >= 0",
+        },
+        "top_p": {
+            **_NUM,
+            "minimum": 0,
+            "maximum": 1,
+            "x-message": "options.top_p must be a number from 0 to 1",
+        },
+        "presence_penalty": {**_NUM, "x-message": "options.presence_penalty must be a number"},
+        "frequency_penalty": {**_NUM, "x-message": "options.frequency_penalty must be a number"},
+        "seed": {"type": "integer", "x-message": "options.seed must be a whole number"},
+        "stop": {
+            "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
+            "x-message": "options.stop must be text or a list of texts",
+        },
+    },
+    "x-message": "options must be an object",
+}
+_OLLAMA_COMMON: Final[dict[str, Schema]] = {
+    "model": _model("model is required"),
+    "stream": {"type": "boolean", "x-message": "stream must be true or false"},
+    "options": {
+        "anyOf": [_OLLAMA_OPTIONS, {"type": "null"}],
+        "x-message": "options must be an object",
+    },
+    "keep_alive": {
+        "anyOf": [{"type": "string"}, {"type": "number"}, {"type": "null"}],
+        "x-message": 'keep_alive must be a duration like "5m" or a number of seconds',
+    },
+}
+_OLLAMA_MESSAGE: Final[Schema] = {
+    "type": "object",
+    "properties": {
+        "role": {"type": "string", "x-message": "each message needs a role and a content"},
+        "content": {"type": "string", "x-message": "a message's content must be text"},
+    },
+    "required": ["role"],
+    "x-message": "each message needs a role and a content",
+}
+OLLAMA_CHAT: Final[Schema] = {
+    "type": "object",
+    "properties": {
+        **_OLLAMA_COMMON,
+        "messages": {
+            "type": "array",
+            "minItems": 1,
+            "items": _OLLAMA_MESSAGE,
+            "x-message": "messages is required: a non-empty list of messages",
+        },
+    },
+    "required": ["model", "messages"],
+}
+OLLAMA_GENERATE: Final[Schema] = {
+    "type": "object",
+    "properties": {
+        **_OLLAMA_COMMON,
+        "prompt": {"type": "string", "x-message": "prompt and system must be text"},
+        "system": {"type": "string", "x-message": "prompt and system must be text"},
+        "raw": {"type": "boolean", "x-message": "raw must be true or false"},
+    },
+    "required": ["model"],
+}
+OLLAMA_EMBED: Final[Schema] = {
+    "type": "object",
+    "properties": {
+        **_OLLAMA_COMMON,
+        "input": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            ],
+            "x-message": "input is required: text or a non-empty list of texts",
+        },
+    },
+    "required": ["model", "input"],
+}
+OLLAMA_EMBEDDINGS: Final[Schema] = {
+    "type": "object",
+    "properties": {
+        **_OLLAMA_COMMON,
+        "prompt": {"type": "string", "x-message": "prompt must be text"},
+    },
+    "required": ["model"],
+}
+OLLAMA_SHOW: Final[Schema] = {
+    "type": "object",
+    "properties": {
+        "model": _model("model is required"),
+        "name": {"type": "string", "x-message": "name must be text"},  # older clients' key
+        "verbose": {"type": "boolean", "x-message": "verbose must be true or false"},
+    },
+}
+
+
+# --- the validator -----------------------------------------------------------------------------
+
+
+class Invalid(ValueError):
+    """A body that does not fit its endpoint: ``message`` for the client, ``param`` the
+    top-level key at fault (OpenAI's ``param``)."""
+
+    def __init__(self, message: str, param: str | None = None, *, explained: bool = False):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.explained = explained  # the message is a schema's own x-message
+
+
+def loads(data: bytes) -> Any:
+    """A request body as JSON: depth bounded first, then parsed; ``Invalid`` if it is not."""
+    try:
+        return safejson.loads(data, max_depth=MAX_DEPTH)
+    except safejson.TooDeep:
+        raise Invalid(f"the request body nests deeper than {MAX_DEPTH} levels") from None
+    except UnicodeDecodeError:
+        raise Invalid("the request body is not valid UTF-8") from None
+    except (ValueError, RecursionError):
+        raise Invalid("the request body is not valid JSON") from None
+
+
+def validate(obj: Any, schema: Schema) -> None:
+    """Raise ``Invalid`` naming the first part of ``obj`` that does not fit ``schema``."""
+    if not isinstance(obj, dict):
+        raise Invalid("the request body must be a JSON object")
+    _check(obj, schema, "", None)
+
+
+_TYPES: Final = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+    "null": lambda v: v is None,
+}
+
+
+def _check(v: Any, s: Schema, path: str, param: str | None) -> None:
+    if isinstance(v, dict) and s.get("type") == "object":
+        for k in s.get("required", ()):
+            if k not in v:
+                sub = s.get("properties", {}).get(k, {})
+                said = sub.get("x-message")
+                raise Invalid(said or f"'{k}' is required", param or k, explained=bool(said))
+    if not _fits(v, s):
+        typed = [a for a in s.get("anyOf", ()) if "type" in a and _TYPES[a["type"]](v)]
+        if len(typed) == 1:  # the one alternative of this type may say more precisely
+            try:
+                _check(v, typed[0], path, param)
+            except Invalid as inner:
+                if inner.explained:
+                    raise
+        if "x-message" in s:
+            raise Invalid(s["x-message"], param, explained=True)
+        raise Invalid(f"'{path or 'body'}' does not fit: {_say(s)}", param)
+    for k, sub in s.get("properties", {}).items():
+        if isinstance(v, dict) and k in v:
+            _check(v[k], sub, f"{path}.{k}" if path else k, param or k)
+    items = s.get("items")
+    if items is not None and isinstance(v, list):
+        for i, x in enumerate(v):
+            _check(x, items, f"{path}[{i}]", param)
+    for alt in s.get("anyOf", ()):
+        if _fits(v, alt):
+            _check(v, alt, path, param)
+            break
+
+
+def _fits(v: Any, s: Schema) -> bool:
+    """``v`` fits ``s`` at this level (and its ``anyOf``, deeply); properties are checked by
+    ``_check`` so that the message names the deepest part at fault."""
+    t = s.get("type")
+    if t is not None and not _TYPES[t](v):
+        return False
+    if "enum" in s and v not in s["enum"]:
+        return False
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        if "minimum" in s and v < s["minimum"]:
+            return False
+        if "maximum" in s and v > s["maximum"]:
+            return False
+    if isinstance(v, list | str):
+        least: int = s.get("minItems", 0) if isinstance(v, list) else s.get("minLength", 0)
+        if len(v) < least:
+            return False
+        if "maxItems" in s and len(v) > s["maxItems"]:
+            return False
+    if "anyOf" in s:
+        return any(_deep_fits(v, alt) for alt in s["anyOf"])
+    return True
+
+
+def _deep_fits(v: Any, s: Schema) -> bool:
+    try:
+        _check(v, s, "", None)
+    except Invalid:
+        return False
+    return True
+
+
+def _say(s: Schema) -> str:
+    if "anyOf" in s:
+        return " or ".join(_say(a) for a in s["anyOf"])
+    return str(s.get("type", "a value"))
