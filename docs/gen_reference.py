@@ -55,6 +55,8 @@ GUIDES: Mapping[str, str] = {
     "replay": "../foresight.md",
     "serve": "../serve.md",
     "cluster": "../cluster.md",
+    "config": "../configuration.md",
+    "files": "../getting-started.md",
 }
 
 
@@ -177,6 +179,8 @@ PAGE_TITLES: Mapping[str, str] = {
     "cluster.md": "Cluster: several hosts as one pool",
     "prefetch.md": "Cold starts",
     "foresight.md": "Foresight: evict the model needed last",
+    "configuration.md": "Configuration guide",
+    "getting-started.md": "Getting started",
 }
 
 

@@ -6,6 +6,7 @@ The checking is ``gpulock.core.sections``; this is its command.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,16 +19,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_command(_config, argv)
 
 
-def _config(argv: list[str]) -> int:
+DESCRIPTION = """\
+Check the config file now: gpulock's own keys, and every other section (router, routes,
+watchdog, governor, serve, cluster, agents, metrics, prefetch, eviction) with the validator of
+the part of gpulock that reads it, so a typo in serve: shows up today, not when the service
+next starts.  Each problem is one line, file:line: key: what, with a hint ("did you mean ...?")
+under it: every wrong top-level key or value, and the first problem of each section."""
+
+EPILOG = """\
+exit codes: 0 no problem (or no config file: every default applies); 1 a problem (or the file
+cannot be read); 2 usage."""
+
+
+def build_parser(prog: str = "gpulock config") -> argparse.ArgumentParser:
     p = Parser(
-        prog="gpulock config",
-        description="Check the config file: every section, by the part of gpulock that reads it.",
-        usage="gpulock config check [--config FILE] [--json]",
+        prog=prog,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage=f"{prog} check [--config FILE] [--json]",
     )
     p.add_argument("action", metavar="check", help="the one action: check")
-    p.add_argument("--config", metavar="FILE", help="the config file (default: the usual search)")
+    p.add_argument("--config", metavar="FILE", help="the config file (default: the usual lookup)")
     p.add_argument("--json", action="store_true", help='print {"file", "ok", "problems": [...]}')
-    args = p.parse_args(argv)
+    return p
+
+
+def _config(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     if args.action != "check":
         raise UsageError(
             f"unknown action {args.action!r}", hint=known_hint(args.action, ["check"], "actions")

@@ -8,6 +8,7 @@ does: ``gpulock files`` lists them, ``gpulock files NAME`` prints one path, for
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,18 +65,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_command(_files, argv)
 
 
-def _files(argv: list[str]) -> int:
+DESCRIPTION = """\
+List the files that come with gpulock (systemd units, the Grafana dashboard, crontab.example,
+the example configs and agents) with their paths in this install; with NAME, print that one
+path, for cp "$(gpulock files grafana)" DEST.  They ship inside the package, so a pip install
+has them as a checkout does."""
+
+EPILOG = """\
+exit codes: 0 listed or printed; 1 the file is missing from this install; 2 usage (an unknown
+NAME: the known ones are listed)."""
+
+
+def build_parser(prog: str = "gpulock files") -> argparse.ArgumentParser:
     p = Parser(
-        prog="gpulock files",
-        description=(
-            "List the files that come with gpulock (systemd units, the Grafana dashboard, "
-            "crontab.example, example configs and agents) with their paths in this install; "
-            'with NAME, print that one path (cp "$(gpulock files grafana)" DEST).'
-        ),
+        prog=prog,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("name", nargs="?", metavar="NAME", help="one file's name (see the list)")
+    names = ", ".join(f.name for f in FILES)
+    p.add_argument("name", nargs="?", metavar="NAME", help=f"one file: {names}")
     p.add_argument("--json", action="store_true", help='print {"files": [...]}, or one of them')
-    args = p.parse_args(argv)
+    return p
+
+
+def _files(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     if args.name is not None:
         f = find(args.name)
         if not f.path.exists():
