@@ -236,7 +236,7 @@ OPENAI_EMBEDDINGS: Final[Schema] = {
 _TEXT_PART: Final[Schema] = {
     "type": "object",
     "properties": {
-        "type": {"enum": ["input_text", "output_text", "text", "refusal"]},
+        "type": {"type": "string"},  # the handler names the kinds it takes (text ones)
         "text": {"type": "string"},
     },
     "required": ["type"],
@@ -244,9 +244,8 @@ _TEXT_PART: Final[Schema] = {
 _RESPONSES_ITEM: Final[Schema] = {
     "type": "object",
     "properties": {
-        "type": {
-            "enum": ["message", "function_call", "function_call_output", "reasoning"],
-        },
+        # Any type: the handler names the kinds it takes (and why item_reference is not one).
+        "type": {"type": "string"},
         "role": {"enum": ["user", "assistant", "system", "developer"]},
         "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]},
         "call_id": {"type": "string"},
