@@ -378,7 +378,7 @@ def test_openai_agents_sdk_runner_on_its_default_path(gateway: GatewayProc) -> N
         called.append(city)
         return f"sunny in {city}"
 
-    async def run() -> tuple[Any, Any, Any]:
+    async def run() -> tuple[Any, Any]:
         client = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
         set_tracing_disabled(True)
         set_default_openai_client(client, use_for_tracing=False)
@@ -394,9 +394,9 @@ def test_openai_agents_sdk_runner_on_its_default_path(gateway: GatewayProc) -> N
         )
         second = await Runner.run(weather, "weather in Paris?")
         await client.close()
-        return first, second, judge
+        return first, second
 
-    first, second, judge = asyncio.run(run())
+    first, second = asyncio.run(run())
     assert isinstance(first.final_output, Verdict)
     assert called and second.final_output == f"sunny in {called[0]}"
     # The default path, not chat completions: the SDK resolved its Responses model.

@@ -84,11 +84,10 @@ def _main(argv: list[str]) -> int:
 
         print(json.dumps(choice_json(choice, here_name(settings), can), indent=2))
     elif args.explain:
+        from gpulock.router.tools import summary
+
         print(choice.explain())
-        print("tools:")
-        for v in choice.verdicts:
-            print(f"  {v.candidate.name}: {'can call them' if can[id(v)].ok else 'cannot'} "
-                  f"({can[id(v)].how})")  # fmt: skip
+        print(summary([(v.candidate.name, can[id(v)]) for v in choice.verdicts]))
     elif choice.chosen is None:
         print(choice.explain())
     else:

@@ -62,17 +62,28 @@ def support(
             f"say tools: true in {c.key} if its server does",
         )
     if isinstance(c.tools, str):
-        return ToolSupport(True, f"llama.cpp handler {c.tools} ({c.key}.tools)", c.tools)
+        return ToolSupport(True, f"llama.cpp handler {c.tools}", c.tools)
     if template is not None and CHATML in template:
         return ToolSupport(
-            True, "llama.cpp handler chatml-function-calling (ChatML template)", HANDLERS[0]
+            True, "llama.cpp handler chatml-function-calling, for its ChatML template", HANDLERS[0]
         )
     what = "no chat template" if template is None else "a chat template that is not ChatML"
-    return ToolSupport(
-        False,
-        f"the model has {what}, for which llama-cpp-python has no function-calling handler; "
-        f"name one in {c.key}.tools ({', '.join(HANDLERS)}) if the model follows it",
-    )
+    return ToolSupport(False, f"{what}; name a handler in tools: if the model follows one")
+
+
+def summary(named: list[tuple[str, ToolSupport]]) -> str:
+    """One line: which candidates can call tools and how, which cannot and why (candidates
+    with the same answer grouped), for ``gpulock route --explain``."""
+    groups: dict[tuple[bool, str], list[str]] = {}
+    for name, s in named:
+        names = groups.setdefault((s.ok, s.how), [])
+        if name not in names:
+            names.append(name)
+    parts = [
+        f"{'can' if ok else 'cannot'}: {', '.join(names)} ({how})"
+        for (ok, how), names in groups.items()
+    ]
+    return "tools: " + "; ".join(parts)
 
 
 def tool_calls_of(message: Any) -> tuple[dict[str, Any], ...]:
