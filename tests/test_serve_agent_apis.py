@@ -7,7 +7,10 @@ One real server for the module, on the tiny llama.cpp model in the server's own 
 * ``agent``: the same model on the CPU first (``tiny-plain``, no tools), then a candidate that
   names llama-cpp-python's ``chatml-function-calling`` handler (``tiny-tools``): a request
   with tools skips the first and reaches the handler;
-* ``plain``: ``tiny-plain`` only: a request with tools is refused, saying why.
+* ``plain``: ``tiny-plain`` only: a request with tools is refused, saying why;
+* ``remote``: ``tiny-plain``, then a real ``python -m llama_cpp.server`` (its
+  ``chatml-function-calling`` chat format) as an OpenAI-compatible candidate: the tools are
+  passed to the endpoint, and its tool calls come back through every API.
 
 The model's words are nonsense, so the tests check shapes, the candidate that answered
 (``X-Gpulock-Model``), and what the accounting recorded; a tool schema with an ``enum``
@@ -26,6 +29,7 @@ from typing import Any, Literal
 import anthropic
 import openai
 import pytest
+from router_servers import LlamaServer
 from serve_server import GatewayProc
 
 from gpulock.router.tiny_model import ensure_tiny_llama
@@ -38,6 +42,7 @@ WEATHER_PARAMS = {
 }
 RESPONSES_TOOL = {"type": "function", "name": "get_weather", "parameters": WEATHER_PARAMS}
 CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_PARAMS}}
+UPSTREAM_KEY = "upstream-test-key"
 ANTHROPIC_TOOL = {"name": "get_weather", "description": "weather", "input_schema": WEATHER_PARAMS}
 
 
@@ -45,6 +50,10 @@ ANTHROPIC_TOOL = {"name": "get_weather", "description": "weather", "input_schema
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProc]:
     root = tmp_path_factory.mktemp("agent-apis")
     tiny = ensure_tiny_llama(root)
+    upstream = LlamaServer(
+        tiny, root / "llama-server.log", api_key=UPSTREAM_KEY, n_ctx=2048,
+        chat_format="chatml-function-calling",
+    ).start()  # fmt: skip
     config = root / "gpulock.yaml"
     config.write_text(
         textwrap.dedent(
@@ -62,16 +71,26 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProc]:
               plain:
                 - {{tier: cpu, backend: llama_cpp, model: {tiny}, n_ctx: 2048, max_tokens: 8,
                    name: tiny-plain}}
+              remote:
+                - {{tier: cpu, backend: llama_cpp, model: {tiny}, n_ctx: 2048, max_tokens: 8,
+                   name: tiny-plain}}
+                - {{tier: cloud, backend: openai, model: tiny, base_url: {upstream.base_url},
+                   api_key_env: UPSTREAM_KEY, max_tokens: 48, name: llama-server}}
             """
         )
     )
-    env = {"GPULOCK_CONFIG": str(config), "GPULOCK_STATE_DIR": str(root / "state")}
+    env = {
+        "GPULOCK_CONFIG": str(config),
+        "GPULOCK_STATE_DIR": str(root / "state"),
+        "UPSTREAM_KEY": UPSTREAM_KEY,
+    }
     g = GatewayProc(root / "serve.log", env=env)
     g.root = root  # type: ignore[attr-defined]
     try:
         yield g.start()
     finally:
         g.stop()
+        upstream.stop()
 
 
 def oa(g: GatewayProc) -> openai.OpenAI:
@@ -229,6 +248,37 @@ def test_chat_completions_pass_tools_to_the_handler(gateway: GatewayProc) -> Non
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+def test_tools_are_passed_to_an_openai_compatible_endpoint(gateway: GatewayProc) -> None:
+    """A real OpenAI-compatible server that calls tools (llama-cpp-python's server, its
+    chatml-function-calling format): serve passes the tools on, and its calls come back in
+    each API's shape."""
+    raw = oa(gateway).chat.completions.with_raw_response.create(
+        model="remote",
+        messages=[{"role": "user", "content": "weather?"}],
+        tools=[CHAT_TOOL],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    assert raw.headers["x-gpulock-tier"] == "cloud"
+    assert raw.headers["x-gpulock-model"] == "llama-server"  # tiny-plain was passed over
+    (tc,) = raw.parse().choices[0].message.tool_calls or []
+    assert json.loads(tc.function.arguments)["city"] in ("Paris", "Oslo")  # type: ignore[union-attr]
+    m = an(gateway).messages.create(
+        model="remote",
+        max_tokens=48,
+        messages=[{"role": "user", "content": "weather?"}],
+        tools=[ANTHROPIC_TOOL],  # type: ignore[list-item]
+        tool_choice={"type": "tool", "name": "get_weather"},
+    )
+    assert m.stop_reason == "tool_use" and m.content[-1].type == "tool_use"
+    r = oa(gateway).responses.create(
+        model="remote",
+        input="weather?",
+        tools=[RESPONSES_TOOL],  # type: ignore[list-item]
+        tool_choice={"type": "function", "name": "get_weather"},
+    )
+    assert [o.type for o in r.output] == ["function_call"]
+
+
 # --- the Messages API --------------------------------------------------------------------------
 
 
@@ -290,7 +340,7 @@ def test_anthropic_event_sequence_and_error_shape(gateway: GatewayProc) -> None:
         )
     err = nf.value.body
     assert isinstance(err, dict) and err["error"]["type"] == "not_found_error"
-    assert "known models: chat, agent, plain" in err["error"]["message"]
+    assert "known models: chat, agent, plain, remote" in err["error"]["message"]
 
 
 def test_anthropic_tool_use_and_tool_result(gateway: GatewayProc) -> None:
