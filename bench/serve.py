@@ -19,6 +19,10 @@ are ``aiohttp`` sessions in this process.
 (c) Throughput at 1, 8 and 64 concurrent clients for ``--seconds`` (4) each, in four alternating
     slices (direct, gateway, direct, ...): requests per second of each, and the ratio.
 (d) The gateway's memory: peak resident set (VmHWM) after the run.
+(e) The agent APIs: ``/v1/responses`` and ``/v1/messages`` beside ``/v1/chat/completions``
+    through the same gateway and upstream (latency, the gateway's CPU per request), and each
+    API's own translation (schema check, request to ``Ask``, answer or 16-piece stream back in
+    its shape) timed in this process: target <= 0.1 ms of CPU added per request.
 
 LiteLLM's proxy (``litellm[proxy]``, no database) stands in front of the same upstream as a
 third column, measured in the same way in the same run: installed by this benchmark into its own
@@ -236,6 +240,157 @@ def tree_hwm_kib(sid: int) -> int | None:
     return sum(known) if known else None
 
 
+# --- the agent APIs: Responses and Messages beside chat completions --------------------------
+
+API_BODIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat completions": ("/v1/chat/completions", BODY),
+    "Responses": ("/v1/responses", {"model": "fast", "input": "hello", "max_output_tokens": 16}),
+    "Messages": (
+        "/v1/messages",
+        {"model": "fast", "max_tokens": 16, "messages": [{"role": "user", "content": "hello"}]},
+    ),
+}
+TRANSLATION_TARGET_US = 100.0  # the added cost of a face's translation, CPU per request
+
+
+def translation_cpu_us(n: int) -> dict[str, dict[str, float]]:
+    """CPU microseconds per request of each API's own work in this process, for a whole
+    answer and for a 16-piece stream: check the body against its schema, translate it into
+    the one ``Ask``, render the answer (or every event of the stream) in the API's shape.
+    Everything else a request costs (routing, the line, the upstream call, accounting) is the
+    same code for the three APIs."""
+    sys.path.insert(0, str(REPO))
+    from gpulock.serve import api_anthropic, api_openai, api_responses, schema
+    from gpulock.serve.engines import Answer, Usage
+
+    shapes = {
+        "chat completions": schema.OPENAI_CHAT,
+        "Responses": schema.RESPONSES,
+        "Messages": schema.ANTHROPIC_MESSAGES,
+    }
+    answer = Answer("hi there", Usage(3, 2, "stop"))
+
+    def whole(name: str, body: dict[str, Any]) -> Any:
+        if name == "chat completions":
+            a = api_openai.chat_ask(body)
+            return api_openai.answer(a, a.model, answer)
+        if name == "Responses":
+            a = api_responses.ask(body)
+            return api_responses.answer(a, body, answer)
+        a = api_anthropic.ask(body)
+        return api_anthropic.answer(a, answer)
+
+    async def pieces() -> Any:
+        for i in range(16):
+            yield f"w{i} "
+
+    def events(name: str, body: dict[str, Any]) -> Any:
+        u = Usage(3, 16, "stop")
+        if name == "chat completions":
+            a = api_openai.chat_ask(body)
+            return api_openai.sse(a, a.model, pieces(), u, False)
+        if name == "Responses":
+            a = api_responses.ask(body)
+            return api_responses.sse(a, body, pieces(), u)
+        return api_anthropic.sse(api_anthropic.ask(body), pieces(), u)
+
+    async def drain(gen: Any) -> None:
+        async for _ in gen:
+            pass
+
+    out: dict[str, dict[str, float]] = {}
+    for name, (_path, body) in API_BODIES.items():
+        data = json.dumps(body).encode()
+        for _ in range(200):  # warm
+            json.dumps(whole(name, schema.loads(data)))
+        t0 = time.process_time()
+        for _ in range(n):
+            obj = schema.loads(data)
+            schema.validate(obj, shapes[name])
+            json.dumps(whole(name, obj))
+        t1 = time.process_time()
+
+        async def streams(name: str = name, data: bytes = data) -> None:
+            for _ in range(n // 4):
+                obj = schema.loads(data)
+                schema.validate(obj, shapes[name])
+                await drain(events(name, {**obj, "stream": True}))
+
+        t2 = time.process_time()
+        asyncio.run(streams())
+        t3 = time.process_time()
+        out[name] = {"whole_us": (t1 - t0) / n * 1e6, "stream_us": (t3 - t2) / (n // 4) * 1e6}
+    return out
+
+
+async def api_latency(gw: str, n: int) -> dict[str, list[float]]:
+    """``n`` rounds through the gateway, each API once per round in turn: seconds per call."""
+    out: dict[str, list[float]] = {name: [] for name in API_BODIES}
+    async with session() as c:
+        for i in range(n + 20):
+            for name, (path, body) in API_BODIES.items():
+                start = time.perf_counter()
+                async with c.post(gw + path, json=body) as r:
+                    r.raise_for_status()
+                    json.loads(await r.read())
+                if i >= 20:  # the first 20 rounds warm every path
+                    out[name].append(time.perf_counter() - start)
+    return out
+
+
+def api_rows(gw: str, gw_pid: int, n: int) -> tuple[list[str], str, dict[str, Any]]:
+    """The Responses and Messages rows beside chat completions: the table's lines, the
+    summary's clause, the figures.  Latency through the gateway (the same upstream answers
+    all three), the gateway's CPU per request in a run of each API alone, and the faces' own
+    translation cost measured in this process (see ``translation_cpu_us``)."""
+    lat = asyncio.run(api_latency(gw, n))
+    cpu: dict[str, float] = {}
+    for name, (path, body) in API_BODIES.items():
+
+        async def alone(path: str = path, body: dict[str, Any] = body) -> None:
+            async with session() as c:
+                for _ in range(n):
+                    async with c.post(gw + path, json=body) as r:
+                        await r.read()
+
+        c0 = cpu_s(gw_pid)
+        asyncio.run(alone())
+        cpu[name] = (cpu_s(gw_pid) - c0) / n * 1e3
+    own = translation_cpu_us(max(2000, n * 20))
+    base = own["chat completions"]
+    lines = [
+        "| API (non-streaming through the gateway) | p50 / p99 | gateway CPU / request "
+        "| translation CPU, whole / 16-piece stream | added vs chat completions |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    added: dict[str, float] = {}
+    for name in API_BODIES:
+        p50, p99 = pct(lat[name], 0.5) * 1e3, pct(lat[name], 0.99) * 1e3
+        t = own[name]
+        extra = max(t["whole_us"] - base["whole_us"], t["stream_us"] - base["stream_us"])
+        added[name] = extra
+        plus = "(the baseline)" if name == "chat completions" else f"{extra:+.1f} us"
+        lines.append(
+            f"| {name} | {p50:.2f} / {p99:.2f} ms | {cpu[name]:.2f} ms | "
+            f"{t['whole_us']:.1f} / {t['stream_us']:.1f} us | {plus} |"
+        )
+    worst = max(added["Responses"], added["Messages"])
+    ok = worst <= TRANSLATION_TARGET_US
+    clause = (
+        f"Responses adds {added['Responses']:.1f} us and Messages {added['Messages']:.1f} us of "
+        f"translation CPU per request over chat completions (target <= "
+        f"{TRANSLATION_TARGET_US:.0f} us)"
+    )
+    figures = {
+        "latency_ms": {k: [pct(v, 0.5) * 1e3, pct(v, 0.99) * 1e3] for k, v in lat.items()},
+        "gateway_cpu_ms": cpu,
+        "translation_us": own,
+        "added_us": added,
+        "ok": ok,
+    }
+    return lines, clause, figures
+
+
 LITELLM_SPEC = "litellm[proxy]"
 LITELLM_KEY = "sk-" + secrets.token_hex(16)  # its master key, for this run only
 
@@ -388,6 +543,9 @@ def main(argv: list[str] | None = None) -> int:
         results["throughput_rps"] = {str(n): v for n, v in tput.items()}
         hwm = {n: tree_hwm_kib(by_name[n].pid) for n in names[1:]}
         results["vm_hwm_kib"] = hwm
+        api_lines, api_clause, results["apis"] = api_rows(
+            f"http://127.0.0.1:{gw_port}", procs[1].pid, max(100, args.requests // 2)
+        )
     finally:
         kill_all(procs)
 
@@ -431,6 +589,8 @@ def main(argv: list[str] | None = None) -> int:
         + f", upstream {cpu['upstream']:.2f} ms; peak RSS (VmHWM): "
         + ", ".join(f"{p} {mib(hwm[p])}" for p in proxies)
     )
+    print("\nThe agent APIs beside chat completions, through the same gateway and upstream:\n")
+    print("\n".join(api_lines))
     g = "gpulock serve"
     added = rows[0][1][g][0] - rows[0][1]["direct"][0]
     added99 = rows[0][1][g][1] - rows[0][1]["direct"][1]
@@ -440,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         ("added p50 <= 2 ms", added <= 2.0),
         ("TTFT overhead <= 5 ms", ttft_added <= 5.0),
         ("64 clients >= 90 %", ratio >= 0.9),
+        (f"API translation <= {TRANSLATION_TARGET_US:.0f} us", results["apis"]["ok"]),
     ]
     failed = [n for n, ok in verdict if not ok]
     lite = ""
@@ -456,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
         f"\nsummary: gpulock serve adds {added:.2f} ms p50 ({added99:.2f} ms p99) non-streaming, "
         f"{ttft_added:.2f} ms to the first token; throughput "
         + ", ".join(f"{n}: {100 * v[g] / v['direct']:.0f} %" for n, v in tput.items())
-        + f" of direct; gateway CPU {cpu[g]:.2f} ms/request; RSS {mib(hwm[g])}{lite}; "
+        + f" of direct; gateway CPU {cpu[g]:.2f} ms/request; RSS {mib(hwm[g])}; "
+        + f"{api_clause}{lite}; "
         + ("PASS" if not failed else "FAILED: bench/serve.py (" + ", ".join(failed) + ")")
     )
     if args.json:

@@ -88,6 +88,7 @@ class LlamaServer:
     n_ctx: int = 256
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
+    chat_format: str | None = None  # e.g. chatml-function-calling: a server that calls tools
 
     @property
     def base_url(self) -> str:
@@ -113,6 +114,8 @@ class LlamaServer:
             ]
             if self.api_key:
                 argv += ["--api_key", self.api_key]
+            if self.chat_format:
+                argv += ["--chat_format", self.chat_format]
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen(
                     argv,

@@ -37,6 +37,7 @@ VERDICT_KEYS = {
     "gpu",
     "need_bytes",
     "warm",
+    "tools",  # {"ok", "how"}: whether it can call tools (gpulock.router.tools)
 }
 
 
@@ -98,6 +99,8 @@ def test_explain_gives_every_candidate(cli: Cli, tiny: Path) -> None:
     assert r.stdout.splitlines() == [
         f"digest: gpu tiny-llama (routes.summarize[0]): gpu0: needs {size}",
         "  passed over: cpu tiny-llama (routes.summarize[1]): runs on the CPU",
+        "tools: cannot: tiny-llama (a chat template that is not ChatML; name a handler in "
+        "tools: if the model follows one)",
     ]
 
 
@@ -154,7 +157,7 @@ def test_deadline_against_a_real_holder(cli: Cli, tiny: Path) -> None:
     holder = cli.hold("holder")  # a real `gpulock run` holding gpu0 until released
     r = cli.run("route", "summarize", "--explain", "--deadline", "5s", env=env)
     assert r.code == 0, r.describe()
-    first, second = r.stdout.splitlines()
+    first, second = r.stdout.splitlines()[:2]
     assert first == "summarize: cpu tiny-llama (routes.summarize[1]): runs on the CPU"
     assert second.startswith("  rejected: gpu tiny-llama (routes.summarize[0]): gpu0 queue: ~")
     assert second.endswith("wait (1 ahead) > deadline 5.0 s")

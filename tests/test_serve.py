@@ -288,7 +288,7 @@ def test_keys_are_required_when_configured(tmp_path: Path) -> None:
         wrong = g.request("GET", "/v1/models", headers={"Authorization": "Bearer nope"})
         assert wrong.status == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
         assert g.request("GET", "/api/tags").json() == {
-            "error": "missing or wrong API key: send Authorization: Bearer KEY"
+            "error": "missing or wrong API key: send Authorization: Bearer KEY (or x-api-key: KEY)"
         }
         for key in ("first-key-123", "second-key-456"):
             ok = g.request("GET", "/v1/models", headers={"Authorization": f"Bearer {key}"})

@@ -23,7 +23,7 @@ from gpulock.serve.dispatch import Dispatcher
 from gpulock.serve.line import Line
 from gpulock.serve.openapi import document
 
-EXAMPLES = 10  # per operation and phase; the document has 22 operations
+EXAMPLES = 10  # per operation and phase; the document has 24 operations
 CHECKS = (
     "not_a_server_error,status_code_conformance,content_type_conformance,"
     "response_headers_conformance,response_schema_conformance,negative_data_rejection"
@@ -66,6 +66,8 @@ def test_request_bodies_are_the_schemas_the_handlers_validate_with() -> None:
         ("/v1/chat/completions", schema.OPENAI_CHAT),
         ("/v1/completions", schema.OPENAI_COMPLETION),
         ("/v1/embeddings", schema.OPENAI_EMBEDDINGS),
+        ("/v1/responses", schema.RESPONSES),
+        ("/v1/messages", schema.ANTHROPIC_MESSAGES),
         ("/api/chat", schema.OLLAMA_CHAT),
         ("/api/generate", schema.OLLAMA_GENERATE),
         ("/api/embed", schema.OLLAMA_EMBED),

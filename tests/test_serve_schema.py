@@ -27,7 +27,14 @@ MSG = [{"role": "user", "content": "hi"}]
             schema.OPENAI_CHAT,
         ),
         (
-            {"model": "m", "messages": MSG, "tools": [{"deep": {"er": [1]}}], "user": "u"},
+            {
+                "model": "m",
+                "messages": MSG,
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": {"d": [1]}}}
+                ],
+                "user": "u",
+            },
             schema.OPENAI_CHAT,
         ),
         ({"model": "m", "prompt": ["one"]}, schema.OPENAI_COMPLETION),
@@ -41,6 +48,29 @@ MSG = [{"role": "user", "content": "hi"}]
         ),
         ({"model": "m"}, schema.OLLAMA_GENERATE),
         ({"name": "m"}, schema.OLLAMA_SHOW),
+        ({"model": "m", "input": "hi", "previous_response_id": None}, schema.RESPONSES),
+        (
+            {
+                "model": "m",
+                "input": [
+                    {"role": "user", "content": [{"type": "input_text", "text": "x"}]},
+                    {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "c", "output": "o"},
+                ],
+                "tools": [{"type": "function", "name": "f", "parameters": {}}],
+                "tool_choice": {"type": "function", "name": "f"},
+            },
+            schema.RESPONSES,
+        ),
+        (
+            {
+                "model": "m",
+                "max_tokens": 5,
+                "messages": MSG,
+                "system": [{"type": "text", "text": "s"}],
+            },
+            schema.ANTHROPIC_MESSAGES,
+        ),
     ],
 )
 def test_bodies_that_fit(body: dict[str, Any], shape: schema.Schema) -> None:
@@ -63,6 +93,25 @@ def test_bodies_that_fit(body: dict[str, Any], shape: schema.Schema) -> None:
             "stop",
         ),
         ({"model": "m", "keep_alive": []}, schema.OLLAMA_GENERATE, "keep_alive", "keep_alive"),
+        (
+            {"model": "m", "input": "x", "previous_response_id": "resp_1"},
+            schema.RESPONSES,
+            "previous_response_id",
+            "stateless",
+        ),
+        ({"model": "m", "messages": MSG}, schema.ANTHROPIC_MESSAGES, "max_tokens", "required"),
+        (
+            {"model": "m", "max_tokens": 1, "messages": MSG, "temperature": 1.5},
+            schema.ANTHROPIC_MESSAGES,
+            "temperature",
+            "0 to 1",
+        ),
+        (
+            {"model": "m", "messages": MSG, "tools": [{"type": "web_search"}]},
+            schema.OPENAI_CHAT,
+            "tools",
+            "function tools",
+        ),
     ],
 )
 def test_bodies_that_do_not_fit_name_the_key(

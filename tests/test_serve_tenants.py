@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import ollama
 import openai
 import pytest
@@ -64,6 +65,42 @@ def ollama_gateway(tmp_path: Path) -> Iterator[tuple[Ollama, GatewayProc]]:
     finally:
         g.stop()
         s.stop()
+
+
+def test_tools_reach_an_ollama_tenant_in_its_own_shape(
+    ollama_gateway: tuple[Ollama, GatewayProc],
+) -> None:
+    """A request with tools (here Anthropic's Messages API) goes to Ollama's /api/chat with
+    Ollama's ``tools``, earlier calls' arguments as objects; its call comes back with an id."""
+    s, g = ollama_gateway
+    params = {"type": "object", "properties": {"city": {"type": "string"}}}
+    tools = [{"name": "get_weather", "input_schema": params}]
+    msgs = [{"role": "user", "content": "weather?"}]
+    c = anthropic.Anthropic(base_url=g.url, api_key="unused", max_retries=0)
+    m = c.messages.create(model="summarize", max_tokens=8, messages=msgs, tools=tools)  # type: ignore[arg-type]
+    assert m.stop_reason == "tool_use"
+    (use,) = m.content
+    assert use.type == "tool_use" and use.name == "get_weather" and use.input == {"city": "Oslo"}
+    assert use.id  # Ollama gives none: made up, so the client can answer it
+    (_, _, body) = [h for h in s.hits if h[1] == "/api/chat"][-1]
+    assert body["tools"] == [
+        {"type": "function", "function": {"name": "get_weather", "parameters": params}}
+    ]
+    follow = [
+        *msgs,
+        {"role": "assistant", "content": [use.model_dump(exclude_none=True)]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}],
+        },
+    ]
+    c.messages.create(model="summarize", max_tokens=8, messages=follow, tools=tools)  # type: ignore[arg-type]
+    (_, _, body) = [h for h in s.hits if h[1] == "/api/chat"][-1]
+    sent = body["messages"]
+    assert sent[1]["tool_calls"] == [
+        {"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+    ]
+    assert sent[2] == {"role": "tool", "tool_call_id": use.id, "content": "sunny"}
 
 
 def test_a_route_to_an_ollama_tenant_passes_keep_alive_and_holds_one_ticket(

@@ -83,6 +83,52 @@ def read_info(path: str) -> GGUFInfo:
     return info
 
 
+_templates: dict[tuple[str, int, int], str | None] = {}
+TEMPLATE_KEY = "tokenizer.chat_template"
+_MAX_TEMPLATE = 1 << 20
+
+
+def read_chat_template(path: str) -> str | None:
+    """The model's chat template (``tokenizer.chat_template``), or None: no template, or a
+    file that cannot be read as GGUF (the load will say why).  It usually sits after the
+    tokenizer's arrays, which are skipped without reading their items; cached per file."""
+    try:
+        with open(path, "rb", opener=_open_nonblocking) as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            key = (path, st.st_size, st.st_mtime_ns)
+            if key not in _templates:
+                _templates[key] = _template(f, st.st_size)
+            return _templates[key]
+    except (OSError, GGUFError, struct.error, UnicodeDecodeError):
+        return None
+
+
+def _template(f: BinaryIO, size: int) -> str | None:
+    if f.read(4) != MAGIC or _unpack(f, "<I") < 2:
+        return None
+    _unpack(f, "<Q")  # tensor count
+    for _ in range(_unpack(f, "<Q")):
+        key = _string(f)
+        vtype = _unpack(f, "<I")
+        if vtype in _FIXED:
+            _skip(f, _FIXED[vtype], size)
+        elif vtype == _STRING:
+            if key == TEMPLATE_KEY:
+                n = _unpack(f, "<Q")
+                if n > _MAX_TEMPLATE:
+                    return None
+                _left(f, n, size)
+                return f.read(n).decode("utf-8")
+            _skip(f, _unpack(f, "<Q"), size)
+        elif vtype == _ARRAY:
+            _skip_array(f, size, 0)
+        else:
+            return None
+    return None
+
+
 def _open_nonblocking(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NONBLOCK)  # a FIFO named as the model must not hang us
 

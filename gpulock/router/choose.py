@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from gpulock.core.units import format_duration, format_size, format_usd
 from gpulock.router.routes import Candidate
+from gpulock.router.tools import ToolSupport, support
 from gpulock.router.waitest import HoldHistory, Queued, estimate_wait
 
 REDUCE_MIN_CTX = 512
@@ -61,6 +62,10 @@ def _no_estimate(c: Candidate) -> int | None:
     return c.vram_bytes
 
 
+def _tools_unread(c: Candidate) -> ToolSupport:
+    return support(c)  # no tenant kind, no chat template read: the probe gives both
+
+
 @dataclass(frozen=True, slots=True)
 class Host:
     gpus: tuple[GpuView, ...] = ()
@@ -75,6 +80,9 @@ class Host:
     requests_last_min: Mapping[str, int] = field(default_factory=dict)  # by cid
     now_wall: float = 0.0
     vram_of: Callable[[Candidate], int | None] = _no_estimate
+    # Whether a candidate can call tools (gpulock.router.tools), asked only of a request
+    # with tools and by ``gpulock route --explain``.
+    tools_of: Callable[[Candidate], ToolSupport] = _tools_unread
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +96,8 @@ class Verdict:
     # Why a cloud candidate was refused when the reason is an accounting limit: "budget" (its
     # daily_budget or router.daily_budget) or "rate" (its rate_limit); None otherwise.
     limit: str | None = None
+    # A request with tools, on a llama_cpp candidate: llama-cpp-python's chat handler to call.
+    tool_handler: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,16 +142,18 @@ def choose(
     deadline_s: float | None = None,
     prefer: str | None = None,
     exclude: Collection[str] = frozenset(),
+    tools: bool = False,
 ) -> Choice:
     """Judge every candidate, pick one (see the module doc).
 
     ``exclude``: cids to skip (those that failed on this call); a mapping cid -> what went
     wrong puts the failure in the reason, so NoModelAvailable says why, not just "failed".
+    ``tools``: the request has tools: a candidate that cannot call them is rejected, saying why.
     """
     ordered = list(candidates)
     if prefer:
         ordered.sort(key=lambda c: 0 if preferred(c, prefer) else 1)
-    verdicts = [_judge(c, host, deadline_s, exclude) for c in ordered]
+    verdicts = [_judge(c, host, deadline_s, exclude, tools) for c in ordered]
     fits = [v for v in verdicts if v.ok]
     chosen = fits[0] if fits else None
     if chosen is not None and not chosen.warm:
@@ -157,7 +169,21 @@ def choose(
     return Choice(task, chosen, tuple(verdicts), host.level)
 
 
-def _judge(c: Candidate, host: Host, deadline_s: float | None, exclude: Collection[str]) -> Verdict:
+def _judge(
+    c: Candidate, host: Host, deadline_s: float | None, exclude: Collection[str], tools: bool
+) -> Verdict:
+    if tools:
+        can = host.tools_of(c)
+        if not can.ok:
+            return Verdict(c, False, str(can))
+        v = _judge_any(c, host, deadline_s, exclude)
+        return replace(v, tool_handler=can.handler) if v.ok else v
+    return _judge_any(c, host, deadline_s, exclude)
+
+
+def _judge_any(
+    c: Candidate, host: Host, deadline_s: float | None, exclude: Collection[str]
+) -> Verdict:
     key = cid(c)
     warm = key in host.warm
     if key in exclude:

@@ -20,7 +20,9 @@ Show which model router.get_model(TASK) would hand out now, on this machine: the
 candidate of the task's route (config: routes:) that fits, or a warm model of the same tier;
 with --explain, every candidate and why it was passed over or rejected (no GPU, too little VRAM,
 governor level, GPU queue longer than --deadline, budget spent, cooling down after errors, model
-file or API key variable missing).  Without TASK, list the tasks and their candidates."""
+file or API key variable missing), and whether each can call tools (a request with tools goes
+only to those that can: --tools chooses as for one).  Without TASK, list the tasks and their
+candidates."""
 
 EPILOG = """\
 exit codes: 0 a candidate fits; 75 none fits now (get_model would raise NoModelAvailable);
@@ -42,6 +44,12 @@ def build_parser(prog: str = "gpulock route") -> argparse.ArgumentParser:
         "--deadline", type=duration_arg, metavar="DUR", help="as get_model(deadline=...): 30s, 2m"
     )
     p.add_argument("--prefer", metavar="TIER|NAME", help="as get_model(prefer=...)")
+    p.add_argument(
+        "--tools",
+        action="store_true",
+        help="choose as gpulock serve does for a request with tools: only candidates that can "
+        "call them",
+    )
     p.add_argument("--config", metavar="FILE", help="config file (default: the usual lookup)")
     p.add_argument("--state-dir", metavar="DIR", help="state folder (default: as gpulock's)")
     return p
@@ -64,14 +72,23 @@ def _main(argv: list[str]) -> int:
         prefer=args.prefer,
         config=args.config,
         state_dir=args.state_dir,
+        tools=args.tools,
     )
-    if args.json:
-        from gpulock.router.peers import here_name
-        from gpulock.router.select import context
+    if args.json or args.explain:
+        from gpulock.router.probe import tools_prober
 
         settings, _table = context(args.config, args.state_dir)
-        print(json.dumps(choice_json(choice, here_name(settings)), indent=2))
-    elif args.explain or choice.chosen is None:
+        can = {id(v): tools_prober(settings)(v.candidate) for v in choice.verdicts}
+    if args.json:
+        from gpulock.router.peers import here_name
+
+        print(json.dumps(choice_json(choice, here_name(settings), can), indent=2))
+    elif args.explain:
+        from gpulock.router.tools import summary
+
+        print(choice.explain())
+        print(summary([(v.candidate.name, can[id(v)]) for v in choice.verdicts]))
+    elif choice.chosen is None:
         print(choice.explain())
     else:
         c = choice.chosen.candidate
@@ -79,11 +96,15 @@ def _main(argv: list[str]) -> int:
     return EX_OK if choice.chosen is not None else EX_TEMPFAIL
 
 
-def choice_json(choice: Any, here: str | None = None) -> dict[str, Any]:
-    """``here``: this host's name, for ``host`` when the chosen candidate runs here."""
+def choice_json(
+    choice: Any, here: str | None = None, tools: dict[int, Any] | None = None
+) -> dict[str, Any]:
+    """``here``: this host's name, for ``host`` when the chosen candidate runs here;
+    ``tools``: each verdict's tool support (by ``id``), for its ``tools`` entry."""
 
     def verdict(v: Any) -> dict[str, Any]:
         c = v.candidate
+        can = (tools or {}).get(id(v))
         return {
             "key": c.key,
             "name": c.name,
@@ -98,6 +119,7 @@ def choice_json(choice: Any, here: str | None = None) -> dict[str, Any]:
             "gpu": v.gpu,
             "need_bytes": v.need_bytes,
             "warm": v.warm,
+            **({"tools": {"ok": can.ok, "how": can.how}} if can is not None else {}),
         }
 
     chosen = choice.chosen

@@ -21,9 +21,10 @@ from gpulock.core import gguf as gguf_info
 from gpulock.core.errors import StateDirError
 from gpulock.core.settings import Settings
 from gpulock.residents import registry
-from gpulock.router import gguf_cache, ledger
+from gpulock.router import gguf_cache, ledger, tools
 from gpulock.router.choose import GpuView, Host, cid
 from gpulock.router.routes import Candidate, RouterSettings
+from gpulock.router.tools import ToolSupport
 from gpulock.router.waitest import HoldHistory, Queued, estimate_wait, history_from
 
 TAIL_BYTES = 64 * 1024  # enough for the last few hundred events
@@ -141,7 +142,22 @@ def host(
         requests_last_min=led.requests_last_min(now),
         now_wall=now,
         vram_of=vram_of,
+        tools_of=tools_prober(settings),
     )
+
+
+def tools_prober(settings: Settings) -> Callable[[Candidate], ToolSupport]:
+    """Whether a candidate can call tools: its tenant's kind from the config, a llama.cpp
+    model's chat template from its GGUF header (read only when asked, cached per file)."""
+    kinds = {t.name: t.kind for t in settings.config.tenants}
+
+    def tools_of(c: Candidate) -> ToolSupport:
+        template = None
+        if c.backend == "llama_cpp" and c.tools is None:
+            template = gguf_info.read_chat_template(c.model)
+        return tools.support(c, tenant_kind=kinds.get(c.tenant or ""), template=template)
+
+    return tools_of
 
 
 def _cooldowns(settings: Settings, led: ledger.Ledger) -> dict[str, tuple[float, str]]:

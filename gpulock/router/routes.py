@@ -62,7 +62,11 @@ CANDIDATE_KEYS = (
     "tenant",
     "keep_alive",
     "parallel",
+    "tools",
 )
+# llama-cpp-python's chat handlers that parse tool calls out of a model's text (a llama_cpp
+# candidate's ``tools:``; see gpulock.router.tools).
+TOOL_HANDLERS = ("chatml-function-calling", "functionary", "functionary-v1", "functionary-v2")
 TASK_KEYS = ("candidates", "inherit", *CANDIDATE_KEYS)
 ROUTER_KEYS = ("defaults", "cooldown", "daily_budget", "hold_estimate")
 
@@ -107,6 +111,9 @@ class Candidate:
     parallel: int = 1  # requests `gpulock serve` runs at once under one ticket of this model
     # The cluster peer that runs it (gpulock.router.peers: its gateway is ``base_url``); None: here.
     host: str | None = None
+    # Calls tools? None: as its kind does (gpulock.router.tools); False: never; True: its
+    # server takes them; a llama_cpp candidate's text: the llama-cpp-python handler to use.
+    tools: bool | str | None = None
 
     @property
     def local(self) -> bool:
@@ -324,7 +331,23 @@ def _candidate(
         ),
         gpu=_opt_int(cfg, at("gpu"), f.get("gpu"), low=0) if tenant is None else tenant.gpu,
         parallel=_int(cfg, at("parallel"), f.get("parallel", 1), low=1),
+        tools=_tools(cfg, at("tools"), f.get("tools"), backend),
     )
+
+
+def _tools(cfg: Config, key: str, value: Any, backend: str) -> bool | str | None:
+    """``tools:``: true or false; for a llama_cpp candidate, the name of a chat handler."""
+    if value is None or isinstance(value, bool):
+        return value
+    if backend == "llama_cpp" and isinstance(value, str) and value in TOOL_HANDLERS:
+        return value
+    if backend == "llama_cpp":
+        raise cfg.error(
+            key,
+            f"expected false or a llama-cpp-python function-calling handler, got {value!r}",
+            hint=known_hint(str(value), TOOL_HANDLERS, "handlers"),
+        )
+    raise cfg.error(key, f"expected true or false, got {value!r}")
 
 
 def tenant_candidate(cfg: Config, tenant: str, model: str) -> Candidate:

@@ -99,7 +99,9 @@ def decide(
     prefer: str | None = None,
     config: Config | str | None = None,
     state_dir: str | None = None,
+    tools: bool = False,
 ) -> tuple[Settings, Table, Choice]:
+    """``tools``: choose for a request with tools (only candidates that can call them)."""
     deadline = _deadline_s(deadline)
     settings, table = context(config, state_dir)
     cands = table.tasks.get(task)
@@ -109,7 +111,7 @@ def decide(
     if prefer is not None and prefer not in TIERS and not any(preferred(c, prefer) for c in cands):
         raise UnknownPreference(task, prefer, TIERS, list(dict.fromkeys(c.name for c in cands)))
     host = probe.host(settings, cands, table.settings, warm=probe.warm_models())
-    choice = choose(task, cands, host, deadline_s=deadline, prefer=prefer)
+    choice = choose(task, cands, host, deadline_s=deadline, prefer=prefer, tools=tools)
     if settings.config.section("cluster") is not None:  # a peer may start it sooner
         from gpulock.router import peers
 
@@ -169,6 +171,10 @@ def explain(
     prefer: str | None = None,
     config: Config | str | None = None,
     state_dir: str | None = None,
+    tools: bool = False,
 ) -> Choice:
-    """What ``get_model`` would choose now, and why; loads nothing and records nothing."""
-    return decide(task, deadline=deadline, prefer=prefer, config=config, state_dir=state_dir)[2]
+    """What ``get_model`` would choose now, and why; loads nothing and records nothing.
+    ``tools``: what ``gpulock serve`` would choose for a request with tools."""
+    return decide(
+        task, deadline=deadline, prefer=prefer, config=config, state_dir=state_dir, tools=tools
+    )[2]

@@ -16,6 +16,7 @@ import struct
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from gpulock.serve.engines import Answer, Ask, Usage
@@ -88,8 +89,109 @@ def chat_ask(body: dict[str, Any]) -> Ask:
     for m in msgs:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad_request("each message needs a 'role' and a 'content'", "messages")
-        messages.append({"role": m["role"], "content": _text(m.get("content"))})
-    return Ask("chat", model, messages=messages, stream=_stream(body), params=_params(body))
+        msg: dict[str, Any] = {"role": m["role"], "content": _text(m.get("content"))}
+        calls = m.get("tool_calls")
+        if calls:  # the assistant's earlier calls, in a tool loop
+            msg["tool_calls"] = _message_calls(calls)
+        if m["role"] == "tool":
+            call_id = m.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise bad_request(
+                    "a 'tool' message needs the 'tool_call_id' it answers", "messages"
+                )
+            msg["tool_call_id"] = call_id
+        messages.append(msg)
+    params = _params(body)
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
+        params["response_format"] = fmt
+    tools, choice = function_tools(body.get("tools"), body.get("tool_choice"))
+    return Ask(
+        "chat",
+        model,
+        messages=messages,
+        stream=_stream(body),
+        params=params,
+        tools=tools,
+        tool_choice=choice,
+    )
+
+
+def _message_calls(calls: Any) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise bad_request("an assistant message's 'tool_calls' must be a list", "messages")
+    out = []
+    for c in calls:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request("each tool call needs a 'function' with a 'name'", "messages")
+        args = fn.get("arguments")
+        out.append(
+            {
+                "id": str(c.get("id") or ""),
+                "type": "function",
+                "function": {
+                    "name": fn["name"],
+                    "arguments": args if isinstance(args, str) else json.dumps(args or {}),
+                },
+            }
+        )
+    return out
+
+
+def function_tools(tools: Any, choice: Any) -> tuple[tuple[dict[str, Any], ...], Any]:
+    """``tools`` and ``tool_choice`` as the chat completions' API has them, checked: function
+    tools only, and a named choice among them.  ``tool_choice: "none"`` sends no tools at all
+    (the model is to call none), so any candidate may answer."""
+    if tools is None or tools == []:
+        return (), None
+    if not isinstance(tools, list):
+        raise bad_request("'tools' must be a list of function tools", "tools")
+    out = []
+    for t in tools:
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
+            raise bad_request(
+                'each tool must be {"type": "function", "function": {"name": ...}}: gpulock '
+                "serve passes function tools only",
+                "tools",
+            )
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_request("each function tool needs a 'name'", "tools")
+        out.append({"type": "function", "function": fn})
+    return tuple(out), checked_choice(out, choice)
+
+
+def checked_choice(tools: list[dict[str, Any]], choice: Any) -> Any:
+    """A ``tool_choice`` of the chat completions' API; 400 for a function not in ``tools``."""
+    if choice is None or choice in ("auto", "required"):
+        return choice
+    if choice == "none":
+        return "none"
+    name = None
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+    known = [t["function"]["name"] for t in tools]
+    if not isinstance(name, str):
+        raise bad_request(
+            '\'tool_choice\' must be "auto", "none", "required" or '
+            '{"type": "function", "function": {"name": ...}}',
+            "tool_choice",
+        )
+    if name not in known:
+        raise bad_request(
+            f"tool_choice names {name!r}, which is not one of the tools: {', '.join(known)}",
+            "tool_choice",
+        )
+    return {"type": "function", "function": {"name": name}}
+
+
+def without_unused_tools(ask: Ask) -> Ask:
+    """``tool_choice: "none"``: the tools are not sent (no candidate need call them)."""
+    if ask.tool_choice == "none":
+        return replace(ask, tools=(), tool_choice=None)
+    return ask
 
 
 def completion_ask(body: dict[str, Any]) -> Ask:
@@ -139,9 +241,9 @@ def answer(ask: Ask, model: str, a: Answer) -> dict[str, Any]:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": a.text},
+                    "message": _message(a),
                     "logprobs": None,
-                    "finish_reason": a.usage.finish_reason,
+                    "finish_reason": "tool_calls" if a.tool_calls else a.usage.finish_reason,
                 }
             ],
             "usage": _usage(a.usage),
@@ -156,6 +258,12 @@ def answer(ask: Ask, model: str, a: Answer) -> dict[str, Any]:
         ],
         "usage": _usage(a.usage),
     }
+
+
+def _message(a: Answer) -> dict[str, Any]:
+    if not a.tool_calls:
+        return {"role": "assistant", "content": a.text}
+    return {"role": "assistant", "content": a.text or None, "tool_calls": list(a.tool_calls)}
 
 
 def embeddings(ask: Ask, model: str, vectors: list[list[float]], tokens: int) -> dict[str, Any]:
@@ -185,9 +293,15 @@ def _event(obj: Any) -> bytes:
 
 
 async def sse(
-    ask: Ask, model: str, pieces: AsyncIterator[str], usage: Usage, with_usage: bool
+    ask: Ask,
+    model: str,
+    pieces: AsyncIterator[str],
+    usage: Usage,
+    with_usage: bool,
+    tool_calls: tuple[dict[str, Any], ...] = (),
 ) -> AsyncIterator[bytes]:
-    """The stream as server-sent events, ``data: [DONE]`` last."""
+    """The stream as server-sent events, ``data: [DONE]`` last; ``tool_calls`` (an answer
+    made whole) follow the text, each whole in one chunk."""
     chat = ask.kind == "chat"
     base = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
@@ -214,7 +328,10 @@ async def sse(
         yield chunk("", None, role=True)
     async for piece in pieces:
         yield chunk(piece, None)
-    yield chunk(None if chat else "", usage.finish_reason)
+    for i, call in enumerate(tool_calls):
+        delta = {"tool_calls": [{"index": i, **call}]}
+        yield _event({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+    yield chunk(None if chat else "", "tool_calls" if tool_calls else usage.finish_reason)
     if with_usage:
         yield _event({**base, "choices": [], "usage": _usage(usage)})
     yield b"data: [DONE]\n\n"

@@ -3,7 +3,9 @@
 
 Every request passes the key check (when ``api_keys_env`` is set), has its body read up to
 ``max_body`` (413 past it) and its JSON checked (400); every refusal is rendered in the shape of
-the API it came in by (``/api/...``: Ollama's, everything else: OpenAI's), never as a traceback.
+the API it came in by (``/api/...``: Ollama's, ``/v1/messages``: Anthropic's, everything else:
+OpenAI's), never as a traceback.  Every chat, whichever API it came in by (chat completions,
+Responses, Messages), is one ``Ask`` through the one dispatch (``Gateway._face``).
 While a request waits for its place (the line), the client's disconnect is watched: a client
 that hangs up leaves the line at once.  While an answer streams, the same watch stops the
 stream and frees the place at once.
@@ -16,6 +18,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -29,10 +32,10 @@ from gpulock.core.errors import GpulockError
 from gpulock.core.settings import Settings
 from gpulock.core.units import parse_duration
 from gpulock.router.backends import BackendError
-from gpulock.serve import api_ollama, api_openai, schema
+from gpulock.serve import api_anthropic, api_ollama, api_openai, api_responses, schema
 from gpulock.serve.asgi import KeyCheck, Streamed, error_response, read_body, unless_hung_up
 from gpulock.serve.dispatch import Dispatcher, Opened
-from gpulock.serve.engines import Ask
+from gpulock.serve.engines import Answer, Ask, Usage
 from gpulock.serve.errors import ApiError, bad_request
 from gpulock.serve.line import QueueFull
 
@@ -98,11 +101,71 @@ class Gateway:
     async def openai_embeddings(self, request: Request) -> Response:
         return await self._openai(request, api_openai.embed_ask, schema.OPENAI_EMBEDDINGS)
 
+    async def openai_responses(self, request: Request) -> Response:
+        body = await self.body(request, schema.RESPONSES)
+        ask = api_responses.ask(body)
+        return await self._face(
+            request,
+            ask,
+            lambda a: api_responses.answer(ask, body, a),
+            lambda pieces, usage, calls: api_responses.sse(ask, body, pieces, usage, calls),
+            api_responses.stream_error,
+        )
+
+    async def anthropic_messages(self, request: Request) -> Response:
+        body = await self.body(request, schema.ANTHROPIC_MESSAGES)
+        ask = api_anthropic.ask(body)
+        return await self._face(
+            request,
+            ask,
+            lambda a: api_anthropic.answer(ask, a),
+            lambda pieces, usage, calls: api_anthropic.sse(ask, pieces, usage, calls),
+            api_anthropic.stream_error,
+        )
+
+    async def _face(
+        self,
+        request: Request,
+        ask: Ask,
+        whole: Callable[[Answer], dict[str, Any]],
+        events: Callable[
+            [AsyncIterator[str], Usage, tuple[dict[str, Any], ...]], AsyncIterator[bytes]
+        ],
+        error: Callable[[ApiError], bytes],
+    ) -> Response:
+        """A chat of any API through the one dispatch: ``whole`` renders an answer in the API's
+        shape, ``events`` its stream (the pieces, the usage, any tool calls), ``error`` a
+        stream's error event.  A request with tools is answered whole even when it asks for a
+        stream (tool calls arrive whole): its stream then carries the answer in one go."""
+        ask = api_openai.without_unused_tools(ask)
+        agent = self.agent(request)
+        at_once = ask.stream and bool(ask.tools)
+        opened = await self._open(request, replace(ask, stream=False) if at_once else ask, agent)
+        headers = opened.meta.headers()
+        a = opened.answer
+        if a is not None:
+            self.d.account(opened, agent, a.usage.tokens_in, a.usage.tokens_out)
+            if not ask.stream:
+                return JSONResponse(whole(a), headers=headers)
+            chunks = events(_once(a.text), a.usage, a.tool_calls)
+        else:
+            chunks = self._guard(events(opened.rest(), opened.usage, ()), opened, agent, error)
+        return Streamed(chunks, "text/event-stream", {**headers, "Cache-Control": "no-cache"})
+
     async def _openai(
         self, request: Request, parse: Callable[[dict[str, Any]], Ask], shape: schema.Schema
     ) -> Response:
         body = await self.body(request, shape)
         ask = parse(body)
+        if ask.kind == "chat":
+            with_usage = api_openai.include_usage(body)
+            return await self._face(
+                request,
+                ask,
+                lambda a: api_openai.answer(ask, ask.model, a),
+                lambda p, u, calls: api_openai.sse(ask, ask.model, p, u, with_usage, calls),
+                api_openai.stream_error,
+            )
         agent = self.agent(request)
         opened = await self._open(request, ask, agent)
         headers = opened.meta.headers()
@@ -363,6 +426,8 @@ def build_app(
         Route("/v1/chat/completions", guarded(g.openai_chat, measured=True), methods=["POST"]),
         Route("/v1/completions", guarded(g.openai_completions, measured=True), methods=["POST"]),
         Route("/v1/embeddings", guarded(g.openai_embeddings, measured=True), methods=["POST"]),
+        Route("/v1/responses", guarded(g.openai_responses, measured=True), methods=["POST"]),
+        Route("/v1/messages", guarded(g.anthropic_messages, measured=True), methods=["POST"]),
         Route("/v1/models", guarded(g.openai_models), methods=["GET"]),
         Route("/api/chat", guarded(g.ollama_chat, measured=True), methods=["POST"]),
         Route("/api/generate", guarded(g.ollama_generate, measured=True), methods=["POST"]),
@@ -403,6 +468,12 @@ def build_app(
         lifespan=lifespan,
     )
     return KeyCheck(app, keys)
+
+
+async def _once(text: str) -> AsyncIterator[str]:
+    """A whole answer's text as a stream of one piece (none when it is empty)."""
+    if text:
+        yield text
 
 
 def _outcome(status_code: int, refused: str | None = None) -> str:

@@ -29,7 +29,8 @@ def error_response(e: ApiError, path: str) -> JSONResponse:
 
 
 class KeyCheck:
-    """Every request needs ``Authorization: Bearer KEY`` with one of the keys (constant time)."""
+    """Every request needs one of the keys (compared in constant time): ``Authorization:
+    Bearer KEY`` (OpenAI's and Ollama's clients), or ``x-api-key: KEY`` (Anthropic's)."""
 
     def __init__(self, app: ASGIApp, keys: tuple[str, ...]) -> None:
         self.app = app
@@ -39,12 +40,14 @@ class KeyCheck:
         if scope["type"] != "http" or not self.keys:
             await self.app(scope, receive, send)
             return
-        given = b""
+        token = b""
         for name, value in scope.get("headers", []):
-            if name == b"authorization":
-                given = value
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                token = value[7:].strip()
                 break
-        token = given[7:].strip() if given[:7].lower() == b"bearer " else b""
+            if name == b"x-api-key":
+                token = value.strip()
+                break
         ok = False
         for k in self.keys:  # every key compared, in constant time each
             ok |= hmac.compare_digest(token, k)
@@ -53,7 +56,7 @@ class KeyCheck:
             return
         e = ApiError(
             401,
-            "missing or wrong API key: send Authorization: Bearer KEY",
+            "missing or wrong API key: send Authorization: Bearer KEY (or x-api-key: KEY)",
             type="invalid_request_error",
             code="invalid_api_key",
             headers={"WWW-Authenticate": "Bearer"},

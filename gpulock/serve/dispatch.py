@@ -203,7 +203,7 @@ class Dispatcher:
         start = time.monotonic()
         while True:
             left = None if deadline_at is None else max(0.0, deadline_at - time.monotonic())
-            choice, host = self._choose(task, cands, left, failed)
+            choice, host = self._choose(task, cands, left, failed, bool(ask.tools))
             if self.cluster is not None and not local_only:
                 # A peer that starts it sooner takes it (it waits in the peer's line there).
                 opened = await self.cluster.relocate(self, ask, choice, host, agent, left)
@@ -278,6 +278,8 @@ class Dispatcher:
         if not budget.needed(c, rs):
             return None
         payload: Any = ask.messages if ask.kind == "chat" else ask.prompt
+        if ask.tools:  # their schemas are prompt tokens too
+            payload = [*ask.messages, *ask.tools]
         limit = ask.params.get("max_tokens")
         if ask.kind == "embed":
             payload, limit = ask.inputs, 0  # an embedding has no output tokens
@@ -368,11 +370,17 @@ class Dispatcher:
         return opened
 
     def _choose(
-        self, task: str, cands: tuple[Candidate, ...], left: float | None, failed: dict[str, str]
+        self,
+        task: str,
+        cands: tuple[Candidate, ...],
+        left: float | None,
+        failed: dict[str, str],
+        tools: bool = False,
     ) -> tuple[Choice, Host]:
+        """``tools``: the request has tools: only candidates that can call them."""
         warm = probe.warm_models() | {cid(b.candidate) for b in self._local.values() if b.loaded}
         host = probe.host(self.settings, cands, self.table.settings, warm=warm)
-        return choose(task, cands, host, deadline_s=left, exclude=failed), host
+        return choose(task, cands, host, deadline_s=left, exclude=failed, tools=tools), host
 
     def _none_left(
         self,
@@ -432,7 +440,9 @@ class Dispatcher:
             return TenantEngine(b)
         if not c.local:
             return RemoteEngine(c, self.http())
-        return LocalEngine(self._backend(v, _HeldLlama), self._backend(v, _EmbedLlama))
+        return LocalEngine(
+            self._backend(v, _HeldLlama), self._backend(v, _EmbedLlama), v.tool_handler
+        )
 
     def _backend(self, v: Verdict, kind: type[_HeldLlama]) -> _HeldLlama:
         c = v.candidate

@@ -26,6 +26,7 @@ from gpulock.router.backends import BackendError
 from gpulock.router.backends.llama_cpp import LlamaBackend, _llama_class
 from gpulock.router.backends.tenant import TenantBackend
 from gpulock.router.routes import Candidate
+from gpulock.router.tools import tool_calls_of
 
 PARAMS = (
     "max_tokens",
@@ -36,6 +37,9 @@ PARAMS = (
     "presence_penalty",
     "frequency_penalty",
 )
+# Passed on as they are to an OpenAI-compatible server (a candidate that can call tools, a
+# structured answer); llama.cpp in this process takes them through ``_llama_kw``.
+PASSED = ("tools", "tool_choice", "response_format")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,11 @@ class Ask:
     inputs: list[str] = field(default_factory=list)
     stream: bool = False
     params: dict[str, Any] = field(default_factory=dict)
+    # Function tools, in the chat completions' shape ({"type": "function", "function": {...}}),
+    # whichever API they came in by; a request with tools goes only to candidates that can call
+    # them (``gpulock.router.tools``), and is answered whole (tool calls arrive whole).
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: Any = None  # "auto", "none", "required" or {"type": "function", ...}
 
 
 @dataclass(slots=True)
@@ -62,6 +71,9 @@ class Usage:
 class Answer:
     text: str
     usage: Usage
+    # The calls the model asks for, in the chat completions' shape: {"id", "type": "function",
+    # "function": {"name", "arguments" (JSON text)}}; finish_reason is then "tool_calls".
+    tool_calls: tuple[dict[str, Any], ...] = ()
 
 
 class _HeldLlama(LlamaBackend):
@@ -107,9 +119,14 @@ class _EmbedLlama(_HeldLlama):
 class LocalEngine:
     """A llama.cpp candidate in this process (cpu or gpu tier)."""
 
-    def __init__(self, backend: _HeldLlama, embedder: _HeldLlama) -> None:
+    def __init__(
+        self, backend: _HeldLlama, embedder: _HeldLlama, tool_format: str | None = None
+    ) -> None:
         self.backend = backend
         self.embedder = embedder
+        # llama-cpp-python's function-calling chat handler for a request with tools (the
+        # chooser's verdict: ``gpulock.router.tools``); None: this candidate calls none.
+        self.tool_format = tool_format
 
     async def answer(self, ask: Ask) -> Answer:
         kw = _llama_kw(ask)
@@ -117,7 +134,22 @@ class LocalEngine:
         # after each one); until then the call, and so the GPU's ticket, are kept.
         stop = threading.Event()
         kw["logits_processor"] = _stopper(stop, self.backend)
-        call = _whole_answer(self.backend, ask, kw)
+        call: Callable[[], Any]
+        if ask.tools:
+            if self.tool_format is None:  # the chooser skips such a candidate: never here
+                raise BackendError("request", f"{self.backend.candidate.name}: cannot call tools")
+            call = functools.partial(
+                self.backend.chat_tools,
+                handler_messages(ask.messages),
+                tools=list(ask.tools),
+                tool_choice=handler_choice(ask.tools, ask.tool_choice),
+                chat_format=self.tool_format,
+                wait_s=None,
+                label=ask.model,
+                **kw,
+            )
+        else:
+            call = _whole_answer(self.backend, ask, kw)
         job = asyncio.ensure_future(asyncio.to_thread(call))
         try:
             r = await asyncio.shield(job)
@@ -125,8 +157,10 @@ class LocalEngine:
             stop.set()
             await asyncio.wait({job})
             raise
-        finish = ((r.raw or {}).get("choices") or [{}])[0].get("finish_reason") or "stop"
-        return Answer(r.text, Usage(r.tokens_in, r.tokens_out, finish))
+        choice = ((r.raw or {}).get("choices") or [{}])[0]
+        finish = choice.get("finish_reason") or "stop"
+        calls = tool_calls_of(choice.get("message"))
+        return Answer(r.text, Usage(r.tokens_in, r.tokens_out, finish), calls)
 
     async def stream(self, ask: Ask, usage: Usage) -> AsyncIterator[str]:
         async for piece in _stream_in_thread(self.backend, ask, usage, _llama_kw(ask)):
@@ -194,13 +228,16 @@ class TenantEngine:
         self.backend = backend
 
     async def answer(self, ask: Ask) -> Answer:
-        kw = _llama_kw(ask)
+        kw = _passed_kw(ask)  # tools and formats as the chat completions' API has them
         call = _whole_answer(self.backend, ask, kw)
         r = await asyncio.to_thread(call)
-        return Answer(r.text, Usage(r.tokens_in, r.tokens_out, "stop"))
+        calls = self.backend.tool_calls(r.raw) if ask.tools else ()
+        return Answer(
+            r.text, Usage(r.tokens_in, r.tokens_out, "tool_calls" if calls else "stop"), calls
+        )
 
     async def stream(self, ask: Ask, usage: Usage) -> AsyncIterator[str]:
-        async for piece in _stream_in_thread(self.backend, ask, usage, _llama_kw(ask)):
+        async for piece in _stream_in_thread(self.backend, ask, usage, _passed_kw(ask)):
             yield piece
 
     async def embed(self, inputs: list[str]) -> tuple[list[list[float]], int]:
@@ -248,7 +285,68 @@ def _flat(v: Any) -> list[float]:
 
 
 def _llama_kw(ask: Ask) -> dict[str, Any]:
-    return {k: v for k, v in ask.params.items() if k in PARAMS and v is not None}
+    kw = {k: v for k, v in ask.params.items() if k in PARAMS and v is not None}
+    fmt = llama_format(ask.params.get("response_format"))
+    if fmt is not None and ask.kind == "chat":
+        kw["response_format"] = fmt
+    return kw
+
+
+def _passed_kw(ask: Ask) -> dict[str, Any]:
+    """The parameters, tools and response format as the chat completions' API names them."""
+    kw = {k: v for k, v in ask.params.items() if k in PARAMS + PASSED and v is not None}
+    if ask.tools:
+        kw["tools"] = list(ask.tools)
+        if ask.tool_choice is not None:
+            kw["tool_choice"] = ask.tool_choice
+    return kw
+
+
+def llama_format(rf: Any) -> dict[str, Any] | None:
+    """The chat completions' ``response_format`` as llama-cpp-python takes it: a JSON schema
+    becomes ``{"type": "json_object", "schema": ...}``, which it turns into a grammar."""
+    if not isinstance(rf, dict):
+        return None
+    if rf.get("type") == "json_schema":
+        spec = rf.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        return {"type": "json_object", **({"schema": schema} if isinstance(schema, dict) else {})}
+    if rf.get("type") == "json_object":
+        return {"type": "json_object"}
+    return None
+
+
+def handler_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation as llama-cpp-python's function-calling handlers render it: their
+    templates know system, user and assistant turns only, so a tool's result is given as a
+    user turn that names the call it answers."""
+    names = {
+        c["id"]: c["function"]["name"]
+        for m in messages
+        for c in (m.get("tool_calls") or ())
+        if isinstance(c, dict) and isinstance(c.get("function"), dict)
+    }
+    out = []
+    for m in messages:
+        if m.get("role") == "tool":
+            name = names.get(m.get("tool_call_id", ""), "the function")
+            out.append({"role": "user", "content": f"{name} returned: {m.get('content') or ''}"})
+        else:
+            out.append(m)
+    return out
+
+
+def handler_choice(tools: tuple[dict[str, Any], ...], choice: Any) -> Any:
+    """``tool_choice`` as the handlers take it: "auto" when not given (the API's default with
+    tools), "none", or one named function; "required" names the one tool when there is one,
+    and is "auto" otherwise (the handlers cannot force "any of these")."""
+    if choice is None or choice == "auto":
+        return "auto"
+    if choice == "required":
+        if len(tools) == 1:
+            return {"type": "function", "function": {"name": tools[0]["function"]["name"]}}
+        return "auto"
+    return choice
 
 
 class RemoteEngine:
@@ -272,7 +370,7 @@ class RemoteEngine:
 
     def _body(self, ask: Ask) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.candidate.model}
-        body.update({k: v for k, v in ask.params.items() if k in PARAMS and v is not None})
+        body.update(_passed_kw(ask))
         if ask.kind == "chat":
             body["messages"] = ask.messages
         else:
@@ -314,9 +412,10 @@ class RemoteEngine:
                 int(u.get("completion_tokens") or 0),
                 choice.get("finish_reason") or "stop",
             )
+            calls = tool_calls_of(choice.get("message")) if ask.kind == "chat" else ()
         except (KeyError, IndexError, TypeError, AttributeError):
             raise BackendError("server", "the server's answer is not an OpenAI response") from None
-        return Answer(text or "", usage)
+        return Answer(text or "", usage, calls)
 
     async def stream(self, ask: Ask, usage: Usage) -> AsyncIterator[str]:
         import aiohttp

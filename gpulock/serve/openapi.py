@@ -32,6 +32,18 @@ OPENAI_ERROR: Schema = {
     },
     "required": ["error"],
 }
+ANTHROPIC_ERROR: Schema = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            "required": ["type", "message"],
+        },
+    },
+    "required": ["type", "error"],
+}
 OLLAMA_ERROR: Schema = {
     "type": "object",
     "properties": {"error": {"type": "string"}},
@@ -58,6 +70,61 @@ OPENAI_COMPLETION: Schema = {
         "usage": _USAGE,
     },
     "required": ["id", "object", "created", "model", "choices"],
+}
+RESPONSE: Schema = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "response"},
+        "created_at": {"type": "integer"},
+        "status": {"enum": ["completed", "incomplete"]},
+        "model": {"type": "string"},
+        "output": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"type": {"enum": ["message", "function_call"]}},
+                "required": ["type"],
+            },
+        },
+        "usage": {
+            "type": "object",
+            "properties": {
+                "input_tokens": {"type": "integer"},
+                "output_tokens": {"type": "integer"},
+                "total_tokens": {"type": "integer"},
+            },
+            "required": ["input_tokens", "output_tokens", "total_tokens"],
+        },
+    },
+    "required": ["id", "object", "created_at", "status", "model", "output"],
+}
+ANTHROPIC_MESSAGE: Schema = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "type": {"const": "message"},
+        "role": {"const": "assistant"},
+        "model": {"type": "string"},
+        "content": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"type": {"enum": ["text", "tool_use"]}},
+                "required": ["type"],
+            },
+        },
+        "stop_reason": {"enum": ["end_turn", "max_tokens", "tool_use"]},
+        "usage": {
+            "type": "object",
+            "properties": {
+                "input_tokens": {"type": "integer"},
+                "output_tokens": {"type": "integer"},
+            },
+            "required": ["input_tokens", "output_tokens"],
+        },
+    },
+    "required": ["id", "type", "role", "model", "content", "stop_reason", "usage"],
 }
 OPENAI_EMBEDDINGS: Schema = {
     "type": "object",
@@ -138,6 +205,24 @@ REQUEST_HEADERS: list[dict[str, Any]] = [
         "schema": {"type": "string"},
     },
 ]
+ANTHROPIC_HEADERS: list[dict[str, Any]] = [
+    {
+        "name": "anthropic-version",
+        "in": "header",
+        "required": False,
+        "description": "accepted (the official client sends 2023-06-01); the API followed is "
+        "that version's",
+        "schema": {"type": "string"},
+    },
+    {
+        "name": "x-api-key",
+        "in": "header",
+        "required": False,
+        "description": "one of serve's keys (serve.api_keys_env), as Anthropic's clients send "
+        "it; Authorization: Bearer works too",
+        "schema": {"type": "string"},
+    },
+]
 ERROR_STATUSES: dict[str, str] = {
     "400": "the body does not fit the endpoint (names the key); malformed JSON or HTTP",
     "401": "missing or wrong API key (serve.api_keys_env set)",
@@ -164,8 +249,10 @@ def _json(s: Schema, description: str = "OK", headers: dict[str, Any] | None = N
     return out
 
 
-def _errors(ollama: bool, codes: tuple[str, ...]) -> dict[str, Any]:
-    ref = {"$ref": "#/components/schemas/" + ("OllamaError" if ollama else "OpenAIError")}
+def _errors(ollama: bool | str, codes: tuple[str, ...]) -> dict[str, Any]:
+    """``ollama``: True for Ollama's error shape, "anthropic" for Anthropic's, else OpenAI's."""
+    name = "AnthropicError" if ollama == "anthropic" else "OllamaError" if ollama else "OpenAIError"
+    ref = {"$ref": "#/components/schemas/" + name}
     return {c[:3]: _json(ref, ERROR_STATUSES[c]) for c in codes}
 
 
@@ -186,9 +273,10 @@ def _gen(
     req: Schema,
     ok: Schema,
     *,
-    ollama: bool,
+    ollama: bool | str,
     models: list[str],
     stream: str | None = None,
+    parameters: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     ok_resp = _json(ok, "the answer (or, with stream: true, its stream)", GATEWAY_HEADERS)
     if stream is not None:
@@ -196,7 +284,7 @@ def _gen(
     return {
         "post": {
             "summary": summary,
-            "parameters": REQUEST_HEADERS,
+            "parameters": REQUEST_HEADERS + (parameters or []),
             "requestBody": _body(req, models),
             "responses": {"200": ok_resp, **_errors(ollama, _GEN_CODES)},
         }
@@ -235,6 +323,25 @@ def document(models: list[str] | None = None) -> dict[str, Any]:
             OPENAI_EMBEDDINGS,
             ollama=False,
             models=m,
+        ),
+        "/v1/responses": _gen(
+            "OpenAI Responses, stateless (no previous_response_id): input items, function "
+            "tools, structured answers (text.format)",
+            schema.RESPONSES,
+            RESPONSE,
+            ollama=False,
+            models=m,
+            stream="text/event-stream",
+        ),
+        "/v1/messages": _gen(
+            "Anthropic Messages: text and tool_use / tool_result blocks; errors in Anthropic's "
+            "shape",
+            schema.ANTHROPIC_MESSAGES,
+            ANTHROPIC_MESSAGE,
+            ollama="anthropic",
+            models=m,
+            stream="text/event-stream",
+            parameters=ANTHROPIC_HEADERS,
         ),
         "/v1/models": _get("the tasks, candidates and tenants' models", _json(OPENAI_MODELS)),
         "/api/chat": _gen(
@@ -323,9 +430,16 @@ def document(models: list[str] | None = None) -> dict[str, Any]:
         "info": {
             "title": "gpulock serve",
             "version": "1",
-            "description": "OpenAI and Ollama subsets in front of gpulock's GPU line; errors "
-            "in each API's shape (/api/...: Ollama's, the rest: OpenAI's).",
+            "description": "OpenAI (chat completions, Responses), Anthropic (Messages) and "
+            "Ollama subsets in front of gpulock's GPU line; errors in each API's shape "
+            "(/api/...: Ollama's, /v1/messages: Anthropic's, the rest: OpenAI's).",
         },
         "paths": paths,
-        "components": {"schemas": {"OpenAIError": OPENAI_ERROR, "OllamaError": OLLAMA_ERROR}},
+        "components": {
+            "schemas": {
+                "OpenAIError": OPENAI_ERROR,
+                "OllamaError": OLLAMA_ERROR,
+                "AnthropicError": ANTHROPIC_ERROR,
+            }
+        },
     }

@@ -129,10 +129,63 @@ _OPENAI_GEN: Final[dict[str, Schema]] = {
     ),
 }
 
+_FUNCTION: Final[Schema] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "description": {"type": "string"},
+        "parameters": {"type": "object"},
+    },
+    "required": ["name"],
+}
+_CHAT_TOOLS: Final[Schema] = _opt(
+    {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {"type": {"enum": ["function"]}, "function": _FUNCTION},
+            "required": ["type", "function"],
+        },
+        "x-message": "'tools' must be a list of function tools: "
+        '{"type": "function", "function": {"name": ..., "parameters": {...}}}',
+    }
+)
+_CHAT_TOOL_CHOICE: Final[Schema] = {
+    "anyOf": [
+        {"enum": ["auto", "none", "required"]},
+        {
+            "type": "object",
+            "properties": {
+                "type": {"enum": ["function"]},
+                "function": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}},
+                    "required": ["name"],
+                },
+            },
+            "required": ["type", "function"],
+        },
+        {"type": "null"},
+    ],
+    "x-message": '\'tool_choice\' must be "auto", "none", "required" or '
+    '{"type": "function", "function": {"name": ...}}',
+}
+
 OPENAI_CHAT: Final[Schema] = {
     "type": "object",
     "properties": {
         **_OPENAI_GEN,
+        "tools": _CHAT_TOOLS,
+        "tool_choice": _CHAT_TOOL_CHOICE,
+        "response_format": _opt(
+            {
+                "type": "object",
+                "properties": {"type": {"enum": ["text", "json_object", "json_schema"]}},
+                "required": ["type"],
+                "x-message": '\'response_format\' must be {"type": "text"}, '
+                '{"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}',
+            }
+        ),
         "messages": {
             "type": "array",
             "minItems": 1,
@@ -176,6 +229,212 @@ OPENAI_EMBEDDINGS: Final[Schema] = {
         ),
     },
     "required": ["model", "input"],
+}
+
+# --- OpenAI's Responses API --------------------------------------------------------------------
+
+_TEXT_PART: Final[Schema] = {
+    "type": "object",
+    "properties": {
+        "type": {"type": "string"},  # the handler names the kinds it takes (text ones)
+        "text": {"type": "string"},
+    },
+    "required": ["type"],
+}
+_RESPONSES_ITEM: Final[Schema] = {
+    "type": "object",
+    "properties": {
+        # Any type: the handler names the kinds it takes (and why item_reference is not one).
+        "type": {"type": "string"},
+        "role": {"enum": ["user", "assistant", "system", "developer"]},
+        "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]},
+        "call_id": {"type": "string"},
+        "name": {"type": "string"},
+        "arguments": {"type": "string"},
+        "output": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]},
+    },
+    "x-message": 'each input item must be a message ({"role", "content"}), a '
+    "function_call or a function_call_output",
+}
+RESPONSES: Final[Schema] = {
+    "type": "object",
+    "properties": {
+        "model": _OPENAI_GEN["model"],
+        "input": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": _RESPONSES_ITEM, "minItems": 1},
+            ],
+            "x-message": "'input' is required: text or a non-empty list of items",
+        },
+        "instructions": _opt({"type": "string", "x-message": "'instructions' must be text"}),
+        "stream": _OPENAI_GEN["stream"],
+        "max_output_tokens": _opt(
+            {
+                "type": "integer",
+                "minimum": 1,
+                "x-message": "'max_output_tokens' must be a whole number >= 1",
+            }
+        ),
+        "temperature": _OPENAI_GEN["temperature"],
+        "top_p": _OPENAI_GEN["top_p"],
+        "tools": _opt(
+            {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "type": {"enum": ["function"]},
+                        "name": {"type": "string", "minLength": 1},
+                        "description": _opt({"type": "string"}),
+                        "parameters": _opt({"type": "object"}),
+                    },
+                    "required": ["type", "name"],
+                },
+                "x-message": "'tools' must be a list of function tools: "
+                '{"type": "function", "name": ..., "parameters": {...}}',
+            }
+        ),
+        "tool_choice": {
+            "anyOf": [
+                {"enum": ["auto", "none", "required"]},
+                {
+                    "type": "object",
+                    "properties": {"type": {"enum": ["function"]}, "name": {"type": "string"}},
+                    "required": ["type", "name"],
+                },
+                {"type": "null"},
+            ],
+            "x-message": '\'tool_choice\' must be "auto", "none", "required" or '
+            '{"type": "function", "name": ...}',
+        },
+        "text": _opt(
+            {
+                "type": "object",
+                "properties": {
+                    "format": {
+                        "type": "object",
+                        "properties": {"type": {"enum": ["text", "json_object", "json_schema"]}},
+                        "required": ["type"],
+                    }
+                },
+                "x-message": '\'text.format\' must be {"type": "text"}, '
+                '{"type": "json_object"} or {"type": "json_schema", "schema": {...}}',
+            }
+        ),
+        "previous_response_id": {
+            "type": "null",
+            "x-message": "gpulock serve's Responses API is stateless: 'previous_response_id' "
+            "cannot be used; send the whole conversation in 'input'",
+        },
+        "store": _opt({"type": "boolean", "x-message": "'store' must be true or false"}),
+        "parallel_tool_calls": _opt(
+            {"type": "boolean", "x-message": "'parallel_tool_calls' must be true or false"}
+        ),
+        "metadata": _opt({"type": "object", "x-message": "'metadata' must be an object"}),
+    },
+    "required": ["model", "input"],
+}
+
+# --- Anthropic's Messages API ------------------------------------------------------------------
+
+_ANTHROPIC_BLOCK: Final[Schema] = {
+    "type": "object",
+    "properties": {
+        "type": {"enum": ["text", "tool_use", "tool_result", "thinking", "redacted_thinking"]},
+        "text": {"type": "string"},
+        "id": {"type": "string"},
+        "name": {"type": "string"},
+        "input": {"type": "object"},
+        "tool_use_id": {"type": "string"},
+    },
+    "required": ["type"],
+    "x-message": "messages: content blocks are text, tool_use or tool_result "
+    "(gpulock serve's models take text)",
+}
+ANTHROPIC_MESSAGES: Final[Schema] = {
+    "type": "object",
+    "properties": {
+        "model": _model("model: Field required (a task or model name: GET /v1/models)"),
+        "max_tokens": {
+            "type": "integer",
+            "minimum": 1,
+            "x-message": "max_tokens: Field required, a whole number >= 1",
+        },
+        "messages": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "role": {"enum": ["user", "assistant"]},
+                    "content": {
+                        "anyOf": [{"type": "string"}, {"type": "array", "items": _ANTHROPIC_BLOCK}]
+                    },
+                },
+                "required": ["role", "content"],
+                "x-message": "messages: each turn needs a role (user or assistant) and a content",
+            },
+            "x-message": "messages: Field required, a non-empty list of turns",
+        },
+        "system": {
+            "anyOf": [
+                {"type": "string"},
+                {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"type": {"enum": ["text"]}, "text": {"type": "string"}},
+                        "required": ["type", "text"],
+                    },
+                },
+            ],
+            "x-message": "system: must be text or a list of text blocks",
+        },
+        "stop_sequences": {
+            "type": "array",
+            "items": {"type": "string"},
+            "x-message": "stop_sequences: must be a list of texts",
+        },
+        "temperature": {
+            **_NUM,
+            "minimum": 0,
+            "maximum": 1,
+            "x-message": "temperature: must be a number from 0 to 1",
+        },
+        "top_p": {
+            **_NUM,
+            "minimum": 0,
+            "maximum": 1,
+            "x-message": "top_p: must be a number from 0 to 1",
+        },
+        "stream": {"type": "boolean", "x-message": "stream: must be true or false"},
+        "tools": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "minLength": 1},
+                    "description": {"type": "string"},
+                    "input_schema": {"type": "object"},
+                },
+                "required": ["name"],
+            },
+            "x-message": "tools: each tool needs a name (and an input_schema)",
+        },
+        "tool_choice": {
+            "type": "object",
+            "properties": {
+                "type": {"enum": ["auto", "any", "tool", "none"]},
+                "name": {"type": "string"},
+            },
+            "required": ["type"],
+            "x-message": 'tool_choice: must be {"type": "auto"}, {"type": "any"}, '
+            '{"type": "none"} or {"type": "tool", "name": ...}',
+        },
+        "metadata": {"type": "object", "x-message": "metadata: must be an object"},
+    },
+    "required": ["model", "max_tokens", "messages"],
 }
 
 # --- Ollama ------------------------------------------------------------------------------------

@@ -12,6 +12,9 @@
   keep_alive (default 5m); with ``"keep_alive": 0`` it unloads M after answering.  Unless the
   request says ``"stream": false`` the answer is streamed: one JSON object per line, the last
   with ``"done": true`` and the token counts.
+* ``POST /api/chat`` with ``tools`` (and ``"stream": false``): the model calls the first tool,
+  as Ollama answers a call: ``message.content`` empty, ``message.tool_calls`` =
+  ``[{"function": {"name": N, "arguments": {...}}}]`` (arguments an object, no id).
 """
 
 from __future__ import annotations
@@ -113,6 +116,12 @@ class Ollama(StandIn):
                     {"model": name, "created_at": now, "done": False, **piece(p)} for p in "hi"
                 ]
                 return 200, NdJson([*parts, {**answer, **piece("")}])
+            tools = body.get("tools")
+            if path == "/api/chat" and isinstance(tools, list) and tools:
+                fn = tools[0].get("function") or {}
+                call = {"function": {"name": fn.get("name"), "arguments": {"city": "Oslo"}}}
+                message = {"role": "assistant", "content": "", "tool_calls": [call]}
+                return 200, {**answer, "message": message}
             if path == "/api/chat":
                 return 200, {**answer, "message": {"role": "assistant", "content": "hi"}}
             return 200, {**answer, "response": "hi"}

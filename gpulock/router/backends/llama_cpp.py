@@ -126,6 +126,29 @@ class LlamaBackend:
             lambda llm: llm.create_chat_completion(messages=messages, **kw), "chat", wait_s, label
         )
 
+    def chat_tools(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]],
+        tool_choice: Any,
+        chat_format: str,
+        wait_s: float | None,
+        label: str,
+        **kw: Any,
+    ) -> Result:
+        """A chat that may call ``tools``, through llama-cpp-python's function-calling chat
+        handler ``chat_format`` (``chatml-function-calling``, ``functionary``...): the model's
+        own chat template renders tools at best, and nothing parses its calls back out."""
+
+        def call(llm: Any) -> Any:
+            from llama_cpp import llama_chat_format
+
+            handler: Any = llama_chat_format.get_chat_completion_handler(chat_format)
+            return handler(llama=llm, messages=messages, tools=tools, tool_choice=tool_choice, **kw)
+
+        return self._run(call, "chat", wait_s, label)
+
     def stream(
         self,
         kind: str,

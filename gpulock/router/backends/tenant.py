@@ -233,9 +233,28 @@ class TenantBackend:
             options["num_predict"] = kw["max_tokens"]
         if options:
             body["options"] = options
+        fmt = kw.get("response_format")
+        if isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object"):
+            spec = fmt.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            body["format"] = schema if isinstance(schema, dict) else "json"  # Ollama's own
         if kind == "chat":
-            return "/api/chat", {**body, "messages": payload}
+            if kw.get("tools"):
+                body["tools"] = kw["tools"]  # Ollama has no tool_choice: it decides
+            return "/api/chat", {**body, "messages": [_ollama_message(m) for m in payload]}
         return "/api/generate", {**body, "prompt": payload}
+
+    def tool_calls(self, raw: Any) -> tuple[dict[str, Any], ...]:
+        """The tool calls in a tenant's whole answer (``raw``), in the chat completions' shape."""
+        from gpulock.router.tools import tool_calls_of
+
+        if not isinstance(raw, dict):
+            return ()
+        if self.spec.kind == "ollama":
+            return tool_calls_of(raw.get("message"))
+        choices = raw.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        return tool_calls_of(first.get("message") if isinstance(first, dict) else None)
 
     def _ollama(self, kind: str, payload: Any, timeout: float, kw: dict[str, Any]) -> Result:
         path, body = self._ollama_body(kind, payload, kw)
@@ -266,7 +285,28 @@ class TenantBackend:
         except (KeyError, IndexError, TypeError):
             raise BackendError("server", f"tenant {self.spec.name}: answer without text") from None
         use = r.get("usage") if isinstance(r.get("usage"), dict) else {}
+        text = "" if text is None else text  # a call of tools only: no content
         return Result(str(text), _int(use, "prompt_tokens"), _int(use, "completion_tokens"), r)
+
+
+def _ollama_message(m: dict[str, Any]) -> dict[str, Any]:
+    """A chat message as Ollama's ``/api/chat`` takes it: a tool call's arguments as an object
+    (the chat completions' API sends them as JSON text)."""
+    calls = m.get("tool_calls")
+    if not calls:
+        return m
+    import json
+
+    out = []
+    for c in calls:
+        fn = dict(c.get("function") or {})
+        if isinstance(fn.get("arguments"), str):
+            try:
+                fn["arguments"] = json.loads(fn["arguments"])
+            except ValueError:
+                fn["arguments"] = {}
+        out.append({"function": fn})
+    return {**m, "tool_calls": out}
 
 
 def _json_line(text: str) -> dict[str, Any]:
