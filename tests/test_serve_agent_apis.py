@@ -453,3 +453,37 @@ def test_openai_agents_sdk_runner_on_its_default_path(gateway: GatewayProc) -> N
     from agents.models.multi_provider import MultiProvider
 
     assert isinstance(MultiProvider().get_model("agent"), OpenAIResponsesModel)
+
+
+def test_ollama_chat_takes_tools_in_its_own_shape(gateway: GatewayProc) -> None:
+    """Ollama's ``/api/chat`` with ``tools``, through the official ``ollama`` client: the tools
+    reach a candidate that can call them (never silently dropped), a call comes back with its
+    arguments as an object, a conversation carrying Ollama-shaped calls and results is taken,
+    and a route that cannot call tools refuses, saying why."""
+    import ollama
+
+    c = ollama.Client(host=gateway.url)
+    r = c.chat(model="agent", messages=[{"role": "user", "content": "weather?"}], tools=[CHAT_TOOL])
+    calls = r.message.tool_calls or []
+    assert calls or r.message.content is not None, r
+    for call in calls:  # "auto": the model may answer in words; a call must be well formed
+        assert call.function.name == "get_weather"
+        assert call.function.arguments.get("city") in ("Paris", "Oslo"), call
+    loop = [
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}],
+        },
+        {"role": "tool", "content": '{"temp": 3}', "tool_name": "get_weather"},
+    ]
+    r = c.chat(model="agent", messages=loop, tools=[CHAT_TOOL])
+    assert r.done and (r.message.content is not None or r.message.tool_calls), r
+    parts = list(
+        c.chat(model="agent", messages=loop, tools=[CHAT_TOOL], stream=True)  # whole, one line
+    )
+    assert parts and parts[-1].done, parts
+    with pytest.raises(ollama.ResponseError) as refused:
+        c.chat(model="plain", messages=[{"role": "user", "content": "x"}], tools=[CHAT_TOOL])
+    assert "tool" in str(refused.value).lower(), refused.value

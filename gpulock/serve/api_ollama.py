@@ -65,23 +65,54 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def chat_ask(body: dict[str, Any]) -> Ask:
+    """``/api/chat``: its messages (with Ollama's tool calls and tool results, made the chat
+    completions' shape the dispatch speaks) and its ``tools`` (Ollama has no tool_choice)."""
+    from gpulock.router.tools import tool_calls_of
+    from gpulock.serve.api_openai import function_tools
+
     model = _model(body)
     msgs = body.get("messages")
     if msgs is None:
         msgs = []
     if not isinstance(msgs, list):
         raise bad_request("messages must be a list")
-    messages = []
+    messages: list[dict[str, Any]] = []
+    asked: list[dict[str, Any]] = []  # the assistant's calls not answered yet, in order
     for m in msgs:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad_request("each message needs a role and a content")
         content = m.get("content", "")
         if not isinstance(content, str):
             raise bad_request("a message's content must be text")
-        messages.append({"role": m["role"], "content": content})
+        msg: dict[str, Any] = {"role": m["role"], "content": content}
+        calls = tool_calls_of(m) if m["role"] == "assistant" else ()
+        if calls:
+            # Ollama's calls carry no id: give each one, unique in the conversation.
+            n = len(messages)
+            calls = tuple({**c, "id": f"call_{n}_{i}"} for i, c in enumerate(calls))
+            msg["tool_calls"] = list(calls)
+            asked = list(calls)
+        if m["role"] == "tool":
+            # Ollama names the tool a result answers (tool_name), or nothing: the oldest call
+            # of that name not answered yet, else the oldest call not answered yet.
+            name = m.get("tool_name")
+            match = next((c for c in asked if c["function"]["name"] == name), None)
+            match = match or (asked[0] if asked else None)
+            if match is not None:
+                asked.remove(match)
+                msg["tool_call_id"] = match["id"]
+        messages.append(msg)
     if not messages:
         raise bad_request("messages is required: a non-empty list of messages")
-    return Ask("chat", model, messages=messages, stream=_stream(body), params=_params(body))
+    tools, _ = function_tools(body.get("tools"), None)
+    return Ask(
+        "chat",
+        model,
+        messages=messages,
+        stream=_stream(body),
+        params=_params(body),
+        tools=tools,
+    )
 
 
 def generate_ask(body: dict[str, Any]) -> Ask:
@@ -121,7 +152,7 @@ def answer(ask: Ask, model: str, a: Answer, started: float) -> dict[str, Any]:
     total = int((time.monotonic() - started) * 1e9)
     out: dict[str, Any] = {"model": model, "created_at": now_iso()}
     if ask.kind == "chat":
-        out["message"] = {"role": "assistant", "content": a.text}
+        out["message"] = _message(a.text, a.tool_calls)
     else:
         out["response"] = a.text
     out["done"] = True
@@ -140,9 +171,33 @@ def loaded(model: str) -> dict[str, Any]:
     }
 
 
+def _message(text: str, calls: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    """An assistant message as Ollama writes it: tool calls with their arguments as an object."""
+    out: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        out["tool_calls"] = [
+            {"function": {"name": c["function"]["name"], "arguments": _arguments(c)}} for c in calls
+        ]
+    return out
+
+
+def _arguments(call: dict[str, Any]) -> Any:
+    try:
+        return json.loads(call["function"].get("arguments") or "{}")
+    except ValueError:
+        return {}
+
+
 async def ndjson(
-    ask: Ask, model: str, pieces: AsyncIterator[str], usage: Usage, started: float
+    ask: Ask,
+    model: str,
+    pieces: AsyncIterator[str],
+    usage: Usage,
+    started: float,
+    calls: tuple[dict[str, Any], ...] = (),
 ) -> AsyncIterator[bytes]:
+    """Ollama's stream: a line a piece, then the last line with the counts (and any tool
+    calls: a request with tools is answered whole, its calls in that line)."""
     chat = ask.kind == "chat"
 
     def line(obj: dict[str, Any]) -> bytes:
@@ -158,7 +213,7 @@ async def ndjson(
         yield line(obj)
     last: dict[str, Any] = {"model": model, "created_at": now_iso()}
     if chat:
-        last["message"] = {"role": "assistant", "content": ""}
+        last["message"] = _message("", calls)
     else:
         last["response"] = ""
     last["done"] = True

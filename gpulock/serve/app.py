@@ -132,6 +132,7 @@ class Gateway:
             [AsyncIterator[str], Usage, tuple[dict[str, Any], ...]], AsyncIterator[bytes]
         ],
         error: Callable[[ApiError], bytes],
+        media: str = "text/event-stream",
     ) -> Response:
         """A chat of any API through the one dispatch: ``whole`` renders an answer in the API's
         shape, ``events`` its stream (the pieces, the usage, any tool calls), ``error`` a
@@ -150,7 +151,7 @@ class Gateway:
             chunks = events(_once(a.text), a.usage, a.tool_calls)
         else:
             chunks = self._guard(events(opened.rest(), opened.usage, ()), opened, agent, error)
-        return Streamed(chunks, "text/event-stream", {**headers, "Cache-Control": "no-cache"})
+        return Streamed(chunks, media, {**headers, "Cache-Control": "no-cache"})
 
     async def _openai(
         self, request: Request, parse: Callable[[dict[str, Any]], Ask], shape: schema.Schema
@@ -187,8 +188,15 @@ class Gateway:
         )
 
     async def ollama_chat(self, request: Request) -> Response:
-        return await self._ollama(
-            request, api_ollama.chat_ask, await self.body(request, schema.OLLAMA_CHAT)
+        ask = api_ollama.chat_ask(await self.body(request, schema.OLLAMA_CHAT))
+        started = time.monotonic()
+        return await self._face(
+            request,
+            ask,
+            lambda a: api_ollama.answer(ask, ask.model, a, started),
+            lambda p, u, calls: api_ollama.ndjson(ask, ask.model, p, u, started, calls),
+            lambda e: json.dumps(e.ollama()).encode() + b"\n",
+            "application/x-ndjson",
         )
 
     async def ollama_generate(self, request: Request) -> Response:

@@ -498,6 +498,7 @@ OLLAMA_CHAT: Final[Schema] = {
             "items": _OLLAMA_MESSAGE,
             "x-message": "messages is required: a non-empty list of messages",
         },
+        "tools": _CHAT_TOOLS,  # Ollama's tools are the chat completions' (it has no tool_choice)
     },
     "required": ["model", "messages"],
 }
