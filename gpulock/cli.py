@@ -387,10 +387,12 @@ def _dispatch(argv: list[str]) -> int:
     return handler(args)
 
 
-def _settings(args: argparse.Namespace) -> Any:
+def _settings(args: argparse.Namespace, *, create: bool = True) -> Any:
+    """The config and state folder; ``create=False`` for commands that only read the state, so
+    a mistyped folder is an error (``NoStateDir``), never an empty world in a new folder."""
     from gpulock.core.settings import load
 
-    return load(args.config, args.state_dir)
+    return load(args.config, args.state_dir, create=create)
 
 
 def _check_gpu(settings: Any, gpu: int) -> None:
@@ -438,7 +440,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from gpulock import status
     from gpulock.core.sections import check_sections, line
 
-    settings = _settings(args)
+    settings = _settings(args, create=False)
     # The sections status does not read itself (serve:, router:...), checked once by the
     # parts that read them: a typo there is seen now, not when that service next starts.
     problems = [line(e) for e in check_sections(settings.config)[0]]
@@ -474,7 +476,7 @@ def cmd_break(args: argparse.Namespace) -> int:
             "--force ends a healthy holder, so it takes one TICKET, not --stale",
             hint="gpulock status shows the tickets; gpulock break --force TICKET",
         )
-    settings = _settings(args)
+    settings = _settings(args, create=False)
     if args.stale:
         results = repair.break_stale(settings, grace_s=args.grace)
     else:
@@ -511,8 +513,8 @@ def parse_since(text: str, now_wall: float) -> float:
 def cmd_history(args: argparse.Namespace) -> int:
     from gpulock.core import events
 
-    settings = _settings(args)
     since = parse_since(args.since, time.time()) if args.since else None
+    settings = _settings(args, create=False)
     kinds = set(args.event or ())
     logged = list(events.read(settings.state_dir, since_wall=since))
     if args.gpu is not None and all(e.get("gpu") != args.gpu for e in logged):
@@ -599,7 +601,7 @@ def cmd_heartbeat(args: argparse.Namespace) -> int:
                 hint="run this inside 'gpulock run', or pass the ticket number",
             )
         seq = int(tail)
-    settings = _settings(args)
+    settings = _settings(args, create=False)
     found = repair.find(settings, seq)
     if found is None:
         raise GpulockError(f"no ticket {seq} in {settings.state_dir}", hint="gpulock status")
@@ -616,7 +618,7 @@ def cmd_heartbeat(args: argparse.Namespace) -> int:
 def cmd_evict(args: argparse.Namespace) -> int:
     from gpulock.residents import eviction, registry
 
-    settings = _settings(args)
+    settings = _settings(args)  # a tenant's models need no state folder
     if args.gpu is not None:
         _check_gpu(settings, args.gpu)
     matches = eviction.find(settings, args.target, gpu=args.gpu, tenant=args.tenant)

@@ -242,8 +242,8 @@ def _main(argv: list[str]) -> int:
         from gpulock.core import events
         from gpulock.core.settings import load
 
-        settings = load(args.config, args.state_dir)
-        since = parse_since(args.since, time.time())
+        since = parse_since(args.since, time.time())  # a usage mistake before a missing folder
+        settings = load(args.config, args.state_dir, create=False)
         arrivals, load_s_of = from_events(events.read(settings.state_dir, since_wall=since))
         reserve_of = settings.config.reserve_bytes
     rows = replay(arrivals, gpus, policies, reserve_of=reserve_of, load_s_of=load_s_of)

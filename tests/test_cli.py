@@ -120,6 +120,7 @@ def test_refused_gpu_leaves_no_phantom_queue_in_status(cli: Cli) -> None:
 
 
 def test_status_json_on_an_empty_state(cli: Cli) -> None:
+    cli.state.mkdir(mode=0o700)  # an empty one: a missing one is an error (test_state_readers)
     snap = cli.status()
     assert snap["version"] == 1
     assert isinstance(snap["gpus"], list)
@@ -221,6 +222,7 @@ def test_break_refuses_a_healthy_holder_unless_forced(cli: Cli) -> None:
 
 
 def test_break_of_an_unknown_ticket_is_an_error(cli: Cli) -> None:
+    assert cli.run("run", "--", "true").code == 0
     r = cli.run("break", "999")
     assert_clean_error(r, 1)
     assert "999" in error_lines(r.stderr)[0]

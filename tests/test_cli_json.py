@@ -21,6 +21,7 @@ def error_of(r: object) -> dict[str, object]:
 
 
 def test_evict_of_an_unknown_name_answers_json(cli: Cli) -> None:
+    cli.state.mkdir(mode=0o700)
     r = cli.run("evict", "nosuch", "--json")
     assert (r.code, r.stderr) == (1, ""), r.describe()
     err = error_of(r)

@@ -429,6 +429,7 @@ def test_status_shows_todays_usage(cli: Cli, tiny: Path, monkeypatch: pytest.Mon
     from gpulock import router
 
     cfg = routes(cli, tiny, extra="router: {daily_budget: 2.5}")
+    cli.state.mkdir(mode=0o700)
     assert cli.status()["usage"] is None  # the router was never used
     monkeypatch.setenv("GPULOCK_SIMULATE", "24GiB")
     for agent in ("alpha", "beta", "beta"):
