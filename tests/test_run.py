@@ -76,6 +76,24 @@ def test_missing_command_exits_127_without_queueing(cli: Cli) -> None:
     no_ticket_taken(cli)
 
 
+@pytest.mark.parametrize("where", ["absolute", "relative", "missing-folder"])
+def test_a_missing_path_is_no_such_file_not_a_hint_about_path(cli: Cli, where: str) -> None:
+    prog = {
+        "absolute": str(cli.root / "missing-script.sh"),
+        "relative": "./missing-script.sh",
+        "missing-folder": str(cli.root / "no-folder" / "job.sh"),
+    }[where]
+    r = cli.run("run", "--", prog)
+    assert_clean_error(r, 127)
+    assert error_lines(r.stderr) == [f"error: no such file: {prog}"], r.describe()
+    assert "absolute path" not in r.stderr, r.describe()  # it was a path already
+    if where == "missing-folder":
+        assert f"hint: check the path ({cli.root / 'no-folder'} does not exist)" in r.stderr
+    else:
+        assert f"hint: check the name (ls {cli.root})" in r.stderr, r.describe()
+    no_ticket_taken(cli)
+
+
 def test_non_executable_file_exits_126_without_queueing(cli: Cli) -> None:
     script = cli.root / "not-executable.sh"
     script.write_text("#!/bin/sh\necho should not run\n")
