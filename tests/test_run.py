@@ -144,6 +144,30 @@ def test_sigterm_while_waiting_exits_143_and_leaves_the_line(cli: Cli) -> None:
     assert holder.wait() == 0, holder.output()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_waiting_logs_a_leave_that_ends_the_wait(
+    cli: Cli, sig: signal.Signals
+) -> None:
+    from gpulock.core import events
+    from gpulock.report.builder import build
+
+    holder = cli.hold("holder")
+    waiter = cli.start_run("waiter", cmd=["true"])
+    cli.wait_event("wait", name="waiter")
+    os.kill(waiter.pid, sig)  # Ctrl-C sends SIGINT
+    assert waiter.wait() == 128 + sig, waiter.output()
+    leave = cli.wait_event("leave", name="waiter")
+    assert leave["signal"] == sig.name and leave["waited_s"] > 0, leave
+    assert leave["ticket"] == cli.events("wait", name="waiter")[0]["ticket"], cli.describe()
+    r = cli.run("history", "--event", "leave")
+    assert r.code == 0 and f"signal={sig.name}" in r.stdout and "waiter" in r.stdout, r.describe()
+    data = build(events.read(cli.state), now_wall=leave["ts"] + 60)
+    [wait] = [w for w in data.waits if w.name == "waiter"]
+    assert wait.end == "leave" and wait.end_wall == leave["ts"], wait  # not left open
+    holder.release()
+    assert holder.wait() == 0, holder.output()
+
+
 def test_sigterm_right_after_the_grant_ends_the_command_under_cpu_load(cli: Cli) -> None:
     """Whenever SIGTERM comes after the grant, `gpulock run` exits 143 and leaves nothing
     running: it either does not start CMD or forwards the signal and waits for it.
