@@ -517,6 +517,13 @@ def cmd_history(args: argparse.Namespace) -> int:
     settings = _settings(args, create=False)
     kinds = set(args.event or ())
     logged = list(events.read(settings.state_dir, since_wall=since))
+    known = set(events.KINDS) | {e["event"] for e in logged}  # a plugin's kinds too
+    for kind in sorted(kinds - known):
+        from gpulock.core.errors import known_hint
+
+        raise UsageError(
+            f"--event: no event kind {kind!r}", hint=known_hint(kind, sorted(known), "kinds")
+        )
     if args.gpu is not None and all(e.get("gpu") != args.gpu for e in logged):
         _check_gpu(settings, args.gpu)  # a GPU of the past may be asked about, a typo not
     selected = [
@@ -529,18 +536,34 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"events": selected}, indent=2))
         return EX_OK
-    for e in selected:
-        print(_history_line(e))
+    for line in history_lines(selected):
+        print(line)
     return EX_OK
 
 
 _SHOWN = {"ts", "event", "gpu", "ticket", "pid", "name"}
+_WHO_MAX = 32  # a longer name shifts its own line's details, not every column
 
 
-def _history_line(e: dict[str, Any]) -> str:
+def history_lines(selected: Sequence[dict[str, Any]]) -> list[str]:
+    """``gpulock history``'s lines, columns as wide as the widest value shown (an event kind
+    like ``gateway-request`` does not push its line's columns out of step)."""
+    rows = [_history_row(e) for e in selected]
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows) for i in range(1, 4)]
+    who_w = min(max(len(r[4]) for r in rows), _WHO_MAX)
+    out = []
+    for stamp, kind, gpu, ticket, who, details in rows:
+        line = f"{stamp}  {kind:<{widths[0]}}  {gpu:<{widths[1]}}  {ticket:>{widths[2]}}  "
+        out.append((line + f"{who:<{who_w}}  {details}").rstrip())
+    return out
+
+
+def _history_row(e: dict[str, Any]) -> tuple[str, str, str, str, str, str]:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["ts"]))
     gpu = f"gpu{e['gpu']}" if isinstance(e.get("gpu"), int) else "-"
-    ticket = str(e.get("ticket", "-"))
+    ticket = str(e["ticket"]) if e.get("ticket") is not None else "-"
     # Agents' and the fleet's events name their agent; the lock's name their holder.
     label_key = "name" if "name" in e else "agent"
     who = f"{e.get(label_key, '')}[{e.get('pid', '')}]" if "pid" in e else ""
@@ -548,10 +571,11 @@ def _history_line(e: dict[str, Any]) -> str:
         who = e["name"]  # no pid to show (a tenant's model): the name all the same
     details: list[str] = []
     for k, v in e.items():
-        if k in _SHOWN or v is None or (who and k == label_key):
+        # Nothing to say (None, ""): a refused request has no task, tier or model.
+        if k in _SHOWN or v is None or v == "" or (who and k == label_key):
             continue
         _details(details, k, v, 0)
-    return f"{stamp}  {e['event']:<8} {gpu:<5} {ticket:>6}  {who:<24} {' '.join(details)}"
+    return stamp, str(e["event"]), gpu, ticket, who, " ".join(details)
 
 
 def _details(out: list[str], key: str, v: Any, depth: int) -> None:
@@ -560,7 +584,7 @@ def _details(out: list[str], key: str, v: Any, depth: int) -> None:
     durations in units; never a Python repr."""
     if isinstance(v, dict) and depth < 4:
         for sub, sv in v.items():
-            if sv is not None:
+            if sv is not None and sv != "":
                 _details(out, f"{key}.{sub}", sv, depth + 1)
         return
     out.append(f"{key}={_value(key, v)}")
