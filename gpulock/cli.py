@@ -368,8 +368,12 @@ def _dispatch(argv: list[str]) -> int:
         plugins = _plugins()
         plugin = plugins.get(argv[0])
         if plugin is None:
+            from gpulock.core.errors import known_hint
+
             known = sorted(builtin | set(plugins))
-            raise UsageError(f"unknown command {argv[0]!r}", hint="commands: " + ", ".join(known))
+            raise UsageError(
+                f"unknown command {argv[0]!r}", hint=known_hint(argv[0], known, "commands")
+            )
         func: Callable[[list[str]], int] = plugin.load()
         return func(argv[1:])
     listing = not argv or argv[0] in ("help", "-h", "--help")

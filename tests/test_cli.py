@@ -55,6 +55,14 @@ def test_unknown_command_lists_the_known_ones(cli: Cli) -> None:
         assert command in hint, r.describe()
 
 
+@pytest.mark.parametrize(("typo", "meant"), [("stats", "status"), ("histroy", "history")])
+def test_a_mistyped_command_gets_a_guess(cli: Cli, typo: str, meant: str) -> None:
+    r = cli.run(typo)
+    assert_clean_error(r, 2)
+    (hint,) = hint_lines(r)
+    assert hint.startswith(f"hint: did you mean {meant!r}? commands: "), r.describe()
+
+
 # --- config and state-folder errors: exit 1 ---------------------------------------------------
 
 
