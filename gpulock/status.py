@@ -429,7 +429,9 @@ def render(snap: dict[str, Any]) -> str:
         if gov["live"]:
             since = time.strftime("%H:%M:%S", time.localtime(gov["since_wall"]))
             lines.append(f"governor: level {gov['level']} since {since} (pid {gov['pid']})")
-        else:
+        elif gov["published_level"] != "normal":
+            # Only when it matters: a dead governor's "normal" changes nothing, but a stale
+            # "freeze" would have held every admission, had it been believed.
             lines.append(f"governor: not running (last word {gov['published_level']!r} ignored)")
     if snap.get("cluster"):
         c = snap["cluster"]
