@@ -27,7 +27,8 @@
   ``TENANT/MODEL``), ``tenant`` (the tenant's name, None for a library resident),
   ``tenant_state`` (``loading``, ``loaded``, ``unloading``; None for a library resident),
   ``name``, ``pid``, ``gpu``, sizes, ``policy``, ``in_use``, ``idle_s`` (None: in use, or a
-  tenant model whose last use is not known yet), ``next_use`` (when foresight expects its
+  tenant model whose last use is not known yet), ``last_use_seen`` (False: a tenant model
+  never seen in use, whose ``idle_s`` is only the time since first seen), ``next_use`` (when foresight expects its
   next use, epoch seconds; None: unknown), ``next_use_source`` (``waiter``, ``cron``,
   ``rhythm``, ``time-of-day``, ``history`` or ``unknown``; see ``gpulock.core.foresight``)
   and the rest of the record.
@@ -215,6 +216,7 @@ def resident_entry(r: registry.Record, now_w: float) -> dict[str, Any]:
         "loaded_wall": r.loaded_wall,
         "last_used_wall": r.last_used_wall,
         "idle_s": idle,
+        "last_use_seen": r.use_seen and r.idle_known,
         "tenant_state": r.tenant_state,
         "torch_allocated_bytes": r.torch_allocated_bytes,
         "torch_reserved_bytes": r.torch_reserved_bytes,
@@ -598,13 +600,23 @@ def _render_residents(recs: list[dict[str, Any]]) -> list[str]:
                 f"gpu{r['gpu']}",
                 format_size(r["bytes"]),
                 r["policy"],
-                format_duration(r["idle_s"]) if r["idle_s"] is not None else "-",
+                _idle(r),
                 "yes" if r["in_use"] else "no",
                 str(r["uses"]),
                 _next_use(r),
             )
         )
     return ["resident models", *_table(rows)]
+
+
+def _idle(r: dict[str, Any]) -> str:
+    """IDLE: ``-`` in use; ``?`` when nobody saw its last use (a tenant model's idle time is
+    then only "since first seen"), never that lower bound passed off as the idle time."""
+    if r["in_use"]:
+        return "-"
+    if r["idle_s"] is None or not r.get("last_use_seen", True):
+        return "?"
+    return format_duration(r["idle_s"])
 
 
 def _next_use(r: dict[str, Any]) -> str:
