@@ -215,7 +215,7 @@ def test_governor_levels_evictions_and_the_plain_summary() -> None:
     ]
     lines = summary_lines(data)
     assert "evictions: 2 (1 freed memory)" in lines
-    assert "governor level changes: 3 (now reduce)" in lines
+    assert "governor level changes: 3 (highest evict-idle, now reduce)" in lines
     assert "GPU handoffs: 1 (0 cut short), held 6.0 s in all" in lines
     assert "route choices by tier: none logged" in lines
     # Seen from a window that opens at 2.5 s: what was in force then still shows.
