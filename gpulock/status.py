@@ -441,7 +441,12 @@ def render(snap: dict[str, Any]) -> str:
             clusterview.View(c["host"], c["hosts"], c["redis"], c["problem"], 0, 0, 0).line()
         )
     if snap.get("devices_problem"):
-        lines.append(f"devices: {snap['devices_problem']}")
+        # A shell that lacks the tour's GPULOCK_SIMULATE (another terminal) is told so: the
+        # sizes and the free memory then show as they do where the jobs run.
+        lines.append(
+            f"devices: {snap['devices_problem']} (no GPU here? GPULOCK_SIMULATE=24GiB "
+            "pretends one, as in the tour)"
+        )
     problems = snap.get("config_problems") or []
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
