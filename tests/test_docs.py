@@ -227,3 +227,29 @@ def test_make_test_adds_to_a_fresh_demo_venv_else_starts_over(
 def test_make_demo_after_make_test_installs_nothing(tmp_path: Path) -> None:
     plan = make_n("demo", tmp_path, ".installed")
     assert "pip" not in plan and plan.strip().endswith("python -m gpulock.agents.demo")
+
+
+def _written_by_the_docs() -> list[tuple[str, str]]:
+    """(file, line) for every relative ``--out FILE`` a console line of the README or the
+    docs writes: where a reader runs it, in the checkout."""
+    found = []
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for line in path.read_text().splitlines():
+            if not line.startswith("$ "):
+                continue
+            for m in re.finditer(r"--(?:out|report) (\S+)", line):
+                target = m.group(1)
+                if target != "-" and not target.startswith(("/", "~", "$")):
+                    found.append((target, f"{path.name}: {line}"))
+    return found
+
+
+def test_what_the_docs_commands_write_in_the_checkout_is_ignored_by_git() -> None:
+    """A reader who follows the README in the checkout is left with no untracked file."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    written = _written_by_the_docs()
+    assert any(t == "digest.md" for t, _ in written), written  # the README's agent example
+    for target, where in written:
+        r = subprocess.run(["git", "check-ignore", "-q", target], cwd=REPO)
+        assert r.returncode == 0, f"{target} is not git-ignored ({where})"
