@@ -311,3 +311,14 @@ def test_troubleshooting_lists_every_command_gpulock_help_does() -> None:
     page = (REPO / "docs" / "troubleshooting.md").read_text()
     missing = [c for c in listed if c != "help" and f"[`{c}`](reference/cli.md" not in page]
     assert missing == [], f"docs/troubleshooting.md lacks {missing}: run `make reference`"
+
+
+def test_no_page_sends_the_reader_to_a_package_index_gpulock_is_not_on() -> None:
+    """gpulock installs from its checkout (or a folder, a wheel, a Git URL): a bare
+    ``pip install 'gpulock[x]'`` would fetch another package, or nothing.  Only the
+    troubleshooting table's row for an index install may show that form."""
+    bare = re.compile(r"pip install '?gpulock\[[\w,]+\]'?(?! @)")
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for line in path.read_text().splitlines():
+            if bare.search(line) and not line.startswith("| the package index"):
+                raise AssertionError(f"{path.name}: {line}")
