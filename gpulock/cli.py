@@ -644,6 +644,7 @@ def cmd_heartbeat(args: argparse.Namespace) -> int:
 
 
 def cmd_evict(args: argparse.Namespace) -> int:
+    from gpulock.core.errors import known_hint
     from gpulock.residents import eviction, registry
 
     settings = _settings(args)  # a tenant's models need no state folder
@@ -656,7 +657,9 @@ def cmd_evict(args: argparse.Namespace) -> int:
             f"no resident model {args.target!r}"
             + (f" on gpu{args.gpu}" if args.gpu is not None else "")
             + (f" in tenant {args.tenant}" if args.tenant is not None else ""),
-            hint=("resident models: " + ", ".join(known)) if known else "none is registered",
+            hint=(
+                known_hint(args.target, known, "resident models") if known else "none is registered"
+            ),
         )
     results = [
         eviction.evict(settings, r, force=args.force, timeout_s=args.timeout) for r in matches

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from gpulock.cli import Parser, UsageError, parse_since, print_json, run_command
-from gpulock.core.errors import GpulockError
+from gpulock.core.errors import GpulockError, known_hint
 from gpulock.core.units import format_size, parse_size
 from gpulock.replay_sim import POLICIES, Arrival, Row, simulate
 
@@ -275,7 +275,7 @@ def _policies(text: str) -> list[str]:
     if bad or not out:
         raise UsageError(
             f"--policy: unknown {', '.join(map(repr, bad)) or 'empty list'}",
-            hint="known: " + ", ".join(POLICIES),
+            hint=known_hint(bad[0] if bad else "", POLICIES, "known"),
         )
     return out
 

@@ -28,10 +28,10 @@
   ``tenant_state`` (``loading``, ``loaded``, ``unloading``; None for a library resident),
   ``name``, ``pid``, ``gpu``, sizes, ``policy``, ``in_use``, ``idle_s`` (None: in use, or a
   tenant model whose last use is not known yet), ``last_use_seen`` (False: a tenant model
-  never seen in use, whose ``idle_s`` is only the time since first seen), ``next_use`` (when foresight expects its
-  next use, epoch seconds; None: unknown), ``next_use_source`` (``waiter``, ``cron``,
-  ``rhythm``, ``time-of-day``, ``history`` or ``unknown``; see ``gpulock.core.foresight``)
-  and the rest of the record.
+  never seen in use, whose ``idle_s`` is only the time since first seen), ``next_use`` (when
+  foresight expects its next use, epoch seconds; None: unknown), ``next_use_source``
+  (``waiter``, ``cron``, ``rhythm``, ``time-of-day``, ``history`` or ``unknown``; see
+  ``gpulock.core.foresight``) and the rest of the record.
 * ``tenants``: one entry per configured tenant, as ``gpulock tenants --json`` shows it.
 * ``usage``: today's model calls as the router counted them (``<state>/router/ledger.json``):
   ``day``, ``cloud_spend_usd``, ``daily_budget_usd`` (``router.daily_budget``, None when unset)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from cli_helpers import Cli, assert_clean_error
 
 
@@ -31,6 +32,20 @@ def test_evict_of_an_unknown_name_answers_json(cli: Cli) -> None:
     assert_clean_error(cli.run("evict", "nosuch"), 1)
 
 
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (["agent", "run", "digets"], "did you mean 'digest'? known agents: "),
+        (["replay", "--gpu", "24GiB", "--policy", "foresigt"], "did you mean 'foresight'? known: "),
+    ],
+)
+def test_an_unknown_name_gets_a_guess(cli: Cli, args: list[str], hint: str) -> None:
+    cli.state.mkdir(mode=0o700)
+    r = cli.run(*args, "--json")
+    assert r.code == 2, r.describe()
+    assert error_of(r)["hint"].startswith(hint), r.describe()
+
+
 def test_usage_mistakes_and_plugins_answer_json(cli: Cli) -> None:
     r = cli.run("status", "--json", "--bogus")
     assert (r.code, r.stderr) == (2, ""), r.describe()
@@ -42,7 +57,10 @@ def test_usage_mistakes_and_plugins_answer_json(cli: Cli) -> None:
     r = cli.run("route", "summarise", "--json", "--config", str(cfg))
     assert (r.code, r.stderr) == (2, ""), r.describe()
     err = error_of(r)
-    assert (err["type"], err["hint"]) == ("UnknownTask", "known tasks: summarize")
+    assert (err["type"], err["hint"]) == (
+        "UnknownTask",
+        "did you mean 'summarize'? known tasks: summarize",
+    )
     r = cli.run("history", "--json", "--since", "yesterday-ish")
     assert r.code == 2 and error_of(r)["type"] == "UsageError", r.describe()
     r = cli.run("report", "--json", "--out", str(cli.root / "no" / "such" / "r.html"))

@@ -55,7 +55,7 @@ def test_an_uncaught_error_shows_its_hint_and_the_known_names(tmp_path: Path) ->
     tail = r.stderr.splitlines()[-2:]
     assert tail == [
         "gpulock.router.errors.UnknownTask: unknown task 'summarise'",
-        "hint: known tasks: summarize, tag",
+        "hint: did you mean 'summarize'? known tasks: summarize, tag",
     ]
 
 

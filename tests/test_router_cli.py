@@ -206,7 +206,7 @@ def test_an_unknown_task_lists_the_known_ones(cli: Cli, tiny: Path) -> None:
     r = cli.run("route", "sumarize", "--config", str(cfg))
     assert_clean_error(r, 2)
     assert "error: unknown task 'sumarize'" in r.stderr
-    assert "hint: known tasks: digest, remote, summarize" in r.stderr
+    assert "hint: did you mean 'summarize'? known tasks: digest, remote, summarize" in r.stderr
 
 
 def test_a_preference_that_names_nothing_is_an_error(cli: Cli, tiny: Path) -> None:

@@ -221,6 +221,12 @@ def test_small_endpoints(gateway: GatewayProc) -> None:
         ),
         (
             "/v1/chat/completions",
+            b'{"model": "chta", "messages": [{"role": "user"}]}',
+            404,
+            "model 'chta' not found; did you mean 'chat'? known models: chat, cloudy, cheap",
+        ),
+        (
+            "/v1/chat/completions",
             b'{"model": "ollama/llama3", "messages": [{"role": "user"}]}',
             404,
             "no tenant 'ollama' (tenants: none configured)",

@@ -52,9 +52,7 @@ def test_a_reader_names_the_config_key_the_folder_came_from(cli: Cli) -> None:
     typo = cli.root / "nowhere"
     config = cli.root / "gpulock.yaml"
     config.write_text(f"state_dir: {typo}\n")
-    r = cli.run(
-        "history", env=cli.env(GPULOCK_STATE_DIR=None, GPULOCK_CONFIG=str(config))
-    )
+    r = cli.run("history", env=cli.env(GPULOCK_STATE_DIR=None, GPULOCK_CONFIG=str(config)))
     assert_clean_error(r, 1)
     assert f"hint: check 'state_dir' in {config}" in r.stderr, r.describe()
     assert not typo.exists()

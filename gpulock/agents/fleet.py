@@ -58,7 +58,7 @@ from gpulock.cli import (
     stdout_to_stderr,
 )
 from gpulock.core import children
-from gpulock.core.errors import GpulockError
+from gpulock.core.errors import GpulockError, known_hint
 from gpulock.core.extras import install_hint
 
 if TYPE_CHECKING:
@@ -345,7 +345,7 @@ def _main(argv: list[str]) -> int:
     if args.once is not None and fleet.agent(args.once) is None:
         raise UsageError(
             f"no agent {args.once!r} in {fleet.path}",
-            hint="agents: " + ", ".join(a.name for a in fleet.agents),
+            hint=known_hint(args.once, [a.name for a in fleet.agents], "agents"),
         )
     from gpulock.core.settings import load
 

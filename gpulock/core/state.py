@@ -313,15 +313,17 @@ def _world_writable_hint(path: pathlib.Path, st: os.stat_result) -> str:
 
 
 # Folders the system's own layout needs as they are, whoever owns them (root, in a container).
+# Only compared with, never written to (hence the noqa: S108 is about using them).
 _SYSTEM_FOLDERS: Final = frozenset(
-    {"/", "/tmp", "/var/tmp", "/dev/shm", "/run", "/var", "/home", "/opt", "/srv", "/mnt"}
+    {"/", "/tmp", "/var/tmp", "/dev/shm", "/run", "/var", "/home", "/opt", "/srv", "/mnt"}  # noqa: S108
 )
 
 
 def _is_system_folder(path: pathlib.Path) -> bool:
-    return os.path.normpath(path) in _SYSTEM_FOLDERS or os.path.normpath(
-        os.path.realpath(path)
-    ) in _SYSTEM_FOLDERS
+    return (
+        os.path.normpath(path) in _SYSTEM_FOLDERS
+        or os.path.normpath(os.path.realpath(path)) in _SYSTEM_FOLDERS
+    )
 
 
 def _user(uid: int) -> str:

@@ -19,10 +19,10 @@ from decimal import Decimal, InvalidOperation
 
 __all__ = [
     "MIN_GPU_BYTES",
-    "gpu_size_mistake",
     "format_duration",
     "format_size",
     "format_usd",
+    "gpu_size_mistake",
     "parse_clock",
     "parse_duration",
     "parse_size",
