@@ -26,7 +26,9 @@ Keys owned by gpulock (the defaults live in ``DEFAULTS``, written as they would 
     The GPU index used when a caller names none.
 ``simulate`` (sizes, default: none)
     Pretend there are GPUs of these memory sizes instead of asking the driver, for machines
-    without one and for tests: ``24GiB``, ``"24GiB,12GiB"`` or a YAML list of sizes.
+    without one and for tests: ``24GiB``, ``"24GiB,12GiB"`` or a YAML list of sizes.  Each is
+    at least 64 MiB: a size without a unit counts bytes, so ``simulate: 24`` is refused
+    ("did you mean 24GiB?").
 ``reserve`` (size or percentage, default ``10%``)
     Memory of each GPU that is never handed out (driver, CUDA context, fragmentation): a size
     such as ``2GiB`` or a share of the GPU's memory such as ``10%``.
