@@ -117,6 +117,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/serve_abuse.py
 	$(BIN)/python bench/prefetch.py
 	$(BIN)/python bench/cluster.py
+	$(BIN)/python bench/pool.py
+	$(BIN)/python bench/replay.py
+	$(BIN)/python bench/governor.py
 
 clean:
 	rm -rf $(VENV) site build .pytest_cache .mypy_cache .ruff_cache *.egg-info

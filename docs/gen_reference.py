@@ -5,7 +5,9 @@
   through the ``build_parser`` beside its ``main``);
 - ``docs/reference/configuration.md``: every key of the config file, from the schema
   (``gpulock.core.config``: its documented keys, ``DEFAULTS`` and ``SECTIONS``, and the known
-  keys and example of each section's owner module).
+  keys and example of each section's owner module);
+- the list of commands in ``docs/troubleshooting.md`` (between its two markers), from the same
+  parsers as the CLI reference.
 
 Run it after changing a command's flags or a config key::
 
@@ -451,9 +453,56 @@ def _fleet_file() -> list[str]:
 # --- writing ---------------------------------------------------------------------------------
 
 
+TROUBLESHOOTING = ROOT / "docs" / "troubleshooting.md"
+COMMANDS_START = "<!-- commands: generated from the parsers by docs/gen_reference.py -->"
+COMMANDS_END = "<!-- end of commands -->"
+
+
+def command_list() -> str:
+    """The troubleshooting page's list of commands: the built-in ones (``gpulock.cli``'s
+    parser) and those the entry points of pyproject.toml add, each with its summary."""
+    from importlib.metadata import EntryPoint
+
+    from gpulock import cli, commands
+
+    builtin = [(n, s) for n, s, _ in _subcommands(cli.build_parser()) if n != "help"]
+    # The summaries `gpulock --help` shows (each module's docstring), from pyproject.toml's
+    # entry points rather than the installed metadata, so the page depends on the code only.
+    added = [
+        (name, commands.summary(EntryPoint(name, target, commands.GROUP)))
+        for name, target in sorted(_plugins().items())
+    ]
+    out = [
+        COMMANDS_START,
+        "The built-in commands:",
+        "",
+        *(f"- [`{n}`](reference/cli.md#gpulock-{n}): {_md(_short(s))}" for n, s in builtin),
+        "",
+        "and those the rooms above the lock add through the `gpulock.commands` entry points:",
+        "",
+        *(f"- [`{n}`](reference/cli.md#gpulock-{n}): {_md(_short(s))}" for n, s in added),
+        COMMANDS_END,
+    ]
+    return "\n".join(out)
+
+
+def troubleshooting() -> str:
+    """docs/troubleshooting.md with its command list regenerated (the rest is prose)."""
+    text = TROUBLESHOOTING.read_text()
+    head, found, rest = text.partition(COMMANDS_START)
+    _, found_end, tail = rest.partition(COMMANDS_END)
+    if not (found and found_end):
+        raise SystemExit(f"{TROUBLESHOOTING}: the markers {COMMANDS_START!r} ... are missing")
+    return head + command_list() + tail
+
+
 def pages() -> dict[Path, str]:
     """Each generated page's path and text."""
-    return {OUT / "cli.md": cli_reference(), OUT / "configuration.md": config_reference()}
+    return {
+        OUT / "cli.md": cli_reference(),
+        OUT / "configuration.md": config_reference(),
+        TROUBLESHOOTING: troubleshooting(),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -368,8 +368,12 @@ def _dispatch(argv: list[str]) -> int:
         plugins = _plugins()
         plugin = plugins.get(argv[0])
         if plugin is None:
+            from gpulock.core.errors import known_hint
+
             known = sorted(builtin | set(plugins))
-            raise UsageError(f"unknown command {argv[0]!r}", hint="commands: " + ", ".join(known))
+            raise UsageError(
+                f"unknown command {argv[0]!r}", hint=known_hint(argv[0], known, "commands")
+            )
         func: Callable[[list[str]], int] = plugin.load()
         return func(argv[1:])
     listing = not argv or argv[0] in ("help", "-h", "--help")
@@ -387,10 +391,12 @@ def _dispatch(argv: list[str]) -> int:
     return handler(args)
 
 
-def _settings(args: argparse.Namespace) -> Any:
+def _settings(args: argparse.Namespace, *, create: bool = True) -> Any:
+    """The config and state folder; ``create=False`` for commands that only read the state, so
+    a mistyped folder is an error (``NoStateDir``), never an empty world in a new folder."""
     from gpulock.core.settings import load
 
-    return load(args.config, args.state_dir)
+    return load(args.config, args.state_dir, create=create)
 
 
 def _check_gpu(settings: Any, gpu: int) -> None:
@@ -438,7 +444,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from gpulock import status
     from gpulock.core.sections import check_sections, line
 
-    settings = _settings(args)
+    settings = _settings(args, create=False)
     # The sections status does not read itself (serve:, router:...), checked once by the
     # parts that read them: a typo there is seen now, not when that service next starts.
     problems = [line(e) for e in check_sections(settings.config)[0]]
@@ -474,7 +480,7 @@ def cmd_break(args: argparse.Namespace) -> int:
             "--force ends a healthy holder, so it takes one TICKET, not --stale",
             hint="gpulock status shows the tickets; gpulock break --force TICKET",
         )
-    settings = _settings(args)
+    settings = _settings(args, create=False)
     if args.stale:
         results = repair.break_stale(settings, grace_s=args.grace)
     else:
@@ -511,10 +517,17 @@ def parse_since(text: str, now_wall: float) -> float:
 def cmd_history(args: argparse.Namespace) -> int:
     from gpulock.core import events
 
-    settings = _settings(args)
     since = parse_since(args.since, time.time()) if args.since else None
+    settings = _settings(args, create=False)
     kinds = set(args.event or ())
     logged = list(events.read(settings.state_dir, since_wall=since))
+    known = set(events.KINDS) | {e["event"] for e in logged}  # a plugin's kinds too
+    for kind in sorted(kinds - known):
+        from gpulock.core.errors import known_hint
+
+        raise UsageError(
+            f"--event: no event kind {kind!r}", hint=known_hint(kind, sorted(known), "kinds")
+        )
     if args.gpu is not None and all(e.get("gpu") != args.gpu for e in logged):
         _check_gpu(settings, args.gpu)  # a GPU of the past may be asked about, a typo not
     selected = [
@@ -527,18 +540,34 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"events": selected}, indent=2))
         return EX_OK
-    for e in selected:
-        print(_history_line(e))
+    for line in history_lines(selected):
+        print(line)
     return EX_OK
 
 
 _SHOWN = {"ts", "event", "gpu", "ticket", "pid", "name"}
+_WHO_MAX = 32  # a longer name shifts its own line's details, not every column
 
 
-def _history_line(e: dict[str, Any]) -> str:
+def history_lines(selected: Sequence[dict[str, Any]]) -> list[str]:
+    """``gpulock history``'s lines, columns as wide as the widest value shown (an event kind
+    like ``gateway-request`` does not push its line's columns out of step)."""
+    rows = [_history_row(e) for e in selected]
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows) for i in range(1, 4)]
+    who_w = min(max(len(r[4]) for r in rows), _WHO_MAX)
+    out = []
+    for stamp, kind, gpu, ticket, who, details in rows:
+        line = f"{stamp}  {kind:<{widths[0]}}  {gpu:<{widths[1]}}  {ticket:>{widths[2]}}  "
+        out.append((line + f"{who:<{who_w}}  {details}").rstrip())
+    return out
+
+
+def _history_row(e: dict[str, Any]) -> tuple[str, str, str, str, str, str]:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["ts"]))
     gpu = f"gpu{e['gpu']}" if isinstance(e.get("gpu"), int) else "-"
-    ticket = str(e.get("ticket", "-"))
+    ticket = str(e["ticket"]) if e.get("ticket") is not None else "-"
     # Agents' and the fleet's events name their agent; the lock's name their holder.
     label_key = "name" if "name" in e else "agent"
     who = f"{e.get(label_key, '')}[{e.get('pid', '')}]" if "pid" in e else ""
@@ -546,10 +575,11 @@ def _history_line(e: dict[str, Any]) -> str:
         who = e["name"]  # no pid to show (a tenant's model): the name all the same
     details: list[str] = []
     for k, v in e.items():
-        if k in _SHOWN or v is None or (who and k == label_key):
+        # Nothing to say (None, ""): a refused request has no task, tier or model.
+        if k in _SHOWN or v is None or v == "" or (who and k == label_key):
             continue
         _details(details, k, v, 0)
-    return f"{stamp}  {e['event']:<8} {gpu:<5} {ticket:>6}  {who:<24} {' '.join(details)}"
+    return stamp, str(e["event"]), gpu, ticket, who, " ".join(details)
 
 
 def _details(out: list[str], key: str, v: Any, depth: int) -> None:
@@ -558,7 +588,7 @@ def _details(out: list[str], key: str, v: Any, depth: int) -> None:
     durations in units; never a Python repr."""
     if isinstance(v, dict) and depth < 4:
         for sub, sv in v.items():
-            if sv is not None:
+            if sv is not None and sv != "":
                 _details(out, f"{key}.{sub}", sv, depth + 1)
         return
     out.append(f"{key}={_value(key, v)}")
@@ -599,7 +629,7 @@ def cmd_heartbeat(args: argparse.Namespace) -> int:
                 hint="run this inside 'gpulock run', or pass the ticket number",
             )
         seq = int(tail)
-    settings = _settings(args)
+    settings = _settings(args, create=False)
     found = repair.find(settings, seq)
     if found is None:
         raise GpulockError(f"no ticket {seq} in {settings.state_dir}", hint="gpulock status")
@@ -614,9 +644,10 @@ def cmd_heartbeat(args: argparse.Namespace) -> int:
 
 
 def cmd_evict(args: argparse.Namespace) -> int:
+    from gpulock.core.errors import known_hint
     from gpulock.residents import eviction, registry
 
-    settings = _settings(args)
+    settings = _settings(args)  # a tenant's models need no state folder
     if args.gpu is not None:
         _check_gpu(settings, args.gpu)
     matches = eviction.find(settings, args.target, gpu=args.gpu, tenant=args.tenant)
@@ -626,7 +657,9 @@ def cmd_evict(args: argparse.Namespace) -> int:
             f"no resident model {args.target!r}"
             + (f" on gpu{args.gpu}" if args.gpu is not None else "")
             + (f" in tenant {args.tenant}" if args.tenant is not None else ""),
-            hint=("resident models: " + ", ".join(known)) if known else "none is registered",
+            hint=(
+                known_hint(args.target, known, "resident models") if known else "none is registered"
+            ),
         )
     results = [
         eviction.evict(settings, r, force=args.force, timeout_s=args.timeout) for r in matches

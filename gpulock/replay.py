@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from gpulock.cli import Parser, UsageError, parse_since, print_json, run_command
-from gpulock.core.errors import GpulockError
+from gpulock.core.errors import GpulockError, known_hint
 from gpulock.core.units import format_size, parse_size
 from gpulock.replay_sim import POLICIES, Arrival, Row, simulate
 
@@ -242,8 +242,8 @@ def _main(argv: list[str]) -> int:
         from gpulock.core import events
         from gpulock.core.settings import load
 
-        settings = load(args.config, args.state_dir)
-        since = parse_since(args.since, time.time())
+        since = parse_since(args.since, time.time())  # a usage mistake before a missing folder
+        settings = load(args.config, args.state_dir, create=False)
         arrivals, load_s_of = from_events(events.read(settings.state_dir, since_wall=since))
         reserve_of = settings.config.reserve_bytes
     rows = replay(arrivals, gpus, policies, reserve_of=reserve_of, load_s_of=load_s_of)
@@ -275,7 +275,7 @@ def _policies(text: str) -> list[str]:
     if bad or not out:
         raise UsageError(
             f"--policy: unknown {', '.join(map(repr, bad)) or 'empty list'}",
-            hint="known: " + ", ".join(POLICIES),
+            hint=known_hint(bad[0] if bad else "", POLICIES, "known"),
         )
     return out
 

@@ -33,7 +33,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from gpulock.api import acquire
 from gpulock.core.errors import GpulockError
@@ -74,13 +74,25 @@ def resolve(command: Sequence[str]) -> str:
     found = shutil.which(prog)
     if found is not None:
         return found
-    if "/" in prog and os.path.exists(prog):
-        raise RunError(f"not executable: {prog}", 126)
+    if "/" in prog:  # a path, not looked up in PATH: it is there or not
+        if os.path.exists(prog):
+            raise RunError(f"not executable: {prog}", 126)
+        _no_such_file(prog)
     raise RunError(
         f"command not found: {prog}",
         127,
         hint="cron runs with a short PATH: give the absolute path",
     )
+
+
+def _no_such_file(prog: str) -> NoReturn:
+    where = os.path.dirname(os.path.abspath(prog))
+    hint = (
+        f"check the path ({where} does not exist)"
+        if not os.path.isdir(where)
+        else f"check the name (ls {where})"
+    )
+    raise RunError(f"no such file: {prog}", 127, hint=hint)
 
 
 def run(

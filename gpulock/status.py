@@ -27,10 +27,11 @@
   ``TENANT/MODEL``), ``tenant`` (the tenant's name, None for a library resident),
   ``tenant_state`` (``loading``, ``loaded``, ``unloading``; None for a library resident),
   ``name``, ``pid``, ``gpu``, sizes, ``policy``, ``in_use``, ``idle_s`` (None: in use, or a
-  tenant model whose last use is not known yet), ``next_use`` (when foresight expects its
-  next use, epoch seconds; None: unknown), ``next_use_source`` (``waiter``, ``cron``,
-  ``rhythm``, ``time-of-day``, ``history`` or ``unknown``; see ``gpulock.core.foresight``)
-  and the rest of the record.
+  tenant model whose last use is not known yet), ``last_use_seen`` (False: a tenant model
+  never seen in use, whose ``idle_s`` is only the time since first seen), ``next_use`` (when
+  foresight expects its next use, epoch seconds; None: unknown), ``next_use_source``
+  (``waiter``, ``cron``, ``rhythm``, ``time-of-day``, ``history`` or ``unknown``; see
+  ``gpulock.core.foresight``) and the rest of the record.
 * ``tenants``: one entry per configured tenant, as ``gpulock tenants --json`` shows it.
 * ``usage``: today's model calls as the router counted them (``<state>/router/ledger.json``):
   ``day``, ``cloud_spend_usd``, ``daily_budget_usd`` (``router.daily_budget``, None when unset)
@@ -215,6 +216,7 @@ def resident_entry(r: registry.Record, now_w: float) -> dict[str, Any]:
         "loaded_wall": r.loaded_wall,
         "last_used_wall": r.last_used_wall,
         "idle_s": idle,
+        "last_use_seen": r.use_seen and r.idle_known,
         "tenant_state": r.tenant_state,
         "torch_allocated_bytes": r.torch_allocated_bytes,
         "torch_reserved_bytes": r.torch_reserved_bytes,
@@ -429,7 +431,9 @@ def render(snap: dict[str, Any]) -> str:
         if gov["live"]:
             since = time.strftime("%H:%M:%S", time.localtime(gov["since_wall"]))
             lines.append(f"governor: level {gov['level']} since {since} (pid {gov['pid']})")
-        else:
+        elif gov["published_level"] != "normal":
+            # Only when it matters: a dead governor's "normal" changes nothing, but a stale
+            # "freeze" would have held every admission, had it been believed.
             lines.append(f"governor: not running (last word {gov['published_level']!r} ignored)")
     if snap.get("cluster"):
         c = snap["cluster"]
@@ -437,7 +441,12 @@ def render(snap: dict[str, Any]) -> str:
             clusterview.View(c["host"], c["hosts"], c["redis"], c["problem"], 0, 0, 0).line()
         )
     if snap.get("devices_problem"):
-        lines.append(f"devices: {snap['devices_problem']}")
+        # A shell that lacks the tour's GPULOCK_SIMULATE (another terminal) is told so: the
+        # sizes and the free memory then show as they do where the jobs run.
+        lines.append(
+            f"devices: {snap['devices_problem']} (no GPU here? GPULOCK_SIMULATE=24GiB "
+            "pretends one, as in the tour)"
+        )
     problems = snap.get("config_problems") or []
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -596,13 +605,23 @@ def _render_residents(recs: list[dict[str, Any]]) -> list[str]:
                 f"gpu{r['gpu']}",
                 format_size(r["bytes"]),
                 r["policy"],
-                format_duration(r["idle_s"]) if r["idle_s"] is not None else "-",
+                _idle(r),
                 "yes" if r["in_use"] else "no",
                 str(r["uses"]),
                 _next_use(r),
             )
         )
     return ["resident models", *_table(rows)]
+
+
+def _idle(r: dict[str, Any]) -> str:
+    """IDLE: ``-`` in use; ``?`` when nobody saw its last use (a tenant model's idle time is
+    then only "since first seen"), never that lower bound passed off as the idle time."""
+    if r["in_use"]:
+        return "-"
+    if r["idle_s"] is None or not r.get("last_use_seen", True):
+        return "?"
+    return format_duration(r["idle_s"])
 
 
 def _next_use(r: dict[str, Any]) -> str:

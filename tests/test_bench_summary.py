@@ -32,3 +32,17 @@ def test_lock_handoffs_summary_names_the_missed_target() -> None:
         "FAILED: queue-16 handoff p50 within 3x of flock's",
         "not judged: status with 100 tickets <= 50 ms of its own work (p50)",
     ], line
+
+
+def test_make_bench_runs_every_benchmark_of_bench() -> None:
+    """``make bench`` runs each ``bench/*.py`` (the docs cite their figures): a new benchmark
+    left out of the target fails here."""
+    import re
+
+    makefile = (REPO / "Makefile").read_text()
+    target = re.search(r"^bench:.*\n((?:\t.*\n)+)", makefile, flags=re.M)
+    assert target is not None, "no bench: target in the Makefile"
+    run = set(re.findall(r"bench/([\w-]+\.py)", target.group(1)))
+    scripts = {p.name for p in (REPO / "bench").glob("*.py")}
+    assert scripts - run == set(), f"add to the Makefile's bench target: {sorted(scripts - run)}"
+    assert run - scripts == set(), f"the bench target runs missing files: {sorted(run - scripts)}"

@@ -55,6 +55,14 @@ def test_unknown_command_lists_the_known_ones(cli: Cli) -> None:
         assert command in hint, r.describe()
 
 
+@pytest.mark.parametrize(("typo", "meant"), [("stats", "status"), ("histroy", "history")])
+def test_a_mistyped_command_gets_a_guess(cli: Cli, typo: str, meant: str) -> None:
+    r = cli.run(typo)
+    assert_clean_error(r, 2)
+    (hint,) = hint_lines(r)
+    assert hint.startswith(f"hint: did you mean {meant!r}? commands: "), r.describe()
+
+
 # --- config and state-folder errors: exit 1 ---------------------------------------------------
 
 
@@ -120,6 +128,7 @@ def test_refused_gpu_leaves_no_phantom_queue_in_status(cli: Cli) -> None:
 
 
 def test_status_json_on_an_empty_state(cli: Cli) -> None:
+    cli.state.mkdir(mode=0o700)  # an empty one: a missing one is an error (test_state_readers)
     snap = cli.status()
     assert snap["version"] == 1
     assert isinstance(snap["gpus"], list)
@@ -221,6 +230,7 @@ def test_break_refuses_a_healthy_holder_unless_forced(cli: Cli) -> None:
 
 
 def test_break_of_an_unknown_ticket_is_an_error(cli: Cli) -> None:
+    assert cli.run("run", "--", "true").code == 0
     r = cli.run("break", "999")
     assert_clean_error(r, 1)
     assert "999" in error_lines(r.stderr)[0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from cli_helpers import Cli, assert_clean_error
 
 
@@ -21,6 +22,7 @@ def error_of(r: object) -> dict[str, object]:
 
 
 def test_evict_of_an_unknown_name_answers_json(cli: Cli) -> None:
+    cli.state.mkdir(mode=0o700)
     r = cli.run("evict", "nosuch", "--json")
     assert (r.code, r.stderr) == (1, ""), r.describe()
     err = error_of(r)
@@ -28,6 +30,20 @@ def test_evict_of_an_unknown_name_answers_json(cli: Cli) -> None:
     assert (err["hint"], err["exit_code"]) == ("none is registered", 1)
     # without --json: the error: and hint: lines, as before
     assert_clean_error(cli.run("evict", "nosuch"), 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (["agent", "run", "digets"], "did you mean 'digest'? known agents: "),
+        (["replay", "--gpu", "24GiB", "--policy", "foresigt"], "did you mean 'foresight'? known: "),
+    ],
+)
+def test_an_unknown_name_gets_a_guess(cli: Cli, args: list[str], hint: str) -> None:
+    cli.state.mkdir(mode=0o700)
+    r = cli.run(*args, "--json")
+    assert r.code == 2, r.describe()
+    assert error_of(r)["hint"].startswith(hint), r.describe()
 
 
 def test_usage_mistakes_and_plugins_answer_json(cli: Cli) -> None:
@@ -41,7 +57,10 @@ def test_usage_mistakes_and_plugins_answer_json(cli: Cli) -> None:
     r = cli.run("route", "summarise", "--json", "--config", str(cfg))
     assert (r.code, r.stderr) == (2, ""), r.describe()
     err = error_of(r)
-    assert (err["type"], err["hint"]) == ("UnknownTask", "known tasks: summarize")
+    assert (err["type"], err["hint"]) == (
+        "UnknownTask",
+        "did you mean 'summarize'? known tasks: summarize",
+    )
     r = cli.run("history", "--json", "--since", "yesterday-ish")
     assert r.code == 2 and error_of(r)["type"] == "UsageError", r.describe()
     r = cli.run("report", "--json", "--out", str(cli.root / "no" / "such" / "r.html"))

@@ -347,6 +347,25 @@ def test_simulate_bad(text: str, where: str, fragment: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "where", "guess"),
+    [
+        ("simulate: 24\n", "1: simulate", "24GiB"),
+        ("simulate: 24,12GiB\n", "1: simulate", "24GiB"),
+        ("simulate:\n  - 24GiB\n  - 12MiB\n", "3: simulate[1]", "12GiB"),
+    ],
+)
+def test_a_simulated_gpu_under_64_mib_is_a_unit_left_out(text: str, where: str, guess: str) -> None:
+    error = fails(text)
+    assert str(error).startswith(f"{FILE}:{where}: a GPU of "), error
+    assert "too small to simulate (at least 64.0 MiB" in str(error), error
+    assert error.hint == f"did you mean {guess}?"
+
+
+def test_a_simulated_gpu_of_64_mib_is_small_but_fine() -> None:
+    assert parse("simulate: 64MiB\n").simulate_bytes == (64 * MIB,)
+
+
+@pytest.mark.parametrize(
     ("value", "stored", "total", "reserve"),
     [
         ("10%", "10%", 1000, 100),

@@ -85,6 +85,7 @@ def test_a_clean_config_and_no_config(cli: Cli) -> None:
     )
     r = cli.run("config", "check", "--config", str(path))
     assert (r.code, r.stdout.strip()) == (0, f"{path}: ok (gpulock's keys, serve, watchdog)")
+    cli.state.mkdir(mode=0o700)
     assert cli.run("status", "--config", str(path), "--json").json()["config_problems"] == []
     elsewhere = cli.root / "elsewhere"
     elsewhere.mkdir()

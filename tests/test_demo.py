@@ -64,6 +64,29 @@ def test_short_demo_runs_the_fleet_and_writes_the_report(tmp_path: Path) -> None
     assert html.lower().startswith("<!doctype html>") and 'class="hold' in html
 
 
+def test_the_demos_words_about_its_governor_match_the_config_it_runs(tmp_path: Path) -> None:
+    """The governor of the demo climbs, under its busy minute, as far as ``freeze`` and back:
+    the docstring and getting-started say so, with the thresholds the demo's config sets."""
+    import yaml
+
+    from gpulock.agents import demo
+
+    cfg = yaml.safe_load(demo._config(tmp_path, tmp_path / "m.gguf", 9, None))
+    watchdog, governor = cfg["watchdog"], cfg["governor"]
+    pressure = int(str(governor["vram_pressure"]).rstrip("%"))
+    threshold = int(str(watchdog["threshold"]).rstrip("%"))
+    cooldown = int(str(governor["cooldown"]).rstrip("s"))
+    doc = " ".join((demo.__doc__ or "").split())
+    guide = " ".join((REPO / "docs" / "getting-started.md").read_text().split())
+    for text in (doc, guide):
+        assert f"over {pressure} %" in text, text
+        assert f"per {cooldown} s of clear signals" in text, text
+        for level in ("reduce", "evict-idle", "force-evict", "freeze"):
+            assert level in text, (level, text)
+    assert f"passes {threshold} %" in doc
+    assert "climbs to ``reduce``" not in doc  # what it said while the run went on to freeze
+
+
 def test_the_assistant_may_wait_in_line_for_its_whole_run() -> None:
     from gpulock.agents import demo_agents
     from gpulock.agents.spec import get

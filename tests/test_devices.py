@@ -57,6 +57,14 @@ def test_bad_simulate_spec_names_the_variable(spec: str) -> None:
     assert "GPULOCK_SIMULATE" in str(caught.value)
 
 
+@pytest.mark.parametrize(("spec", "guess"), [("24", "24GiB"), ("24GiB,12", "12GiB")])
+def test_a_simulated_gpu_under_64_mib_in_the_variable_is_refused(spec: str, guess: str) -> None:
+    with pytest.raises(ConfigError, match="too small to simulate") as caught:
+        devices.parse_simulate(spec)
+    assert caught.value.key == devices.SIMULATE_ENV
+    assert caught.value.hint == f"did you mean {guess}?"
+
+
 def test_bad_simulate_variable_raises_from_probe() -> None:
     with pytest.raises(ConfigError, match="GPULOCK_SIMULATE"):
         devices.probe(None, {devices.SIMULATE_ENV: "twelve"})

@@ -227,3 +227,98 @@ def test_make_test_adds_to_a_fresh_demo_venv_else_starts_over(
 def test_make_demo_after_make_test_installs_nothing(tmp_path: Path) -> None:
     plan = make_n("demo", tmp_path, ".installed")
     assert "pip" not in plan and plan.strip().endswith("python -m gpulock.agents.demo")
+
+
+def _written_by_the_docs() -> list[tuple[str, str]]:
+    """(file, line) for every relative ``--out FILE`` a console line of the README or the
+    docs writes: where a reader runs it, in the checkout."""
+    found = []
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for line in path.read_text().splitlines():
+            if not line.startswith("$ "):
+                continue
+            for m in re.finditer(r"--(?:out|report) (\S+)", line):
+                target = m.group(1)
+                if target != "-" and not target.startswith(("/", "~", "$")):
+                    found.append((target, f"{path.name}: {line}"))
+    return found
+
+
+def test_what_the_docs_commands_write_in_the_checkout_is_ignored_by_git() -> None:
+    """A reader who follows the README in the checkout is left with no untracked file."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    written = _written_by_the_docs()
+    assert any(t == "digest.md" for t, _ in written), written  # the README's agent example
+    for target, where in written:
+        r = subprocess.run(["git", "check-ignore", "-q", target], cwd=REPO)
+        assert r.returncode == 0, f"{target} is not git-ignored ({where})"
+
+
+# Variables the code names that are no setting of gpulock's: the demo's own plumbing, and the
+# example NAME a config gives its Redis password (password_env), which gpulock never reads
+# unless told to.
+NOT_SETTINGS = re.compile(r"^GPULOCK_(DEMO_\w+|REDIS_PASSWORD)$")
+
+
+def test_every_environment_variable_is_in_the_configuration_guide() -> None:
+    import ast
+
+    named = set()
+    for path in (REPO / "gpulock").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            constant = isinstance(node, ast.Constant) and isinstance(node.value, str)
+            if constant and re.fullmatch(r"GPULOCK_[A-Z_]+", node.value):
+                named.add(node.value)
+    assert "GPULOCK_STATE_DIR" in named, named  # the scan sees the code
+    guide = (REPO / "docs" / "configuration.md").read_text()
+    table = guide.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    missing = sorted(v for v in named if not NOT_SETTINGS.match(v) and f"`{v}`" not in table)
+    assert missing == [], f"add to docs/configuration.md's environment table: {missing}"
+
+
+def test_the_docs_home_page_links_every_page_of_the_site() -> None:
+    import yaml
+
+    nav = yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]
+
+    def pages(items: object) -> list[str]:
+        if isinstance(items, str):
+            return [items]
+        if isinstance(items, list):
+            return [p for x in items for p in pages(x)]
+        if isinstance(items, dict):
+            return [p for v in items.values() for p in pages(v)]
+        return []
+
+    home = (REPO / "docs" / "index.md").read_text()
+    linked = set(re.findall(r"\]\(([^)#]+)", home))
+    missing = sorted(p for p in pages(nav) if p != "index.md" and p not in linked)
+    assert missing == [], f"docs/index.md links none of: {missing}"
+    assert "on one machine." not in home  # and a few: the cluster
+
+
+def test_troubleshooting_lists_every_command_gpulock_help_does() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "gpulock", "help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=True,
+    )
+    listed = re.findall(r"^    (\w+) ", r.stdout, flags=re.M)
+    assert {"run", "pool", "replay", "cluster", "serve"} <= set(listed), r.stdout
+    page = (REPO / "docs" / "troubleshooting.md").read_text()
+    missing = [c for c in listed if c != "help" and f"[`{c}`](reference/cli.md" not in page]
+    assert missing == [], f"docs/troubleshooting.md lacks {missing}: run `make reference`"
+
+
+def test_no_page_sends_the_reader_to_a_package_index_gpulock_is_not_on() -> None:
+    """gpulock installs from its checkout (or a folder, a wheel, a Git URL): a bare
+    ``pip install 'gpulock[x]'`` would fetch another package, or nothing.  Only the
+    troubleshooting table's row for an index install may show that form."""
+    bare = re.compile(r"pip install '?gpulock\[[\w,]+\]'?(?! @)")
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for line in path.read_text().splitlines():
+            if bare.search(line) and not line.startswith("| the package index"):
+                raise AssertionError(f"{path.name}: {line}")

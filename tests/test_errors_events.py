@@ -55,7 +55,7 @@ def test_an_uncaught_error_shows_its_hint_and_the_known_names(tmp_path: Path) ->
     tail = r.stderr.splitlines()[-2:]
     assert tail == [
         "gpulock.router.errors.UnknownTask: unknown task 'summarise'",
-        "hint: known tasks: summarize, tag",
+        "hint: did you mean 'summarize'? known tasks: summarize, tag",
     ]
 
 
@@ -148,3 +148,34 @@ def test_a_fifo_in_place_of_the_event_log_never_hangs_a_writer_or_a_reader(
         [sys.executable, "-c", code, str(state)], capture_output=True, text=True, timeout=20
     )
     assert (r.returncode, r.stdout.strip()) == (0, "0"), r.stderr
+
+
+def _emitted_kinds() -> dict[str, str]:
+    """Every event kind the source writes: the literal first argument of each ``.emit(...)``
+    (both sides of an ``a if up else b``) and of the pool's ``_emit``, with where it is."""
+    import ast
+
+    root = Path(gpulock.__file__).parent
+    found: dict[str, str] = {}
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if node.func.attr not in ("emit", "_emit") or not node.args:
+                continue
+            first = node.args[0]
+            choices = [first.body, first.orelse] if isinstance(first, ast.IfExp) else [first]
+            for c in choices:
+                if isinstance(c, ast.Constant) and isinstance(c.value, str):
+                    found[c.value] = f"{path.relative_to(root.parent)}:{node.lineno}"
+    return found
+
+
+def test_every_event_kind_written_is_in_the_catalogue() -> None:
+    found = _emitted_kinds()
+    assert len(found) > 30, found  # the scan sees the source at all
+    missing = {k: where for k, where in found.items() if k not in events.KINDS}
+    assert missing == {}, f"add these to gpulock.core.events.KINDS: {missing}"
+    unused = set(events.KINDS) - set(found)
+    assert unused == set(), f"in KINDS but never written: {unused}"

@@ -67,3 +67,27 @@ def test_serve_without_its_extra_names_the_checkout_form(cli: Cli) -> None:
     (hint,) = [line for line in r.stderr.splitlines() if line.startswith("hint:")]
     assert hint.endswith(" install -e '.[serve]'"), r.describe()
     assert "'gpulock[serve]'" not in r.stderr
+
+
+def test_the_tiny_model_writer_without_the_llama_extra_names_it(cli: Cli) -> None:
+    out = cli.root / "tiny.gguf"
+    code = (
+        "import runpy, sys\n"
+        "sys.modules['gguf'] = None  # as if the llama extra were not installed\n"
+        f"sys.argv = ['tiny_model', {str(out)!r}]\n"
+        "runpy.run_module('gpulock.router.tiny_model', run_name='__main__', alter_sys=True)\n"
+    )
+    r = cli.run("-c", code, argv0=[sys.executable], cwd=REPO)
+    assert_clean_error(r, 1)
+    assert "writing a GGUF model needs the llama extra" in error_lines(r.stderr)[0], r.describe()
+    (hint,) = [line for line in r.stderr.splitlines() if line.startswith("hint:")]
+    assert hint.endswith(" install -e '.[llama]'"), r.describe()
+    assert not out.exists()
+
+
+def test_the_tiny_model_writer_into_an_unwritable_place_is_a_clean_error(cli: Cli) -> None:
+    (cli.root / "a-file").write_text("not a folder")
+    out = cli.root / "a-file" / "tiny.gguf"
+    r = cli.run("-m", "gpulock.router.tiny_model", str(out), argv0=[sys.executable], cwd=REPO)
+    assert_clean_error(r, 1)
+    assert f"cannot write {out}" in error_lines(r.stderr)[0], r.describe()

@@ -518,6 +518,26 @@ def test_dry_run_shows_next_fire_times_and_commands(fw: FleetWorld) -> None:
     assert not (fw.world.state / "fleet").exists()
 
 
+def test_dry_run_warns_of_input_folders_that_do_not_exist(fw: FleetWorld) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "fleet.yaml"
+    home = fw.root / "home"
+    (home / "notes").mkdir(parents=True, exist_ok=True)  # digest's and report-drafter's input
+    r = fw.run(str(example), "--dry-run")
+    assert r.code == 0, r.describe()  # a warning: the folders may be made before the first run
+    warned = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
+    assert warned == [
+        f"warning: {example}: agent 'inbox-triage': input {home}/Mail/inbox does not exist: "
+        "its runs fail until it does",
+        f"warning: {example}: agent 'tagger': input {home}/documents does not exist: "
+        "its runs fail until it does",
+        f"warning: {example}: agent 'tts-batch': input {home}/tts/queue does not exist: "
+        "its runs fail until it does",
+    ], r.stderr
+    doc = fw.run(str(example), "--dry-run", "--json").json()
+    gone = {a["name"]: a["missing_inputs"] for a in doc["agents"]}
+    assert gone["digest"] == [] and gone["inbox-triage"] == [f"{home}/Mail/inbox"], gone
+
+
 def test_example_fleet_file_is_valid(fw: FleetWorld) -> None:
     example = Path(__file__).resolve().parent.parent / "examples" / "fleet.yaml"
     r = fw.run(str(example), "--dry-run", "--json")

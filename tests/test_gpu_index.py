@@ -28,6 +28,7 @@ from gpulock.core.errors import NoSuchGpu
 def test_a_gpu_the_machine_lacks_is_a_usage_error_naming_those_it_has(
     cli: Cli, args: list[str]
 ) -> None:
+    cli.state.mkdir(mode=0o700)  # history reads one (and never makes it)
     r = cli.run(*args)
     assert_clean_error(r, 2)
     err = error_lines(r.stderr)[0]
@@ -54,7 +55,7 @@ def test_json_error_carries_the_usage_exit_code(cli: Cli) -> None:
 
 
 def test_history_of_a_gpu_the_log_knows_is_allowed(cli: Cli) -> None:
-    assert cli.run("status").code == 0  # creates the state folder
+    cli.state.mkdir(mode=0o700)
     events.emit(cli.state, "acquire", gpu=5, ticket=1, pid=1, name="old-box")
     r = cli.run("history", "--gpu", "5", "--json")
     assert r.code == 0, r.describe()
@@ -62,7 +63,7 @@ def test_history_of_a_gpu_the_log_knows_is_allowed(cli: Cli) -> None:
 
 
 def test_a_leftover_empty_queue_folder_is_not_shown_as_a_gpu(cli: Cli) -> None:
-    assert cli.run("status").code == 0
+    cli.state.mkdir(mode=0o700)
     cli.gpu_dir(7).mkdir(mode=0o700)  # what `run --gpu 7` left before it was refused
     assert [g["gpu"] for g in cli.status()["gpus"]] == [0]
     assert "gpu7" not in cli.run("status").stdout

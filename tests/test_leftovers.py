@@ -65,7 +65,7 @@ def test_a_live_holder_fifo_is_never_taken_for_an_orphan(cli: Cli) -> None:
 
 
 def test_timeout_before_a_ticket_could_be_taken_is_a_timeout_event(cli: Cli) -> None:
-    cli.run("status")  # creates the state folder
+    cli.state.mkdir(mode=0o700)
     fd = os.open(cli.state / ".seq", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # the sequence mutex, held as a stopped process would

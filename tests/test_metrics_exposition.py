@@ -129,6 +129,7 @@ def test_textfile_is_written_atomically_and_bad_paths_are_clean_errors(
     folder = world.root / "collector"
     folder.mkdir()
     target = folder / "gpulock.prom"
+    cli.state.mkdir(mode=0o700)
     r = cli.run("metrics", "--textfile", str(target))
     assert r.code == 0 and r.stdout == "", r.describe()
     promtool_check(target.read_text())

@@ -88,6 +88,13 @@ def test_decide(
     assert d.reason  # every decision says why, for `gpulock status` and the event log
 
 
+def test_a_memory_reason_is_in_units_not_raw_bytes() -> None:
+    d = decide(t(5, 16), [H(2, 12)], BUDGET)
+    assert (d.grant, d.reason) == (False, "needs 16.0 GiB, 10.0 GiB left")
+    d = decide(t(5, 6), [H(2, 12)], BUDGET)
+    assert (d.grant, d.reason) == (True, "shares the GPU: 18.0 GiB of 22.0 GiB")
+
+
 def test_decide_reasons_name_the_cause() -> None:
     assert "first" in decide(t(1), [], BUDGET).reason
     assert "4" in decide(t(5), [W(4)], BUDGET).reason

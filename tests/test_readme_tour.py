@@ -78,6 +78,29 @@ class Shell:
         word = word.replace("$PWD", str(self.cwd))
         return str(self.home) + word[1:] if word.startswith("~/") else word
 
+    def typed_after(
+        self, words: list[str], proc: subprocess.Popen[str], env: dict[str, str]
+    ) -> None:
+        """A person types the next line a second later: by then a background ``gpulock run
+        --name N`` is in line (or done), so the jobs queue in the order the block shows."""
+        if words[:2] != ["gpulock", "run"] or "--name" not in words:
+            return
+        name = words[words.index("--name") + 1]
+
+        def in_line() -> bool:
+            if proc.poll() is not None:
+                return True
+            r = subprocess.run(
+                ["gpulock", "status", "--json"], cwd=self.cwd, env=env, capture_output=True,
+                text=True,
+            )  # fmt: skip
+            if r.returncode != 0:
+                return False
+            gpus = json.loads(r.stdout)["gpus"]
+            return any(e["name"] == name for g in gpus for e in g["holders"] + g["waiters"])
+
+        wait_until(in_line, 60, f"{name} in line")
+
     def run(self, block: str) -> dict[str, subprocess.CompletedProcess[str]]:
         done = {}
         background: list[tuple[str, subprocess.Popen[str]]] = []
@@ -103,6 +126,7 @@ class Shell:
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 )  # fmt: skip
                 background.append((line, proc))
+                self.typed_after(words, proc, env)
                 continue
             r = subprocess.run(
                 words, cwd=self.cwd, env=env, capture_output=True, text=True, timeout=120
@@ -113,6 +137,8 @@ class Shell:
         for line, proc in background:
             out, err = proc.communicate(timeout=120)
             assert proc.returncode == 0, f"{line}\n{out}\n{err}"
+            key = line[2:].split("#")[0].strip().removesuffix("&").strip()
+            done[key] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
         return done
 
 
@@ -131,12 +157,8 @@ def test_walk_every_command_of_the_tour(tmp_path: Path) -> None:
     ran: dict[str, subprocess.CompletedProcess[str]] = {}
     for block in shown:
         ran.update(sh.run(block))
-    assert (
-        "# Digest"
-        in ran[
-            "gpulock run --name digest -- python examples/make_digest.py examples/data/notes"
-        ].stdout
-    )
+    digest = "gpulock run --name digest -- python examples/make_digest.py --seconds 20"
+    assert "# Digest" in ran[f"{digest} examples/data/notes"].stdout
     assert (
         "lines spoken"
         in ran["gpulock run --lease 30m -- examples/speak.sh examples/data/speech/lines.txt"].stdout
@@ -148,6 +170,12 @@ def test_walk_every_command_of_the_tour(tmp_path: Path) -> None:
         ).stdout
     )["events"]  # fmt: skip
     assert {"embed", "classify", "tts", "digest"} <= {e.get("name") for e in events}
+    # The first two jobs overlap, so `gpulock status` meanwhile shows the README's table: the
+    # digest holding, the TTS job waiting behind it (until the digest's release).
+    first = [e for e in events if e.get("name") in ("digest", "tts")][:5]
+    kinds = [(e["event"], e["name"]) for e in first]
+    assert kinds[:3] == [("acquire", "digest"), ("wait", "tts"), ("release", "digest")], kinds
+    assert kinds[3] == ("acquire", "tts"), kinds
 
     code = block_with("python", "import gpulock", TOUR)
     script = sh.cwd / "tour.py"

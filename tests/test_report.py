@@ -215,7 +215,7 @@ def test_governor_levels_evictions_and_the_plain_summary() -> None:
     ]
     lines = summary_lines(data)
     assert "evictions: 2 (1 freed memory)" in lines
-    assert "governor level changes: 3 (now reduce)" in lines
+    assert "governor level changes: 3 (highest evict-idle, now reduce)" in lines
     assert "GPU handoffs: 1 (0 cut short), held 6.0 s in all" in lines
     assert "route choices by tier: none logged" in lines
     # Seen from a window that opens at 2.5 s: what was in force then still shows.
@@ -491,6 +491,7 @@ def test_report_of_real_lock_use(cli: Cli) -> None:
 
 
 def test_report_on_a_missing_log_and_a_garbled_one(cli: Cli) -> None:
+    cli.state.mkdir(mode=0o700)  # a state folder without a log (none at all is an error)
     out = cli.root / "empty.html"
     r = cli.run("report", "--out", str(out))
     assert r.code == 0, r.describe()
@@ -539,6 +540,7 @@ def test_usage_errors_exit_2(cli: Cli, args: list[str], says: str) -> None:
 
 @pytest.mark.parametrize("where", ["a-file/report.html", "a-folder"])
 def test_an_unwritable_out_is_an_error(cli: Cli, where: str) -> None:
+    cli.state.mkdir(mode=0o700)
     (cli.root / "a-file").write_text("not a folder")
     (cli.root / "a-folder").mkdir()
     r = cli.run("report", "--out", str(cli.root / where))

@@ -666,6 +666,8 @@ def test_without_nvml_status_prints_cleanly_and_evict_cannot_verify(lab: Lab) ->
     r = lab.gpulock("status")
     assert (r.code, r.stderr) == (0, ""), r.describe()
     assert r.stdout.startswith("devices: no NVIDIA driver"), r.describe()
+    # A shell without the tour's variable (another terminal) learns what it lacks.
+    assert "GPULOCK_SIMULATE=24GiB pretends one" in r.stdout.splitlines()[0], r.describe()
     r = lab.gpulock("status", "--json")
     assert (r.code, r.stderr) == (0, ""), r.describe()
     snap = r.json()

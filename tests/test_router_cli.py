@@ -209,7 +209,7 @@ def test_an_unknown_task_lists_the_known_ones(cli: Cli, tiny: Path) -> None:
     r = cli.run("route", "sumarize", "--config", str(cfg))
     assert_clean_error(r, 2)
     assert "error: unknown task 'sumarize'" in r.stderr
-    assert "hint: known tasks: digest, remote, summarize" in r.stderr
+    assert "hint: did you mean 'summarize'? known tasks: digest, remote, summarize" in r.stderr
 
 
 def test_a_preference_that_names_nothing_is_an_error(cli: Cli, tiny: Path) -> None:
@@ -432,6 +432,7 @@ def test_status_shows_todays_usage(cli: Cli, tiny: Path, monkeypatch: pytest.Mon
     from gpulock import router
 
     cfg = routes(cli, tiny, extra="router: {daily_budget: 2.5}")
+    cli.state.mkdir(mode=0o700)
     assert cli.status()["usage"] is None  # the router was never used
     monkeypatch.setenv("GPULOCK_SIMULATE", "24GiB")
     for agent in ("alpha", "beta", "beta"):

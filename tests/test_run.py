@@ -76,6 +76,24 @@ def test_missing_command_exits_127_without_queueing(cli: Cli) -> None:
     no_ticket_taken(cli)
 
 
+@pytest.mark.parametrize("where", ["absolute", "relative", "missing-folder"])
+def test_a_missing_path_is_no_such_file_not_a_hint_about_path(cli: Cli, where: str) -> None:
+    prog = {
+        "absolute": str(cli.root / "missing-script.sh"),
+        "relative": "./missing-script.sh",
+        "missing-folder": str(cli.root / "no-folder" / "job.sh"),
+    }[where]
+    r = cli.run("run", "--", prog)
+    assert_clean_error(r, 127)
+    assert error_lines(r.stderr) == [f"error: no such file: {prog}"], r.describe()
+    assert "absolute path" not in r.stderr, r.describe()  # it was a path already
+    if where == "missing-folder":
+        assert f"hint: check the path ({cli.root / 'no-folder'} does not exist)" in r.stderr
+    else:
+        assert f"hint: check the name (ls {cli.root})" in r.stderr, r.describe()
+    no_ticket_taken(cli)
+
+
 def test_non_executable_file_exits_126_without_queueing(cli: Cli) -> None:
     script = cli.root / "not-executable.sh"
     script.write_text("#!/bin/sh\necho should not run\n")
@@ -122,6 +140,30 @@ def test_sigterm_while_waiting_exits_143_and_leaves_the_line(cli: Cli) -> None:
     assert waiter.wait() == 128 + signal.SIGTERM, waiter.output()
     assert cli.queue_files() == holder_files, cli.describe()
     assert not cli.events("acquire", name="waiter")
+    holder.release()
+    assert holder.wait() == 0, holder.output()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_waiting_logs_a_leave_that_ends_the_wait(
+    cli: Cli, sig: signal.Signals
+) -> None:
+    from gpulock.core import events
+    from gpulock.report.builder import build
+
+    holder = cli.hold("holder")
+    waiter = cli.start_run("waiter", cmd=["true"])
+    cli.wait_event("wait", name="waiter")
+    os.kill(waiter.pid, sig)  # Ctrl-C sends SIGINT
+    assert waiter.wait() == 128 + sig, waiter.output()
+    leave = cli.wait_event("leave", name="waiter")
+    assert leave["signal"] == sig.name and leave["waited_s"] > 0, leave
+    assert leave["ticket"] == cli.events("wait", name="waiter")[0]["ticket"], cli.describe()
+    r = cli.run("history", "--event", "leave")
+    assert r.code == 0 and f"signal={sig.name}" in r.stdout and "waiter" in r.stdout, r.describe()
+    data = build(events.read(cli.state), now_wall=leave["ts"] + 60)
+    [wait] = [w for w in data.waits if w.name == "waiter"]
+    assert wait.end == "leave" and wait.end_wall == leave["ts"], wait  # not left open
     holder.release()
     assert holder.wait() == 0, holder.output()
 

@@ -5,6 +5,10 @@ The second user is real: its processes run under ``setpriv --reuid=nobody --regi
 --clear-groups``, sharing the state folder through the group ``nogroup``, so the kernel's
 permission checks are the ones a user meets.  That needs root; elsewhere these tests skip and
 say why.  Every process started here is killed with its group at the end.
+
+``nobody`` may not be able to read the checkout or its venv (a clone in ``mktemp -d`` or
+``/root`` is 0700), so it runs a copy: this checkout's ``gpulock`` and PyYAML, copied once into
+a world-readable temporary folder, under a Python interpreter it can run (``NobodyPython``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 import pytest
 from cli_helpers import GPULOCK, Cli, Result, error_lines, wait_until
 
+import gpulock as gpulock_pkg
 from gpulock.core import identity, proof
 
 GROUP = "nogroup"
@@ -53,6 +58,80 @@ pytestmark = pytest.mark.skipif(
 )
 
 NOBODY_UID = pwd.getpwnam(USER).pw_uid if _why_no_second_user() is None else -1
+
+
+@dataclass(frozen=True)
+class NobodyPython:
+    """A Python interpreter ``nobody`` can run, and a folder of code it can read to put on its
+    ``PYTHONPATH``: a copy of this checkout's ``gpulock`` and of PyYAML."""
+
+    python: str
+    site: Path
+
+    def argv(self, *args: str) -> tuple[str, ...]:
+        """``python ARGS`` as ``nobody``, the copy (nothing of the checkout) on its path."""
+        return (*AS_NOBODY, "env", f"PYTHONPATH={self.site}", self.python, "-P", *args)
+
+
+def _interpreters() -> list[str]:
+    """Interpreters to try, this one's own first: the venv's python may lie in a folder that
+    nobody cannot enter, the interpreter it was made from perhaps not."""
+    found: list[str] = []
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    minor = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for candidate in (
+        os.path.realpath(base),
+        os.path.realpath(sys.executable),
+        shutil.which(minor, path="/usr/local/bin:/usr/bin:/bin"),
+        shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin"),
+    ):
+        if candidate and candidate not in found:
+            found.append(candidate)
+    return found
+
+
+# What nobody's interpreter must manage before the tests trust it: import the copied code (and
+# be new enough for it), from a folder that is nobody's to read.
+PROBE_PY = "import sys, gpulock.cli, yaml; assert sys.version_info >= (3, 11), sys.version"
+
+
+@pytest.fixture(scope="session")
+def nobody_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NobodyPython]:
+    import yaml
+
+    # Not tmp_path_factory's folder: pytest makes its base 0700, which nobody cannot enter.
+    base = Path(tempfile.mkdtemp(prefix="gpulock-nobody-"))
+    try:
+        base.chmod(0o755)
+        site = base / "site"
+        skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+        shutil.copytree(Path(gpulock_pkg.__file__).parent, site / "gpulock", ignore=skip)
+        shutil.copytree(Path(yaml.__file__).parent, site / "yaml", ignore=skip)
+        # Whatever the umask and the modes in the checkout: every user may read the copy.
+        for folder, dirs, files in os.walk(base):
+            for name in dirs:
+                (Path(folder) / name).chmod(0o755)
+            for name in files:
+                (Path(folder) / name).chmod(0o644)
+        tried: list[str] = []
+        for python in _interpreters():
+            runtime = NobodyPython(python, site)
+            r = subprocess.run(
+                [*runtime.argv("-c", PROBE_PY)], cwd=base, capture_output=True, text=True
+            )
+            if r.returncode == 0:
+                yield runtime
+                return
+            last = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+            tried.append(f"{python}: {last}")
+        pytest.skip(
+            f"no Python interpreter that user {USER!r} may run could import a world-readable "
+            f"copy of gpulock and PyYAML in {site} (tried {'; '.join(tried)}): install "
+            f"python3 where every user can read it (apt-get install python3)"
+        )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
 
 # Run as nobody: make a FIFO named as ticket SEQ's claim and hold it open (so the ticket looks
 # alive), then publish a ticket that says what the forger wants: any uid, any pid and its start
@@ -88,6 +167,7 @@ class Shared(Cli):
     """A ``Cli`` on a state folder shared with group ``nogroup`` that ``nobody`` can reach."""
 
     on_hung: str = "report"
+    nobody: NobodyPython | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -102,25 +182,30 @@ class Shared(Cli):
         """``gpulock ARGS`` as the second user, under its own ``umask``."""
         return self.run(*args, argv0=self.nobody_argv(umask))
 
-    @staticmethod
-    def nobody_argv(umask: int = 0o077) -> tuple[str, ...]:
+    def nobody_argv(self, umask: int = 0o077) -> tuple[str, ...]:
+        """``gpulock`` as the second user, from the copy it can read (``NobodyPython``)."""
+        assert self.nobody is not None
         code = (
             f"import os, runpy; os.umask({umask:#o}); "
             "runpy.run_module('gpulock', run_name='__main__', alter_sys=True)"
         )
-        return (*AS_NOBODY, sys.executable, "-c", code)
+        return self.nobody.argv("-c", code)
 
-    def start_as_nobody(self, argv: list[str], name: str) -> Any:
-        return self.start([*AS_NOBODY, *argv], name)
+    def start_python_as_nobody(self, args: list[str], name: str) -> Any:
+        """``python ARGS`` as the second user (a forger's script), not waited for."""
+        assert self.nobody is not None
+        return self.start(list(self.nobody.argv(*args)), name)
 
 
 @pytest.fixture
-def shared(isolated_env: None, request: pytest.FixtureRequest) -> Iterator[Shared]:
+def shared(
+    isolated_env: None, nobody_python: NobodyPython, request: pytest.FixtureRequest
+) -> Iterator[Shared]:
     # Not tmp_path: pytest makes its base folder 0700, which nobody cannot enter.
     base = Path(tempfile.mkdtemp(prefix="gpulock-shared-"))
     base.chmod(0o755)
     on_hung = getattr(request, "param", "report")
-    c = Shared(base, on_hung=on_hung)
+    c = Shared(base, on_hung=on_hung, nobody=nobody_python)
     try:
         # Root makes the folder, under a umask that would have left .seq 0640 before.
         r = c.run("run", "--", "true", argv0=("sh", "-c", 'umask 027; exec "$@"', "sh", *GPULOCK))
@@ -137,8 +222,8 @@ def _victim(c: Cli) -> Any:
 
 
 def _forge(c: Shared, seq: int, uid: int, pid: int) -> Any:
-    forger = c.start_as_nobody(
-        [sys.executable, "-c", FORGE_PY, str(c.gpu_dir()), str(seq), str(uid), str(pid)], "forger"
+    forger = c.start_python_as_nobody(
+        ["-c", FORGE_PY, str(c.gpu_dir()), str(seq), str(uid), str(pid)], "forger"
     )
     ticket = c.gpu_dir() / f"{seq:012d}.ticket"
     wait_until(lambda: ticket.exists() or forger.popen.poll() is not None, "the forged ticket")
@@ -419,9 +504,8 @@ def test_the_governor_never_kills_a_process_named_by_a_forged_resident_record(
     settings = load(str(shared.config), shared.state)
     folder = registry.Registry(settings).path  # made by root, shared with the group
     victim = _victim(shared)
-    shared.start_as_nobody(
-        [sys.executable, "-c", FORGE_RECORD_PY, str(folder), str(claimed_uid), str(victim.pid)],
-        "forger",
+    shared.start_python_as_nobody(
+        ["-c", FORGE_RECORD_PY, str(folder), str(claimed_uid), str(victim.pid)], "forger"
     )
     wait_until(lambda: list(folder.glob("*.json")), "the forged record")
     records = registry.Registry(settings, create=False).records(clean=False)

@@ -10,7 +10,10 @@ the official ``openai`` (sync, async, streaming) and ``ollama`` ones; raw shapes
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -20,10 +23,12 @@ from pathlib import Path
 import ollama
 import openai
 import pytest
+from procs import wait_until
 from router_servers import LlamaServer, free_port
 from serve_server import GatewayProc
 
 from gpulock.router.tiny_model import ensure_tiny_llama
+from gpulock.serve import config as serve_config
 
 UPSTREAM_KEY = "upstream-test-key"
 MSG = [{"role": "user", "content": "hello"}]
@@ -216,6 +221,12 @@ def test_small_endpoints(gateway: GatewayProc) -> None:
         ),
         (
             "/v1/chat/completions",
+            b'{"model": "chta", "messages": [{"role": "user"}]}',
+            404,
+            "model 'chta' not found; did you mean 'chat'? known models: chat, cloudy, cheap",
+        ),
+        (
+            "/v1/chat/completions",
             b'{"model": "ollama/llama3", "messages": [{"role": "user"}]}',
             404,
             "no tenant 'ollama' (tenants: none configured)",
@@ -319,6 +330,72 @@ def test_non_loopback_listen_without_keys_refuses_to_start(tmp_path: Path) -> No
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("error: refusing to listen on 0.0.0.0"), r.stderr
     assert "hint: set serve.api_keys_env" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("flag", ["--listen", "--port"])
+def test_a_bare_port_listens_on_loopback(tmp_path: Path, flag: str) -> None:
+    config = tmp_path / "gpulock.yaml"
+    config.write_text("# every default\n")
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpulock", "serve", flag, str(port)],
+            env={
+                "PATH": "/usr/bin:/bin",
+                "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+                "GPULOCK_CONFIG": str(config),
+                "GPULOCK_STATE_DIR": str(tmp_path / "state"),
+            },
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+        )
+    try:
+
+        def health() -> int | None:
+            if proc.poll() is not None:
+                raise AssertionError(f"gpulock serve {flag} {port} exited\n{log.read_text()}")
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            try:
+                conn.request("GET", "/health")
+                return conn.getresponse().status
+            except OSError:
+                return None
+            finally:
+                conn.close()
+
+        assert wait_until(health, 60.0, lambda: log.read_text()) == 200
+        assert f"listening on http://127.0.0.1:{port}" in log.read_text()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("11435", ("127.0.0.1", 11435)),
+        (":8080", ("127.0.0.1", 8080)),
+        ("0.0.0.0:80", ("0.0.0.0", 80)),  # noqa: S104 (parsed, not bound)
+        ("[::1]:9", ("::1", 9)),
+    ],
+)
+def test_parse_listen(text: str, where: tuple[str, int]) -> None:
+    assert serve_config.parse_listen(text) == where
+
+
+def test_listen_and_port_together_are_a_usage_error(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "gpulock", "serve", "--listen", "127.0.0.1:8000", "--port", "9"],
+        env={"PATH": "/usr/bin:/bin", "GPULOCK_STATE_DIR": str(tmp_path / "state")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "--listen and --port" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize(

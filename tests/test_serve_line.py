@@ -369,6 +369,35 @@ def test_the_models_serve_keeps_are_residents_the_governor_can_evict(
     assert len(world.events("model-load", model="tiny-gpu")) == 2
 
 
+def test_the_chat_and_the_embeddings_instance_of_one_model_are_named_apart(
+    world: World, start: Callable[..., GatewayProc]
+) -> None:
+    import subprocess
+
+    g = start()
+    assert chat(g, "warm").status == 200
+    r = g.request("POST", "/v1/embeddings", {"model": "chat", "input": "one"})
+    assert r.status == 200, r.body
+    status = subprocess.run(
+        [sys.executable, "-m", "gpulock", "status", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert status.returncode == 0, status.stderr
+    names = sorted(m["name"] for m in json.loads(status.stdout)["residents"])
+    assert names == ["tiny-gpu", "tiny-gpu:embed"], names
+    # Each can be evicted by its own name, and only that one leaves.
+    r2 = subprocess.run(
+        [sys.executable, "-m", "gpulock", "evict", "tiny-gpu:embed", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r2.returncode == 0, r2.stdout + r2.stderr
+    assert [x["name"] for x in json.loads(r2.stdout)["results"]] == ["tiny-gpu:embed"]
+
+
 def test_a_deadline_that_runs_out_waiting_for_a_busy_model_is_a_504_not_an_error(
     world: World, start: Callable[..., GatewayProc]
 ) -> None:

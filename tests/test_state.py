@@ -11,7 +11,7 @@ import pytest
 
 from gpulock.core import state
 from gpulock.core.config import Config
-from gpulock.core.errors import StateDirError
+from gpulock.core.errors import NoStateDir, StateDirError
 from gpulock.core.state import (
     atomic_write,
     dir_mode,
@@ -184,6 +184,36 @@ def test_world_writable_is_refused(tmp_path: pathlib.Path) -> None:
         ensure_state_dir(path)
     assert "world-writable" in caught.value.reason
     assert caught.value.hint == f"chmod o-w {path}"
+
+
+def test_a_sticky_shared_folder_gets_a_private_subfolder_never_a_chmod(
+    tmp_path: pathlib.Path,
+) -> None:
+    path = tmp_path / "tmp-like"
+    path.mkdir()
+    path.chmod(0o1777)  # what /tmp is: everyone's, by design
+    with pytest.raises(StateDirError, match="world-writable") as caught:
+        ensure_state_dir(path)
+    hint = caught.value.hint or ""
+    assert "chmod" not in hint, hint
+    assert f"mkdir -m 700 {path}/gpulock-$USER" in hint, hint
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o1777  # left as it was
+
+
+def test_the_real_tmp_is_never_advised_a_chmod() -> None:
+    with pytest.raises(StateDirError, match="world-writable") as caught:
+        ensure_state_dir(pathlib.Path("/tmp"), create=False)
+    assert "chmod" not in (caught.value.hint or "")
+    assert "mkdir -m 700 /tmp/gpulock-$USER" in (caught.value.hint or "")
+
+
+def test_a_reader_never_creates_the_state_folder(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "typo" / "state"
+    with pytest.raises(NoStateDir) as caught:
+        ensure_state_dir(path, create=False, missing_hint="check --state-dir")
+    assert str(caught.value) == f"state folder {path} does not exist"
+    assert caught.value.hint == "check --state-dir"
+    assert not (tmp_path / "typo").exists()
 
 
 def test_world_writable_is_refused_even_when_shared(tmp_path: pathlib.Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from cli_helpers import Cli
 
 GIB = 1024**3
@@ -41,3 +42,24 @@ def test_holders_needs_count_as_claimed(cli: Cli) -> None:
     for h in (a, b):
         h.release()
         assert h.wait() == 0
+
+
+@pytest.mark.parametrize(("word", "said"), [("normal", False), ("freeze", True)])
+def test_a_dead_governors_last_word_is_mentioned_only_when_it_matters(
+    cli: Cli, word: str, said: bool
+) -> None:
+    import time
+
+    from gpulock.core import level
+    from gpulock.core.settings import load
+
+    cli.state.mkdir(mode=0o700)
+    settings = load(None, cli.state)
+    now = time.time()
+    level.write(settings, level.Published(word, now - 60, now - 50, 5.0, 999_999))
+    r = cli.run("status")
+    assert r.code == 0, r.describe()
+    line = f"governor: not running (last word {word!r} ignored)"
+    assert (line in r.stdout) == said, r.stdout
+    if not said:
+        assert "governor" not in r.stdout, r.stdout

@@ -79,3 +79,31 @@ def test_a_bad_tenants_section_is_a_clean_error(cli: Cli, tmp_path: Path) -> Non
     assert_clean_error(r, 1)
     assert "bad.yaml:2: tenants[0].api_key_env" in r.stderr
     assert "sk-abc123" not in r.stderr
+
+
+def test_a_tenant_model_never_seen_in_use_shows_idle_as_unknown(cli: Cli, tmp_path: Path) -> None:
+    o = Ollama({"qwen2.5:7b": 5 * GiB}).start()
+    try:
+        o.load("qwen2.5:7b")
+        cfg = write_config(tmp_path, [{"name": "ollama", "kind": "ollama", "url": o.url}])
+        env = cli.env(GPULOCK_CONFIG=str(cfg))
+        cli.state.mkdir(mode=0o700)
+
+        def row() -> tuple[dict[str, object], str]:
+            doc = cli.run("status", "--json", env=env).json()
+            [m] = doc["residents"]
+            text = cli.run("status", env=env).stdout
+            [line] = [ln for ln in text.splitlines() if ln.strip().startswith("qwen2.5:7b ")]
+            return m, line
+
+        m, line = row()  # first sighting: nothing known
+        assert m["idle_s"] is None and m["last_use_seen"] is False, m
+        m, line = row()  # seen again unchanged: idle at least since then, a lower bound
+        assert m["idle_s"] is not None and m["last_use_seen"] is False, m
+        assert line.split()[7] == "?", line  # NAME ID PID GPU SIZE(2) POLICY IDLE
+        o.load("qwen2.5:7b")  # a use: the fingerprint (expires_at) moves
+        m, line = row()
+        assert m["last_use_seen"] is True and m["idle_s"] is not None, m
+        assert line.split()[7] not in ("?", "-"), line
+    finally:
+        o.stop()

@@ -20,8 +20,9 @@ def test_first_sighting_is_unknown_then_idle_since_then_then_used_when_it_change
     assert first.last_used == {"o/m": None} and first.appeared == ("o/m",)
     same = usage.observe(s, {"o/m": "a"}, 200.0, asked=asked)
     assert same.last_used == {"o/m": 100.0} and same.appeared == ()  # idle at least since 100
+    assert same.bounded == {"o/m"} and usage.peek(s).bounded == {"o/m"}  # no use seen yet
     used = usage.observe(s, {"o/m": "b"}, 300.0, asked=asked)
-    assert used.last_used == {"o/m": 300.0}
+    assert used.last_used == {"o/m": 300.0} and used.bounded == frozenset()
     usage.touch(s, "o/m", 350.0)
     assert usage.observe(s, {"o/m": "b"}, 400.0, asked=asked).last_used == {"o/m": 350.0}
 
@@ -31,7 +32,7 @@ def test_a_tenant_that_did_not_answer_keeps_its_history(tmp_path: Path) -> None:
     usage.observe(s, {"o/m": "a", "l/x": "1"}, 100.0, asked=frozenset({"o", "l"}))
     obs = usage.observe(s, {"o/m": "a"}, 200.0, asked=frozenset({"o"}))  # l did not answer
     assert obs.vanished == ()
-    assert usage.peek(s)["l/x"] is None and "l/x" in usage.peek(s)
+    assert usage.peek(s).last_used["l/x"] is None and "l/x" in usage.peek(s).last_used
     gone = usage.observe(s, {}, 300.0, asked=frozenset({"o", "l"}))
     assert sorted(gone.vanished) == ["l/x", "o/m"]
 

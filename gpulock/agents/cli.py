@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpulock.cli import Parser, UsageError, duration_arg, print_json, run_command, stdout_to_stderr
+from gpulock.core.errors import known_hint
 from gpulock.core.units import format_duration, format_size
 
 if TYPE_CHECKING:
@@ -168,7 +169,7 @@ def _find(name: str) -> AgentSpec:
         return spec
     known = [s.name for s in registered()]
     if known:
-        raise UsageError(f"unknown agent {name!r}", hint="known agents: " + ", ".join(known))
+        raise UsageError(f"unknown agent {name!r}", hint=known_hint(name, known, "known agents"))
     raise UsageError(
         f"unknown agent {name!r}: no agents found",
         hint="name their module with --module MOD, $GPULOCK_AGENT_MODULES or the config's "

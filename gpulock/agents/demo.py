@@ -8,8 +8,11 @@ What runs, all of it real and in its own processes:
 - the fleet runner (``gpulock fleet``, APScheduler) starting the twenty agents of
   ``gpulock.agents.demo_agents`` on second-granularity schedules with jitter, each run its own
 process;
-- the governor (``gpulock governor``): the watchdog evicts idle models when the GPU passes 75 %,
-  and the ladder climbs to ``reduce`` under pressure;
+- the governor (``gpulock governor``): the watchdog evicts idle models when the GPU passes 75 %;
+  while it stays over 80 % the ladder climbs a level every two passes, through ``reduce``,
+  ``evict-idle`` and ``force-evict`` up to ``freeze`` (no new GPU admissions), and walks back
+  down a level per 6 s of clear signals: a busy minute usually reaches ``freeze`` and comes
+  back down, and the summary says how high it went and where it ended;
 - the router's three tiers: a tiny real llama.cpp model (written on the spot, no download) on the
   simulated GPU and on the CPU, and a "cloud" that is llama.cpp's OpenAI-compatible server on
   127.0.0.1 with a small daily budget that runs out during the demo.
@@ -412,7 +415,10 @@ def _demo(args: argparse.Namespace) -> int:
     with _process(server, env, logs / "cloud.log") as cloud:
         _wait_http(f"http://127.0.0.1:{port}/v1/models", cloud, 60)
         with _process(children.python("-m", "gpulock", "governor"), env, logs / "governor.log"):
-            print("  governor: running (watchdog at 75 %, ladder at 80 %)")
+            print(
+                "  governor: running (watchdog at 75 %; over 80 % the ladder climbs, up to "
+                "freeze, and walks back down once it clears)"
+            )
             # The assistant is the one long-lived agent: started once, here, for the whole run.
             assistant = children.python("-m", "gpulock.agents", "run", "assistant")
             # stopped below, by SIGTERM

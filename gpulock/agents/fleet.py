@@ -58,7 +58,7 @@ from gpulock.cli import (
     stdout_to_stderr,
 )
 from gpulock.core import children
-from gpulock.core.errors import GpulockError
+from gpulock.core.errors import GpulockError, known_hint
 from gpulock.core.extras import install_hint
 
 if TYPE_CHECKING:
@@ -167,12 +167,41 @@ def unknown_agents(jobs: Sequence[JobSpec]) -> dict[str, list[str]]:
     return missing
 
 
+def missing_inputs(jobs: Sequence[JobSpec]) -> dict[str, list[str]]:
+    """The INPUT paths of ``agents run`` jobs that do not exist (``~/notes`` never made): each
+    run would fail on them.  Only what looks like a path (``/``, ``~``, ``.``) is checked: an
+    agent's INPUT may be a word or a URL too."""
+    from gpulock.agents.cli import build_parser as agents_parser
+
+    run_parser = agents_parser()
+    found: dict[str, list[str]] = {}
+    for spec in jobs:
+        argv = spec.command
+        head = list(children.python("-m", "gpulock.agents", "run", executable=argv[0]))
+        if not spec.enabled or list(argv[: len(head)]) != head:
+            continue
+        try:
+            args = run_parser.parse_args(["run", *argv[len(head) :]])
+        except (UsageError, SystemExit):
+            continue  # a run says what is wrong with its arguments
+        gone = [
+            i
+            for i in args.inputs
+            if i.startswith(("/", "~", ".")) and not Path(i).expanduser().exists()
+        ]
+        if gone:
+            found[spec.name] = gone
+    return found
+
+
 def dry_run(fleet: FleetFile, jobs: Sequence[JobSpec], state_dir: Path, *, as_json: bool) -> int:
     """Print each agent's next run times (before jitter) and command; start nothing.
 
-    Exit 1 when a job names an agent that does not exist (every fire would exit 2).
+    Exit 1 when a job names an agent that does not exist (every fire would exit 2); an INPUT
+    folder that does not exist (yet) is a warning.
     """
     missing = unknown_agents(jobs)
+    absent = {k: v for k, v in missing_inputs(jobs).items() if k not in missing}
     now = datetime.now().astimezone()  # aware, local: triggers convert it to their zone
     fires = {
         spec.name: next_fires(make_trigger(spec, jitter=False), now) if spec.enabled else []
@@ -193,6 +222,7 @@ def dry_run(fleet: FleetFile, jobs: Sequence[JobSpec], state_dir: Path, *, as_js
         ]
         for row in rows:
             row["unknown_agent"] = row["name"] in missing
+            row["missing_inputs"] = absent.get(str(row["name"]), [])
         doc = {"file": str(fleet.path), "state_dir": str(state_dir), "agents": rows}
         print(json.dumps(doc, indent=2))
         return EX_ERROR if missing else EX_OK
@@ -205,6 +235,13 @@ def dry_run(fleet: FleetFile, jobs: Sequence[JobSpec], state_dir: Path, *, as_js
             print(f"  next:    {stamps}{jitter}")
         print(f"  command: {shell_words(spec.command)}")
         print(f"  log:     {spec.log_path}")
+    for name, gone in absent.items():
+        for path in gone:
+            print(
+                f"warning: {fleet.path}: agent {name!r}: input {path} does not exist: "
+                "its runs fail until it does",
+                file=sys.stderr,
+            )
     for name, known in missing.items():
         print(f"error: {fleet.path}: agent {name!r} is not defined", file=sys.stderr)
         print(f"hint: known agents: {', '.join(known) or 'none'}", file=sys.stderr)
@@ -308,7 +345,7 @@ def _main(argv: list[str]) -> int:
     if args.once is not None and fleet.agent(args.once) is None:
         raise UsageError(
             f"no agent {args.once!r} in {fleet.path}",
-            hint="agents: " + ", ".join(a.name for a in fleet.agents),
+            hint=known_hint(args.once, [a.name for a in fleet.agents], "agents"),
         )
     from gpulock.core.settings import load
 

@@ -26,7 +26,9 @@ Keys owned by gpulock (the defaults live in ``DEFAULTS``, written as they would 
     The GPU index used when a caller names none.
 ``simulate`` (sizes, default: none)
     Pretend there are GPUs of these memory sizes instead of asking the driver, for machines
-    without one and for tests: ``24GiB``, ``"24GiB,12GiB"`` or a YAML list of sizes.
+    without one and for tests: ``24GiB``, ``"24GiB,12GiB"`` or a YAML list of sizes.  Each is
+    at least 64 MiB: a size without a unit counts bytes, so ``simulate: 24`` is refused
+    ("did you mean 24GiB?").
 ``reserve`` (size or percentage, default ``10%``)
     Memory of each GPU that is never handed out (driver, CUDA context, fragmentation): a size
     such as ``2GiB`` or a share of the GPU's memory such as ``10%``.
@@ -78,7 +80,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from gpulock.core.errors import ConfigError, StateDirError, known_hint
 from gpulock.core.state import expand_path, home_dir
-from gpulock.core.units import parse_duration, parse_size
+from gpulock.core.units import gpu_size_mistake, parse_duration, parse_size
 
 if TYPE_CHECKING:
     import yaml
@@ -685,20 +687,26 @@ def _positive_size(base: Config, key: str, value: Any, example: str) -> int:
     return size
 
 
+def _gpu_size(base: Config, key: str, value: Any) -> int:
+    """A simulated GPU's size: positive, and not so small that a unit was surely left out."""
+    size = _positive_size(base, key, value, "24GiB")
+    mistake = gpu_size_mistake(value, size)
+    if mistake is not None:
+        raise base.error(key, mistake[0], hint=mistake[1])
+    return size
+
+
 def _check_simulate(base: Config, value: Any, file: str) -> tuple[str, Any]:
     if value is None:
         return "simulate_bytes", None
     if isinstance(value, str) and "," in value:
         parts = [part.strip() for part in value.split(",")]
-        return "simulate_bytes", tuple(
-            _positive_size(base, "simulate", part, "24GiB") for part in parts
-        )
+        return "simulate_bytes", tuple(_gpu_size(base, "simulate", part) for part in parts)
     if isinstance(value, str) or _is_number(value):
-        return "simulate_bytes", (_positive_size(base, "simulate", value, "24GiB"),)
+        return "simulate_bytes", (_gpu_size(base, "simulate", value),)
     if isinstance(value, list) and value:
         sizes = tuple(
-            _positive_size(base, f"simulate[{index}]", item, "24GiB")
-            for index, item in enumerate(value)
+            _gpu_size(base, f"simulate[{index}]", item) for index, item in enumerate(value)
         )
         return "simulate_bytes", sizes
     raise base.error(

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from gpulock.core.config import Config
 from gpulock.core.errors import ConfigError, NoSuchGpu
-from gpulock.core.units import parse_size
+from gpulock.core.units import gpu_size_mistake, parse_size
 
 SIMULATE_ENV = "GPULOCK_SIMULATE"
 # One folder per GPU the NVIDIA driver drives: a count without importing pynvml, which
@@ -104,6 +104,9 @@ def parse_simulate(spec: str | int, *, key: str = SIMULATE_ENV) -> tuple[int, ..
             raise ConfigError(str(e), key=key) from None
         if size <= 0:
             raise ConfigError(f"a GPU needs a size above 0, got {p!r}", key=key)
+        mistake = gpu_size_mistake(p, size)
+        if mistake is not None:
+            raise ConfigError(mistake[0], key=key, hint=mistake[1])
         sizes.append(size)
     return tuple(sizes)
 

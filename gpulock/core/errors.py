@@ -4,7 +4,8 @@
 
     GpulockError                      base: every error gpulock raises on purpose
     ├── ConfigError (ValueError)      a config file is malformed: carries file, line, key
-    ├── StateDirError                 the state folder is missing, unsafe or unusable
+    ├── StateDirError                 the state folder is unsafe or unusable
+    │   └── NoStateDir                    a reader found no state folder (it never makes one)
     └── LockError
         ├── LockTimeout (TimeoutError)  the GPU could not be had in time
         ├── NeedTooLarge (ValueError)   a need that can never fit the GPU
@@ -81,6 +82,16 @@ class StateDirError(GpulockError):
         self.path = path
         self.reason = reason
         super().__init__(f"state folder {path}: {reason}", hint=hint)
+
+
+class NoStateDir(StateDirError):
+    """A command that only reads the state folder (``status``, ``history``...) found none: it
+    never creates one, so a mistyped ``--state-dir`` is an error, not an empty world."""
+
+    def __init__(self, path: str, *, hint: str | None = None) -> None:
+        self.path = path
+        self.reason = "does not exist"
+        GpulockError.__init__(self, f"state folder {path} does not exist", hint=hint)
 
 
 class LockError(GpulockError):

@@ -1,12 +1,13 @@
 """The append-only JSONL event log in the state folder, rotated by size.
 
 Each line is one JSON object: ``{"ts": <epoch s>, "event": "<kind>", ...fields}``.  Kinds the
-lock writes: ``wait``, ``acquire``, ``release``, ``timeout``, ``stale``, ``cleanup``, ``break``,
-``kill``, ``exit-wait``, ``exit-wait-timeout``; later packages add their own (``evict``,
-``escalate``...).  A line is written with one ``write()`` on an ``O_APPEND`` descriptor, so
-lines from many processes never interleave.  When the file passes ``max_bytes`` it is renamed
-to ``events.jsonl.1`` (one generation kept) under a short ``flock``, so two processes never
-rotate at once.  Readers skip lines they cannot parse.
+lock writes: ``wait``, ``acquire``, ``release``, ``timeout``, ``leave``, ``stale``, ``cleanup``,
+``break``, ``kill``, ``exit-wait``, ``exit-wait-timeout``; the other parts add their own
+(``evict``, ``escalate``...): ``KINDS`` lists them all.  A line is written with one
+``write()`` on an ``O_APPEND`` descriptor, so lines from many processes never interleave.
+When the file passes ``max_bytes`` it is renamed to ``events.jsonl.1`` (one generation kept)
+under a short ``flock``, so two processes never rotate at once.  Readers skip lines they
+cannot parse.
 
 Never put secrets in an event: API keys are read from the environment by the code that needs
 them and are not passed here.
@@ -17,12 +18,64 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from gpulock.core import logfile, safejson, state
 from gpulock.core.errors import StateDirError
+
+# Every kind of event gpulock writes, and the part that writes it: ``gpulock history --event``
+# refuses a name outside these (and the log's own), listing them.  tests/test_errors_events.py
+# reads every emit in the source and fails on a kind missing here.
+KINDS: Mapping[str, str] = MappingProxyType(
+    {
+        # the line (gpulock.lock)
+        "wait": "a ticket has to wait: ahead, reason",
+        "acquire": "a ticket is granted: waited_s",
+        "release": "a holder gives the GPU back: held_s",
+        "timeout": "a waiter gave up at its --timeout: waited_s, the holder",
+        "leave": "a waiter left the line before its grant (Ctrl-C, a signal): waited_s, signal",
+        "stale": "a holder past its lease, reported",
+        "cleanup": "a dead owner's ticket or record removed",
+        "break": "gpulock break removed a ticket or ended a holder",
+        "kill": "a hung holder or a forced eviction signalled",
+        "exit-wait": "a dead holder's processes are still exiting: the next one waits",
+        "exit-wait-timeout": "they did not exit within exit_wait: the next one goes on",
+        "prefetch": "a waiter's files read into the page cache",
+        # residents and tenants (gpulock.residents)
+        "resident": "a model registered as resident in VRAM",
+        "unload": "a resident model unloaded",
+        "flush": "a resident's use counts written",
+        "evict": "a resident asked to leave, and whether its memory came back",
+        "oom": "a load ran out of GPU memory",
+        # the governor (gpulock.governor)
+        "escalate": "the governor climbed a level",
+        "deescalate": "the governor came down a level",
+        "governor": "an action the governor took, with its evidence",
+        "governor-error": "a governor pass failed (it goes on)",
+        # the router, serve and the cluster
+        "route": "a task routed to a model: why",
+        "call": "a model call spent: tokens, cost",
+        "fallback": "a model failed and the next candidate was tried",
+        "model-load": "a llama.cpp model loaded: load_s",
+        "unload-verify": "a llama.cpp model's memory checked after its unload",
+        "gateway-request": "an HTTP request to gpulock serve: task, tier, model, outcome",
+        "cluster-error": "the cluster's Redis could not be reached",
+        "cluster-degraded": "this host works alone on its share",
+        "cluster-restored": "the cluster's Redis is back",
+        # agents, fleets and pools
+        "agent": "an agent's run ended: outcome",
+        "fleet-start": "a fleet started",
+        "fleet-stop": "a fleet stopped",
+        "fleet-run": "a fleet ran an agent: exit, duration_s",
+        "fleet-missed": "a fleet skipped an agent's run (still running, or late)",
+        "pool-start": "gpulock pool started",
+        "pool-worker": "a pool worker started or exited",
+        "pool-end": "gpulock pool ended",
+    }
+)
 
 LOG_NAME = "events.jsonl"
 LOCK_NAME = ".events.lock"  # taken only to rotate

@@ -25,7 +25,7 @@ import stat
 from collections.abc import Mapping
 from typing import Final
 
-from gpulock.core.errors import StateDirError
+from gpulock.core.errors import NoStateDir, StateDirError
 
 __all__ = [
     "ENV_STATE_DIR",
@@ -133,15 +133,32 @@ def resolve_state_dir(
 # --- making and checking folders -------------------------------------------------------------
 
 
-def ensure_state_dir(path: pathlib.Path, *, group: str | None = None) -> pathlib.Path:
+def ensure_state_dir(
+    path: pathlib.Path,
+    *,
+    group: str | None = None,
+    create: bool = True,
+    missing_hint: str | None = None,
+) -> pathlib.Path:
     """Create the state folder when missing (parents too) and check it is safe; return ``path``.
 
-    Raises StateDirError, with a hint, for a symlink, a non-folder, a world-writable folder,
-    one of another owner (unless shared through ``group``), one not set up for ``group``, or
-    one on a network filesystem.
+    ``create=False`` (the commands that only read it: ``status``, ``history``...) never makes
+    it: a missing folder raises NoStateDir with ``missing_hint``, since an empty world shown
+    for a mistyped path would hide the mistake.  Raises StateDirError, with a hint, for a
+    symlink, a non-folder, a world-writable folder, one of another owner (unless shared
+    through ``group``), one not set up for ``group``, or one on a network filesystem.
     """
     gid = _group_id(path, group)
-    _ensure(path, group, gid, parents=True)
+    if create:
+        _ensure(path, group, gid, parents=True)
+    else:
+        try:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise NoStateDir(str(path), hint=missing_hint) from None
+        except OSError as exc:
+            raise StateDirError(str(path), f"cannot inspect it: {exc.strerror}") from None
+        _verify(path, st, group, gid)
     _check_filesystem(path)
     return path
 
@@ -249,7 +266,7 @@ def _verify(path: pathlib.Path, st: os.stat_result, group: str | None, gid: int 
         raise StateDirError(
             where,
             "is world-writable, so any user could tamper with the queue",
-            hint=f"chmod o-w {where}",
+            hint=_world_writable_hint(path, st),
         )
     euid = os.geteuid()
     if st.st_uid != euid and not (gid is not None and st.st_gid == gid):
@@ -274,6 +291,39 @@ def _verify(path: pathlib.Path, st: os.stat_result, group: str | None, gid: int 
                 f"(mode {stat.S_IMODE(st.st_mode):04o}, needs 2770)",
                 hint=f"chmod 2770 {where}",
             )
+
+
+def _world_writable_hint(path: pathlib.Path, st: os.stat_result) -> str:
+    """What to do about a world-writable folder: ``chmod o-w`` only for a plain folder of the
+    user's own; a shared one (``/tmp``, sticky) or another's is never to be changed, so the
+    advice is a private folder of one's own inside it, or elsewhere."""
+    own = st.st_uid == os.geteuid()
+    if own and not st.st_mode & stat.S_ISVTX and not _is_system_folder(path):
+        return f"chmod o-w {path}"
+    if st.st_mode & stat.S_ISVTX:  # /tmp, /var/tmp, /dev/shm: everyone's, by design
+        private = path / "gpulock-$USER"
+        return (
+            f"it is a shared folder: leave its mode alone and use a private folder inside it "
+            f"(mkdir -m 700 {private}; export {ENV_STATE_DIR}={private})"
+        )
+    return (
+        f"leave its mode alone (not a folder of yours to change) and use a private folder of "
+        f"your own (mkdir -m 700 ~/gpulock-state; export {ENV_STATE_DIR}=~/gpulock-state)"
+    )
+
+
+# Folders the system's own layout needs as they are, whoever owns them (root, in a container).
+# Only compared with, never written to (hence the noqa: S108 is about using them).
+_SYSTEM_FOLDERS: Final = frozenset(
+    {"/", "/tmp", "/var/tmp", "/dev/shm", "/run", "/var", "/home", "/opt", "/srv", "/mnt"}  # noqa: S108
+)
+
+
+def _is_system_folder(path: pathlib.Path) -> bool:
+    return (
+        os.path.normpath(path) in _SYSTEM_FOLDERS
+        or os.path.normpath(os.path.realpath(path)) in _SYSTEM_FOLDERS
+    )
 
 
 def _user(uid: int) -> str:

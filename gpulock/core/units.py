@@ -18,9 +18,11 @@ import time
 from decimal import Decimal, InvalidOperation
 
 __all__ = [
+    "MIN_GPU_BYTES",
     "format_duration",
     "format_size",
     "format_usd",
+    "gpu_size_mistake",
     "parse_clock",
     "parse_duration",
     "parse_size",
@@ -156,6 +158,24 @@ def parse_size(
     if factor is None:
         raise _fail(key, value, f"has an unknown unit {match.group(2)!r}", _SIZE_EXAMPLE)
     return round(amount * factor)
+
+
+MIN_GPU_BYTES = 64 << 20  # no GPU is smaller: a simulated one below is a unit left out
+
+
+def gpu_size_mistake(value: object, size: int) -> tuple[str, str] | None:
+    """``(problem, hint)`` for a simulated GPU size below ``MIN_GPU_BYTES`` (``simulate: 24``
+    is 24 bytes: a size without a unit counts bytes), the hint guessing GiB; None when fine."""
+    if size >= MIN_GPU_BYTES:
+        return None
+    number = _SIZE_RE.fullmatch(str(value))
+    guess = f"{number.group(1)}GiB" if number and number.group(1) else "24GiB"
+    bare = number is not None and not number.group(2)
+    return (
+        f"a GPU of {format_size(size)} is too small to simulate (at least "
+        f"{format_size(MIN_GPU_BYTES)})" + ("; a size without a unit counts bytes" if bare else ""),
+        f"did you mean {guess}?",
+    )
 
 
 def format_size(n: int | None) -> str:

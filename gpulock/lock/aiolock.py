@@ -97,8 +97,8 @@ class AsyncAcquire:
             return got
         try:
             return await _wait(got)
-        except BaseException:  # CancelledError included: leave the line at once
-            got.leave()
+        except BaseException as e:  # CancelledError included: leave the line at once
+            got.leave(e)
             raise
 
     def __await__(self) -> Generator[Any, None, Lease]:

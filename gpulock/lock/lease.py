@@ -30,6 +30,8 @@ tickets it watches still exist every ``SAFETY_RECHECK_S`` seconds: nothing polls
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -244,9 +246,9 @@ def acquire(
         # Lease must still give the GPU back, not leave a granted ticket behind.
         result = Lease(got.settings, got.qdir, granted, got.fd, time.monotonic() - got.start)
         held[granted.gpu] = result
-    except BaseException:
+    except BaseException as e:
         held.pop(got.ticket.gpu, None)
-        got.leave()
+        got.leave(e)
         raise
     return result
 
@@ -280,11 +282,45 @@ class Queued:
             prefetch=self.warm,
         )
 
-    def leave(self) -> None:
-        """Leave the line (timeout, Ctrl-C, cancellation): the successor wakes."""
+    def leave(self, cause: BaseException | None = None) -> None:
+        """Leave the line (timeout, Ctrl-C, cancellation): the successor wakes.
+
+        ``cause``, what cut the wait short, is logged as a ``leave`` event (``waited_s``, the
+        ``signal``), so that history and the report see the wait end; a LockTimeout has its
+        own ``timeout`` event already.
+        """
         self.qdir.remove(self.ticket.seq)
         owner_fds.discard(self.fd)
         os.close(self.fd)
+        if cause is not None and not isinstance(cause, LockTimeout):
+            sig = _signal_of(cause)
+            self.settings.emit(
+                "leave",
+                **event_fields(self.ticket),
+                waited_s=round(time.monotonic() - self.start, 6),
+                signal=sig,
+                reason=f"interrupted by {sig}" if sig else _reason_of(cause),
+            )
+
+
+def _signal_of(cause: BaseException) -> str | None:
+    """The signal behind an exception: SIGINT for Ctrl-C, ``signum`` for a handler's own."""
+    if isinstance(cause, KeyboardInterrupt):
+        return "SIGINT"
+    signum = getattr(cause, "signum", None)  # gpulock run's SIGTERM/SIGHUP handler
+    if isinstance(signum, int):
+        try:
+            return signal.Signals(signum).name
+        except ValueError:
+            return f"signal {signum}"
+    return None
+
+
+def _reason_of(cause: BaseException) -> str:
+    aio = sys.modules.get("asyncio")  # loaded wherever a wait can be cancelled: never import it
+    if aio is not None and isinstance(cause, aio.CancelledError):
+        return "cancelled"  # acquire_async's task was cancelled (gpulock serve: a client left)
+    return f"error: {type(cause).__name__}"
 
 
 def enqueue(

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpulock.core.units import format_size
 from gpulock.lock.ticket import Ticket
 
 
@@ -56,11 +57,12 @@ def decide(me: Ticket, ahead: Sequence[Ticket], budget_bytes: int | None) -> Dec
         return Decision(False, holders, "GPU size unknown: cannot share, waits for the holders")
     assert me.need_bytes is not None
     used = sum(t.need_bytes or 0 for t in ahead)
+    # In units a reader takes in at once (history, status): "needs 16.0 GiB, 9.6 GiB left".
     if used + me.need_bytes <= budget_bytes:
-        return Decision(True, (), f"shares the GPU: {used + me.need_bytes} of {budget_bytes} B")
-    return Decision(
-        False, holders, f"needs {me.need_bytes} B, {max(budget_bytes - used, 0)} B left"
-    )
+        shared = f"{format_size(used + me.need_bytes)} of {format_size(budget_bytes)}"
+        return Decision(True, (), f"shares the GPU: {shared}")
+    left = format_size(max(budget_bytes - used, 0))
+    return Decision(False, holders, f"needs {format_size(me.need_bytes)}, {left} left")
 
 
 def heartbeat_wall(t: Ticket, mtime_wall: float) -> float:

@@ -50,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    from gpulock.core.config import load_config
     from gpulock.core.settings import load
     from gpulock.metrics import config as mconfig
     from gpulock.metrics import require_client
@@ -63,8 +64,9 @@ def _main(argv: list[str]) -> int:
                 f"--textfile: {e}",
                 hint="e.g. --textfile /var/lib/node_exporter/textfile_collector/gpulock.prom",
             ) from None
-    settings = load(args.config, args.state_dir)
-    mconfig.load(settings.config)  # a bad metrics: section is reported here too
+    cfg = load_config(args.config)
+    mconfig.load(cfg)  # a bad metrics: section is reported here too, before a missing folder
+    settings = load(cfg, args.state_dir, create=False)
     require_client()
     from gpulock.metrics.collector import exposition, write_textfile
 

@@ -131,6 +131,11 @@ class _Builder:
             if inside:
                 self.timeouts[name] += 1
                 self._mark(kind, ts, gpu, "holder", name, f"gave up after {_dur(e, 'waited_s')}")
+        elif kind == "leave":  # Ctrl-C or a signal in line: the wait ends there
+            if not self._close_wait(key, ts, "leave"):
+                waited = as_span(e.get("waited_s")) or 0.0
+                self.waits.append(Wait(gpu, ticket, name, ts - waited, ts, "leave"))
+            self._close_hold(key, ts, "leave")  # granted just as it left
         else:  # cleanup | break | kill | stale
             why = as_text(e.get("reason") or e.get("action"))
             if kind == "kill":
@@ -231,7 +236,7 @@ class _Builder:
 
 _VRAM_KEY = re.compile(r"^vram\.gpu(\d{1,4})$")
 _TICKET_KINDS = frozenset(
-    {"wait", "acquire", "release", "timeout", "cleanup", "break", "kill", "stale"}
+    {"wait", "acquire", "release", "timeout", "leave", "cleanup", "break", "kill", "stale"}
 )
 _RESIDENT_KINDS = frozenset({"resident", "evict", "unload", "oom"})  # and cleanup/kill of one
 _GOVERNOR_KINDS = frozenset({"escalate", "deescalate", "governor", "governor-error"})

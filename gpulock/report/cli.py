@@ -117,7 +117,7 @@ def _main(argv: list[str]) -> int:
     from gpulock.core import events
     from gpulock.core.settings import load
 
-    settings = load(args.config, args.state_dir)
+    settings = load(args.config, args.state_dir, create=False)
     if args.out not in (None, "-"):
         data = write_report(settings.state_dir, Path(args.out), since_wall=since, now_wall=now)
     else:

@@ -5,11 +5,23 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from gpulock.core.level import LEVELS
 from gpulock.core.units import format_duration
 from gpulock.report.model import ReportData
 from gpulock.report.values import clock
 
 FORMAT = "gpulock-report/1"
+
+
+def _levels(data: ReportData) -> str:
+    """`` (highest freeze, now reduce)``: how far up the ladder it went, and where it ended."""
+    now = data.totals.level_now
+    if not now:
+        return ""
+    rank = {name: i for i, name in enumerate(LEVELS)}
+    seen = [lv.level for lv in data.levels if lv.level in rank]
+    top = max(seen, key=rank.__getitem__, default=now)
+    return f" (now {now})" if top == now else f" (highest {top}, now {now})"
 
 
 def summary_lines(data: ReportData) -> list[str]:
@@ -46,8 +58,7 @@ def summary_lines(data: ReportData) -> list[str]:
             f"start within misfire_grace, {running} came while the agent's last run still ran)"
         )
     lines.append(f"evictions: {t.evictions} ({t.evictions_freed} freed memory)")
-    now = f" (now {t.level_now})" if t.level_now else ""
-    lines.append(f"governor level changes: {t.level_changes}{now}")
+    lines.append(f"governor level changes: {t.level_changes}{_levels(data)}")
     tiers = ", ".join(f"{x.tier} {x.routes}" for x in data.tiers if x.routes)
     lines.append(f"route choices by tier: {tiers or 'none logged'}")
     if t.calls:

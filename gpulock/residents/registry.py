@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the tenants package is imported only when tenants are confi
 FORMAT = "gpulock.resident/1"
 POLICIES = ("persistent", "cold-start", "pinned")
 FOLDER = "residents"
-TENANT_ONLY = ("tenant", "tenant_state", "idle_known")
+TENANT_ONLY = ("tenant", "tenant_state", "idle_known", "use_seen")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +64,9 @@ class Record:
     tenant: str | None = None
     tenant_state: str | None = None
     idle_known: bool = True
+    # False for a tenant model never seen in use: its idle time is only "since first seen", a
+    # lower bound (evidence for the governor), shown as "?" in status, never as a real idle
+    use_seen: bool = True
 
     @property
     def bytes(self) -> int | None:
@@ -302,13 +305,15 @@ def to_records(
         (li, m) for li in listings for m in li.models if m.state != "sleeping"
     ]
     last: dict[str, float | None] = {}
+    bounded: frozenset[str] = frozenset()
     if not track and rows:
-        last = usage.peek(settings)
+        peeked = usage.peek(settings)
+        last, bounded = peeked.last_used, peeked.bounded
     elif track:
         asked = frozenset(li.tenant for li in listings if li.reachable)
         seen = {f"{li.tenant}/{m.name}": m.fingerprint for li, m in rows}
         obs = usage.observe(settings, seen, now, asked=asked)
-        last = obs.last_used
+        last, bounded = obs.last_used, obs.bounded
         _residency_events(settings, rows, obs)
     nvml = report is not None and report.source == "nvml"
     if nvml:
@@ -342,6 +347,7 @@ def to_records(
                 tenant=li.tenant,
                 tenant_state=m.state,
                 idle_known=used is not None,
+                use_seen=used is not None and rid not in bounded,
             )
         )
     return out

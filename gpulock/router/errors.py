@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from gpulock.core.errors import GpulockError
+from gpulock.core.errors import GpulockError, known_hint
 
 if TYPE_CHECKING:
     from gpulock.router.choose import Choice
@@ -20,7 +20,7 @@ class UnknownTask(GpulockError, KeyError):
         self.task = task
         self.known = list(known)
         if known:
-            hint = "known tasks: " + ", ".join(known)
+            hint = known_hint(task, known, "known tasks")
         else:
             where = config_file or "the config file (gpulock.yaml)"
             hint = f"add a routes: section to {where}"

@@ -186,7 +186,7 @@ def load_table(cfg: Config) -> Table:
                 raise cfg.error(
                     f"{key}.inherit",
                     f"inherits from unknown task {parent!r}",
-                    hint="tasks: " + ", ".join(sorted(map(str, routes))),
+                    hint=known_hint(parent, sorted(map(str, routes)), "tasks"),
                 )
             if parent in chain:
                 cycle = " -> ".join((*chain, task, parent))
@@ -370,10 +370,12 @@ def _tenant(cfg: Config, key: str, value: Any, backend: str) -> Any:
         return None
     known = {t.name: t for t in cfg.tenants}
     if not isinstance(value, str) or value not in known:
-        names = ", ".join(known) or "none is configured (add a tenants: list)"
-        raise cfg.error(
-            key, f"expected the name of a tenant, got {value!r}", hint=f"tenants: {names}"
+        hint = (
+            known_hint(value, known, "tenants")
+            if known
+            else "tenants: none is configured (add a tenants: list)"
         )
+        raise cfg.error(key, f"expected the name of a tenant, got {value!r}", hint=hint)
     return known[value]
 
 

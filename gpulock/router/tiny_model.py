@@ -22,7 +22,6 @@ so importing this module costs nothing.  Command line::
 
 from __future__ import annotations
 
-import argparse
 import os
 import pathlib
 import tempfile
@@ -161,8 +160,7 @@ def write_tiny_llama(
     if rest or head_dim % 2:
         raise ValueError(f"n_embd ({n_embd}) must be n_head ({n_head}) times an even head size")
 
-    import gguf
-    import numpy as np
+    gguf, np = _writer_modules()
 
     target = pathlib.Path(path)
     rng = np.random.default_rng(seed)
@@ -242,7 +240,7 @@ def write_big_header(
     llama.cpp's converter writes the hyperparameters before the tokenizer; ``tokenizer_first``
     writes them after it (the worst order for a reader that wants only the hyperparameters).
     """
-    import gguf
+    gguf, _ = _writer_modules()
 
     target = pathlib.Path(path)
     writer = gguf.GGUFWriter(target, "qwen2")
@@ -270,6 +268,21 @@ def write_big_header(
     return target
 
 
+def _writer_modules() -> tuple[Any, Any]:
+    """``gguf`` and ``numpy``, or the standard missing-extra error naming the ``llama`` extra."""
+    try:
+        import gguf
+        import numpy as np
+    except ImportError as e:
+        from gpulock.core.errors import GpulockError
+        from gpulock.core.extras import install_hint
+
+        raise GpulockError(
+            f"writing a GGUF model needs the llama extra ({e})", hint=install_hint("llama")
+        ) from None
+    return gguf, np
+
+
 def _looks_complete(path: pathlib.Path) -> bool:
     """Whether ``path`` starts like a GGUF file and is big enough to hold the default weights."""
     try:
@@ -295,14 +308,31 @@ def ensure_tiny_llama(folder: str | os.PathLike[str]) -> pathlib.Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    """The command line: errors (a missing extra, an unwritable path) as ``error:``/``hint:``
+    lines and exit 1, like every gpulock command, never a traceback."""
+    from gpulock.cli import run_command
+
+    return run_command(_main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    from gpulock.cli import Parser
+    from gpulock.core.errors import GpulockError
+
+    parser = Parser(
         prog="python -m gpulock.router.tiny_model",
         description="Write a tiny random-weight llama GGUF model (for tests; output is nonsense).",
     )
     parser.add_argument("out", help="the .gguf file to write")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the weights")
     args = parser.parse_args(argv)
-    path = write_tiny_llama(args.out, seed=args.seed)
+    try:
+        path = write_tiny_llama(args.out, seed=args.seed)
+    except OSError as e:
+        raise GpulockError(
+            f"cannot write {args.out}: {e.strerror or e}",
+            hint="give a path in a folder you can write",
+        ) from None
     print(f"{path} {path.stat().st_size} bytes")
     return 0
 

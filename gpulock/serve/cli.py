@@ -38,8 +38,8 @@ EPILOG = """\
 Listening on anything but loopback needs API keys: serve.api_keys_env names the environment
 variable that holds them (comma- or whitespace-separated); every request then sends
 Authorization: Bearer KEY.  exit codes: 0 stopped; 1 error (bad config: file, line and key are
-named; or the address is already in use); 2 usage (bad --listen, or a non-loopback address
-without keys)."""
+named; or the address is already in use); 2 usage (bad --listen or --port, or a non-loopback
+address without keys)."""
 
 
 def build_parser(prog: str = "gpulock serve") -> argparse.ArgumentParser:
@@ -52,7 +52,13 @@ def build_parser(prog: str = "gpulock serve") -> argparse.ArgumentParser:
     p.add_argument(
         "--listen",
         metavar="HOST:PORT",
-        help=f"address to listen on (default: serve.listen, else {serve_config.DEFAULT_LISTEN})",
+        help=f"address to listen on (default: serve.listen, else {serve_config.DEFAULT_LISTEN}); "
+        "a bare PORT means 127.0.0.1:PORT",
+    )
+    p.add_argument(
+        "--port",
+        metavar="PORT",
+        help="the port alone, on serve.listen's host (else 127.0.0.1)",
     )
     p.add_argument("--config", metavar="FILE", help="config file (default: the usual lookup)")
     p.add_argument("--state-dir", metavar="DIR", help="state folder (default: as gpulock's)")
@@ -72,6 +78,13 @@ def _main(argv: list[str]) -> int:
     host, port = sc.host, sc.port
     if args.listen:
         host, port = serve_config.parse_listen(args.listen)
+    if args.port is not None:
+        if args.listen:
+            raise serve_config.ListenError(
+                "--listen and --port both name the port: give one of them",
+                hint="--listen HOST:PORT, or --port PORT on serve.listen's host",
+            )
+        port = serve_config.parse_port(args.port)
     keys = serve_config.read_keys(sc)
     if not serve_config.is_loopback(host):
         if sc.api_keys_env is None:

@@ -49,15 +49,28 @@ class ListenError(GpulockError):
 
 
 def parse_listen(text: str, *, key: str | None = "--listen") -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:8080`` for IPv6; ``:PORT`` means loopback) -> (host, port)."""
+    """``HOST:PORT`` (``[::1]:8080`` for IPv6; ``:PORT`` or a bare ``PORT`` means loopback)
+    -> (host, port)."""
     host, sep, port = text.strip().rpartition(":")
+    if not sep and port.isdigit():
+        host, sep = "127.0.0.1", ":"  # a bare port, as Ollama's OLLAMA_HOST takes one
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ListenError(
             (f"{key}: " if key else "") + f"expected HOST:PORT like 127.0.0.1:11435, got {text!r}",
-            hint="the port is a number from 1 to 65535",
+            hint="the port is a number from 1 to 65535 (a bare PORT listens on 127.0.0.1)",
         )
     host = host.strip("[]") or "127.0.0.1"
     return host, int(port)
+
+
+def parse_port(text: str) -> int:
+    """``--port``'s value: a number from 1 to 65535."""
+    if not text.strip().isdigit() or not 0 < int(text) < 65536:
+        raise ListenError(
+            f"--port: expected a number from 1 to 65535, got {text!r}",
+            hint="--port 11435 (on serve.listen's host, else 127.0.0.1), or --listen HOST:PORT",
+        )
+    return int(text)
 
 
 is_loopback = apikeys.is_loopback  # shared with gpulock's metrics listener

@@ -114,6 +114,7 @@ class _HeldLlama(LlamaBackend):
 
 class _EmbedLlama(_HeldLlama):
     embedding = True  # llama.cpp embeds only with a context made for it: a second instance
+    resident_suffix = ":embed"  # status and evict tell it from the chat one: tiny-gpu:embed
 
 
 class LocalEngine:

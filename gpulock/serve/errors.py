@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpulock.core.errors import known_hint
+
 
 @dataclass(frozen=True, slots=True)
 class ApiError(Exception):
@@ -71,10 +73,14 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
 
 
 def unknown_model(model: str, known: list[str]) -> ApiError:
-    listed = ", ".join(known) if known else "none (add a routes: section to the config)"
+    listed = (
+        known_hint(model, known, "known models")
+        if known
+        else "known models: none (add a routes: section to the config)"
+    )
     return ApiError(
         404,
-        f"model {model!r} not found; known models: {listed}",
+        f"model {model!r} not found; {listed}",
         code="model_not_found",
         param="model",
     )

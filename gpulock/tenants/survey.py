@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpulock.core import devices
+from gpulock.core.errors import known_hint
 from gpulock.core.settings import Settings
 from gpulock.core.tenantspec import TenantSpec
 from gpulock.tenants import procs
@@ -72,8 +73,9 @@ def find_spec(settings: Settings, name: str) -> TenantSpec:
     for s in settings.config.tenants:
         if s.name == name:
             return s
-    known = ", ".join(s.name for s in settings.config.tenants) or "none is configured"
-    raise TenantError(f"no tenant {name!r}", hint=f"tenants: {known}")
+    known = [s.name for s in settings.config.tenants]
+    hint = known_hint(name, known, "tenants") if known else "tenants: none is configured"
+    raise TenantError(f"no tenant {name!r}", hint=hint)
 
 
 def list_one(spec: TenantSpec, settings: Settings, timeout_s: float = LIST_TIMEOUT_S) -> Listing:

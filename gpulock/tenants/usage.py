@@ -49,6 +49,16 @@ class Observed:
     last_used: dict[str, float | None]  # rid -> last use (None: unknown)
     appeared: tuple[str, ...]  # rids not seen before (a residency starts)
     vanished: tuple[str, ...]  # rids of answering tenants no longer listed (it ended)
+    # rids whose last use is only "idle since first seen": a lower bound, never a use seen
+    bounded: frozenset[str] = frozenset()
+
+
+def _bounded(entry: Any) -> bool:
+    """Whether an entry's last use is only its first sighting (no use was ever seen)."""
+    if not isinstance(entry, dict) or entry.get("used_seen"):
+        return False
+    last = entry.get("last_used_wall")
+    return isinstance(last, int | float) and last == entry.get("first_seen_wall")
 
 
 def observe(
@@ -79,6 +89,7 @@ def observe(
                 "fp": fp,
                 "first_seen_wall": prev.get("first_seen_wall", now),
                 "last_used_wall": now,
+                "used_seen": True,
             }
         else:
             first = prev.get("first_seen_wall")
@@ -91,16 +102,18 @@ def observe(
         out[rid] = entry["last_used_wall"]
     if new != old:
         _save(settings, new)
-    return Observed(out, tuple(r for r in seen if r not in old), vanished)
+    bounded = frozenset(rid for rid in seen if _bounded(new[rid]))
+    return Observed(out, tuple(r for r in seen if r not in old), vanished, bounded)
 
 
-def peek(settings: Settings) -> dict[str, float | None]:
-    """``rid -> last use`` as last recorded, without observing anything."""
+def peek(settings: Settings) -> Observed:
+    """Last uses as last recorded (``last_used``, ``bounded``), without observing anything."""
     out: dict[str, float | None] = {}
-    for rid, entry in _load(settings).items():
+    models = _load(settings)
+    for rid, entry in models.items():
         last = entry.get("last_used_wall") if isinstance(entry, dict) else None
         out[rid] = float(last) if isinstance(last, int | float) else None
-    return out
+    return Observed(out, (), (), frozenset(rid for rid, e in models.items() if _bounded(e)))
 
 
 def touch(settings: Settings, rid: str, now_wall: float | None = None) -> None:
@@ -113,5 +126,6 @@ def touch(settings: Settings, rid: str, now_wall: float | None = None) -> None:
         **entry,
         "last_used_wall": now,
         "first_seen_wall": entry.get("first_seen_wall", now),
+        "used_seen": True,
     }
     _save(settings, models)

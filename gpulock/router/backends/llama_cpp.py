@@ -300,12 +300,16 @@ class LlamaBackend:
             ) from e
         raise BackendError(kind, f"{self.candidate.name}: {text}", detail=text) from e
 
+    # Appended to the candidate's name for its resident record: a second instance of one
+    # model (serve's embeddings context) must not show as a twin of the first.
+    resident_suffix = ""
+
     def _register(self) -> Any:
         from gpulock.residents.owner import resident
 
         c = self.candidate
         return resident(
-            c.name,
+            c.name + self.resident_suffix,
             gpu=self.gpu,
             bytes=self.need,
             load=self._load,

@@ -3,8 +3,9 @@
     gpulock run -- python examples/make_digest.py examples/data/notes
 
 It stands in for a script that loads a model and summarises: it says which GPU gpulock gave
-it (``CUDA_VISIBLE_DEVICES``), takes about a second, as a model would, and prints the first
-line of every note.  ``--out FILE`` writes the digest there instead.
+it (``CUDA_VISIBLE_DEVICES``), takes about a second, as a model would (``--seconds 20``: long
+enough to see it hold the GPU in ``gpulock status``), and prints the first line of every note.
+``--out FILE`` writes the digest there instead.
 """
 
 from __future__ import annotations
