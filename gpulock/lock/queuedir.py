@@ -29,6 +29,7 @@ from gpulock.core import claim
 from gpulock.core.errors import LockTimeout, StateDirError
 from gpulock.core.settings import Settings
 from gpulock.core.state import atomic_write, open_regular
+from gpulock.lock.steps import pause
 from gpulock.lock.ticket import (
     Ticket,
     TicketFormatError,
@@ -106,6 +107,16 @@ class QueueDir:
             return claim.watch(self.fifo_path(seq))
         except claim.NotAClaim as e:
             raise TicketFormatError(str(e)) from None
+
+    def look(self, seq: int) -> tuple[TicketFile, int | None] | None:
+        """The ticket and a watch on its claim: None if the ticket is gone; (ticket, None)
+        when no process holds its claim.  TicketFormatError for garbage."""
+        pause("look-first")
+        tf = self.read(seq)
+        pause("look-second")
+        fd = None if tf is None else self.watch(seq)
+        pause("look-done")
+        return None if tf is None else (tf, fd)
 
     def alive(self, seq: int) -> bool:
         return claim.held(self.fifo_path(seq))

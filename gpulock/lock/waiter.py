@@ -236,13 +236,13 @@ class Waiter:
         self.exit_blockers = []
         for seq in reversed(self.ahead_seqs):
             try:
-                tf = self.qdir.read(seq)
-                if tf is None:
-                    gone.add(seq)
-                    continue
-                fd = self.qdir.watch(seq)
+                seen = self.qdir.look(seq)
             except TicketFormatError:
                 continue  # garbage is skipped: it never holds the GPU
+            if seen is None:
+                gone.add(seq)
+                continue
+            tf, fd = seen
             if fd is None:
                 if tf.ticket.holding and self.exits.blocks(tf.ticket):
                     self.exit_blockers.append(seq)  # cleaned once its processes are gone
