@@ -231,7 +231,9 @@ def child_main(opts: dict[str, Any]) -> int:
 class Child:
     """One child process, in its own process group, driven line by line through its stdin."""
 
-    def __init__(self, world: World, name: str, argv: list[str]) -> None:
+    def __init__(
+        self, world: World, name: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> None:
         self.world = world
         self.name = name
         self.stderr_path = world.root / f"{name}.stderr"
@@ -241,7 +243,7 @@ class Child:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
-                env=os.environ.copy(),
+                env={**os.environ, **(env or {})},
                 cwd=world.root,
                 start_new_session=True,
             )
@@ -307,9 +309,10 @@ class World:
 
     # -- starting children --
 
-    def spawn(self, name: str, **opts: Any) -> Child:
+    def spawn(self, name: str, env: dict[str, str] | None = None, **opts: Any) -> Child:
+        """Start a child (``env``: variables added to this process's environment for it)."""
         opts = {"name": name, "audit": str(self.audit), "config": str(self.config), **opts}
-        child = Child(self, name, [sys.executable, str(CHILD), json.dumps(opts)])
+        child = Child(self, name, [sys.executable, str(CHILD), json.dumps(opts)], env)
         self.children.append(child)
         return child
 

@@ -109,14 +109,31 @@ class QueueDir:
             raise TicketFormatError(str(e)) from None
 
     def look(self, seq: int) -> tuple[TicketFile, int | None] | None:
-        """The ticket and a watch on its claim: None if the ticket is gone; (ticket, None)
-        when no process holds its claim.  TicketFormatError for garbage."""
+        """The ticket and a watch on its claim: None if the ticket is gone (released, left,
+        removed); (ticket, fd) while its owner holds it; (ticket, None) once its owner died.
+        TicketFormatError for garbage.
+
+        The claim is looked at first, the ticket file after.  A release removes the ticket
+        *before* it lets go of the claim (``Lease.release``), so a claim seen gone is a death
+        only if the ticket is still there when read after that: read in the other order, a
+        release between the two looks (a successor rung at a grant looks just as a brief
+        holder releases) was taken for a death and began an exit wait on a live process.
+        """
         pause("look-first")
-        tf = self.read(seq)
+        fd = self.watch(seq)
         pause("look-second")
-        fd = None if tf is None else self.watch(seq)
+        try:
+            tf = self.read(seq)
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
         pause("look-done")
-        return None if tf is None else (tf, fd)
+        if tf is None:
+            if fd is not None:
+                os.close(fd)  # released (or left) just after we saw it held
+            return None
+        return tf, fd
 
     def alive(self, seq: int) -> bool:
         return claim.held(self.fifo_path(seq))
