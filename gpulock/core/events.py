@@ -2,11 +2,11 @@
 
 Each line is one JSON object: ``{"ts": <epoch s>, "event": "<kind>", ...fields}``.  Kinds the
 lock writes: ``wait``, ``acquire``, ``release``, ``timeout``, ``stale``, ``cleanup``, ``break``,
-``kill``, ``exit-wait``, ``exit-wait-timeout``; later packages add their own (``evict``,
-``escalate``...).  A line is written with one ``write()`` on an ``O_APPEND`` descriptor, so
-lines from many processes never interleave.  When the file passes ``max_bytes`` it is renamed
-to ``events.jsonl.1`` (one generation kept) under a short ``flock``, so two processes never
-rotate at once.  Readers skip lines they cannot parse.
+``kill``, ``exit-wait``, ``exit-wait-alive``, ``exit-wait-timeout``; later packages add their
+own (``evict``, ``escalate``...).  A line is written with one ``write()`` on an ``O_APPEND``
+descriptor, so lines from many processes never interleave.  When the file passes ``max_bytes``
+it is renamed to ``events.jsonl.1`` (one generation kept) under a short ``flock``, so two
+processes never rotate at once.  Readers skip lines they cannot parse.
 
 Never put secrets in an event: API keys are read from the environment by the code that needs
 them and are not passed here.

@@ -346,6 +346,19 @@ def holder_pids(settings: Settings) -> set[int]:
     return pids
 
 
+def tickets_of(settings: Settings, pid: int, ticks: int | None) -> list[tuple[int, int]]:
+    """The live tickets (its claim held) of process ``pid`` started at ``ticks``, in every
+    line: (gpu, seq).  Reads every ticket: for evidence in rare events, not for a hot path."""
+    out = []
+    for gpu in queue_gpus(settings):
+        q = QueueDir(settings, gpu, create=False)
+        for seq, tf, _why in q.scan():
+            t = None if tf is None else tf.ticket
+            if t is not None and t.pid == pid and t.start_ticks == ticks and q.alive(seq):
+                out.append((gpu, seq))
+    return out
+
+
 def open_seq(path: Path, mode: int) -> int:
     """Open (or create, with exactly ``mode`` whatever the umask) the sequence file.
 
