@@ -46,7 +46,7 @@ def test_lock_chaos_summary_names_the_missed_target() -> None:
     verdict = line.rsplit("; ", 2)[-2:]
     assert verdict == [
         "FAILED: 0 wedges, 0 exit waits begun on live processes",
-        "not judged: handoff p99 unchanged (no --base run to compare with)",
+        "not judged: handoff p99 unchanged (no --base run)",
     ], line
 
 
