@@ -106,6 +106,7 @@ pytest: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/lock_handoff.py
+	$(BIN)/python bench/lock_chaos.py
 	$(BIN)/python bench/eviction.py
 	$(BIN)/python bench/router.py
 	$(BIN)/python bench/metrics.py

@@ -38,6 +38,37 @@ POLL_S = 0.005
 DEFAULT_WAIT_S = 15.0  # "it eventually happens", on a busy 2-core machine
 
 
+# A process that is on its way out and takes its time, as a GPU process is while the driver
+# tears its context down: it lets go of any claim it inherited (a .fifo descriptor, as from
+# `gpulock run`), creates the file argv[1], and its main thread exits while a second thread lives
+# on until stdin closes.  Meanwhile the kernel shows the process in exit (a zombie leader,
+# PF_EXITING) and its pidfd is not readable; only when that thread ends has it exited.
+IN_EXIT_PY = """\
+import ctypes, os, sys, threading
+for name in os.listdir("/proc/self/fd"):
+    try:
+        if os.readlink(f"/proc/self/fd/{name}").endswith(".fifo"):
+            os.close(int(name))
+    except OSError:
+        pass
+def last_thread():
+    sys.stdin.buffer.read()
+    os._exit(0)
+threading.Thread(target=last_thread).start()
+open(sys.argv[1], "w").close()
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def in_exit(pid: int) -> bool:
+    """True once the kernel shows ``pid`` inside its exit (or gone)."""
+    from gpulock.core import identity
+    from gpulock.lock import exitwait
+
+    seen = exitwait.proc_state(pid, identity.start_ticks(pid))
+    return seen is None or exitwait.in_exit(seen)
+
+
 # --- waiting ---------------------------------------------------------------------------------
 
 
@@ -231,7 +262,9 @@ def child_main(opts: dict[str, Any]) -> int:
 class Child:
     """One child process, in its own process group, driven line by line through its stdin."""
 
-    def __init__(self, world: World, name: str, argv: list[str]) -> None:
+    def __init__(
+        self, world: World, name: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> None:
         self.world = world
         self.name = name
         self.stderr_path = world.root / f"{name}.stderr"
@@ -241,7 +274,7 @@ class Child:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
-                env=os.environ.copy(),
+                env={**os.environ, **(env or {})},
                 cwd=world.root,
                 start_new_session=True,
             )
@@ -307,9 +340,10 @@ class World:
 
     # -- starting children --
 
-    def spawn(self, name: str, **opts: Any) -> Child:
+    def spawn(self, name: str, env: dict[str, str] | None = None, **opts: Any) -> Child:
+        """Start a child (``env``: variables added to this process's environment for it)."""
         opts = {"name": name, "audit": str(self.audit), "config": str(self.config), **opts}
-        child = Child(self, name, [sys.executable, str(CHILD), json.dumps(opts)])
+        child = Child(self, name, [sys.executable, str(CHILD), json.dumps(opts)], env)
         self.children.append(child)
         return child
 

@@ -8,6 +8,7 @@ and a cancelled async waiter leaves nothing behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import DEFAULT_WAIT_S, Child, World, wait_until
+from procs import DEFAULT_WAIT_S, IN_EXIT_PY, Child, World, in_exit, wait_until
 
 import gpulock
 
@@ -144,38 +145,14 @@ def test_tasks_of_one_loop_queue_in_order_and_share_by_need(world: World) -> Non
     assert world.tickets() == {}
 
 
-# The holder's command lets go of the claim it inherited from `gpulock run` (as a program that
-# closes descriptors it does not know does) and lives on until its stdin closes: when
-# `gpulock run` is SIGKILLed the claim reports the death while the command still runs.
-DROP_CLAIM_PY = """\
-import os, sys
-for name in os.listdir("/proc/self/fd"):
-    try:
-        if os.readlink(f"/proc/self/fd/{name}").endswith(".fifo"):
-            os.close(int(name))
-    except OSError:
-        pass
-open(sys.argv[1], "w").close()
-sys.stdin.read()
-"""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_async_waiter_behind_a_dead_holder_is_granted_only_after_its_command_exits(
     world: World,
 ) -> None:
     """``acquire_async`` shares the blocking waiter's exit wait (``gpulock.lock.exitwait``): the
-    dead holder's command, still running, keeps the GPU until it exits."""
+    dead holder's command, still exiting, keeps the GPU until it has exited."""
     world.config.write_text("exit_wait: 1h\n")  # never runs out within the test
-    script = world.root / "drop_claim.py"
-    script.write_text(DROP_CLAIM_PY)
+    script = world.root / "in_exit.py"
+    script.write_text(IN_EXIT_PY)  # lets go of its claim, then lingers in its exit
     ready = world.root / "holder.ready"
     argv = [sys.executable, "-m", "gpulock", "run", "--config", str(world.config)]
     argv += ["--name", "holder", "--", sys.executable, str(script), str(ready)]
@@ -190,7 +167,8 @@ def test_async_waiter_behind_a_dead_holder_is_granted_only_after_its_command_exi
         )
         waiter = aio(world, "async")
         wait_until(lambda: world.events("wait", ticket=waiter.seq), DEFAULT_WAIT_S, "its wait")
-        os.kill(holder.pid, signal.SIGKILL)  # gpulock run alone: its command lives on
+        wait_until(lambda: in_exit(child_pid), DEFAULT_WAIT_S, "its command inside its exit")
+        os.kill(holder.pid, signal.SIGKILL)  # gpulock run alone: its command is still exiting
         assert holder.wait(30) == -signal.SIGKILL
         (waiting,) = wait_until(
             lambda: world.events("exit-wait", ticket=waiter.seq),
@@ -198,7 +176,7 @@ def test_async_waiter_behind_a_dead_holder_is_granted_only_after_its_command_exi
             "the async waiter's exit-wait event",
         )
         assert waiting["dead_child_pid"] == child_pid, waiting
-        assert _alive(child_pid)
+        assert os.path.exists(f"/proc/{child_pid}")
         assert world.find_record("grant", "async") is None, world.describe()
 
         ended_ns = time.monotonic_ns()
@@ -210,8 +188,9 @@ def test_async_waiter_behind_a_dead_holder_is_granted_only_after_its_command_exi
         assert waiter.wait_exit() == 0
         assert world.tickets() == {}
     finally:
-        if child_pid and _alive(child_pid):
-            os.kill(child_pid, signal.SIGKILL)
+        if child_pid:
+            with contextlib.suppress(ProcessLookupError):  # its leader is a zombie already
+                os.kill(child_pid, signal.SIGKILL)
         if holder.poll() is None:
             os.killpg(holder.pid, signal.SIGKILL)
             holder.wait(30)

@@ -46,3 +46,60 @@ def test_make_bench_runs_every_benchmark_of_bench() -> None:
     scripts = {p.name for p in (REPO / "bench").glob("*.py")}
     assert scripts - run == set(), f"add to the Makefile's bench target: {sorted(scripts - run)}"
     assert run - scripts == set(), f"the bench target runs missing files: {sorted(run - scripts)}"
+
+
+def test_lock_chaos_summary_names_the_missed_target() -> None:
+    lc = bench("lock_chaos")
+    run = {
+        "label": "this checkout", "grants": 10, "kills": 1, "wedges": 1, "overlaps": 0,
+        "order_violations": 0, "exit_waits_live": 1, "handoff_p50_ms": 1.0,
+        "handoff_p99_ms": 5.0,
+    }  # fmt: skip
+    targets = lc.judge([run], "this checkout", None)
+    line = lc.summary([run], "this checkout", None, targets)
+    verdict = line.rsplit("; ", 2)[-2:]
+    assert verdict == [
+        "FAILED: 0 wedges, 0 exit waits begun on live processes",
+        "not judged: handoff p99 unchanged (no --base run)",
+    ], line
+
+
+def test_lock_chaos_audit_counts_what_it_says() -> None:
+    """The auditor on a made-up run: each rule once, and what each rule must not count."""
+    lc = bench("lock_chaos")
+
+    def ev(ts: float, kind: str, ticket: int, pid: int, **f: object) -> dict[str, object]:
+        return {"ts": ts, "event": kind, "ticket": ticket, "pid": pid, **f}
+
+    events = [
+        ev(0.0, "wait", 2, 12),
+        ev(0.1, "acquire", 1, 11),
+        ev(0.2, "wait", 3, 13),
+        ev(0.3, "acquire", 3, 13),  # ticket 2 still waits: an order violation
+        ev(0.4, "exit-wait", 4, 14, dead_ticket=3, dead_pid=13, dead_child_pid=None),  # live
+        ev(0.5, "exit-wait", 4, 14, dead_ticket=1, dead_pid=11, dead_child_pid=None),  # killed
+        ev(1.0, "acquire", 2, 12),
+        ev(4.0, "acquire", 4, 14),  # 3 s after the last grant, nothing stopped: a wedge
+        ev(6.0, "acquire", 5, 15),  # 2 s, but a SIGSTOP overlaps: not a wedge
+        ev(6.5, "wait", 6, 16),
+        ev(6.6, "acquire", 6, 16),
+    ]
+    holds = [
+        (0.1, "G", 1, 11),
+        (0.3, "G", 3, 13),  # 1 still holds: an overlap
+        (0.35, "R", 3, 13),
+        (1.0, "G", 2, 12),  # 1 was killed at 0.45: no overlap
+        (1.1, "R", 2, 12),
+        (4.0, "G", 4, 14),
+        (4.1, "R", 4, 14),
+        (6.0, "G", 5, 15),
+        (6.55, "R", 5, 15),  # ticket 6 waits: a handoff of 50 ms
+        (6.6, "G", 6, 16),
+    ]
+    did = lc.Signalled(kills=[(0.45, 11)], stops=[(4.5, 5.0, 17)])
+    r = lc.audit(events, holds, did, 0.0, 7.0)
+    assert (r["grants"], r["overlaps"], r["order_violations"]) == (6, 1, 1), r
+    assert (r["kills"], r["kills_holder"]) == (1, 1), r
+    assert r["wedge_list"] == [(1.0, 3.0)], r
+    assert (r["exit_waits"], r["exit_waits_live"]) == (2, 1), r
+    assert r["handoffs"] == 1 and abs(r["handoff_p50_ms"] - 50.0) < 1e-6, r

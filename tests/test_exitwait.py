@@ -1,8 +1,11 @@
-"""A dead holder's successor is granted only once the dead holder's processes have gone.
+"""A dead holder's successor is granted only once the dead holder's processes have gone, and
+only a process really on its way out is waited for.
 
-The rule is a table test; the waiting is driven by real processes that really die (SIGKILL),
-with NVML's listing the one stand-in (a probe function: there is no GPU here; a ``gpu``-marked
-test checks the real listing where there is one).
+The rules are table tests; the waiting is driven by real processes that really die (SIGKILL)
+or linger in their exit (``procs.IN_EXIT_PY``: a main thread gone, a last thread alive, as a
+GPU process is while its driver tears down), with NVML's listing the one stand-in (a probe
+function: there is no GPU here; a ``gpu``-marked test checks the real listing where there is
+one).
 """
 
 from __future__ import annotations
@@ -14,13 +17,17 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from cli_helpers import Cli, pid_alive, wait_until
+from procs import IN_EXIT_PY, World, in_exit
 
 from gpulock.core import identity
-from gpulock.lock import exitwait
+from gpulock.lock import exitwait, queuedir
+from gpulock.lock.exitwait import PF_EXITING, PF_SIGNALED, SIGKILL_MASK, ProcState
 from gpulock.lock.ticket import Ticket
 
 # --- the rule ---------------------------------------------------------------------------------
@@ -43,7 +50,56 @@ def test_decide(running: set[int], listed: set[int] | None, waited: float, state
     assert v.state == state, v
 
 
+@pytest.mark.parametrize(
+    ("state", "flags", "pending", "exiting"),
+    [
+        ("R", 0x400000, 0, False),  # running
+        ("S", 0x400000, 0, False),  # asleep (in a read, a poll...): alive all the same
+        ("T", 0x400000, 0, False),  # stopped: alive, and will go on when continued
+        ("D", 0x400000, 1 << 14, False),  # in the kernel, SIGTERM pending: it may catch it
+        ("D", 0x400000 | PF_EXITING, 0, True),  # inside its exit (a driver's teardown)
+        ("R", 0x400000 | PF_SIGNALED, 0, True),  # killed by a signal, dumping core
+        ("S", 0x400000, SIGKILL_MASK, True),  # SIGKILLed, not yet scheduled to die
+        ("Z", 0x40800C, 0, True),  # a zombie (its leader; threads may still run)
+        ("X", 0, 0, True),  # dead
+    ],
+)
+def test_in_exit(state: str, flags: int, pending: int, exiting: bool) -> None:
+    assert exitwait.in_exit(ProcState(state, flags, pending)) is exiting
+
+
+def test_proc_state_reads_this_process_and_refuses_a_reused_pid() -> None:
+    me = exitwait.proc_state(os.getpid(), identity.start_ticks(os.getpid()))
+    assert me is not None and me.state == "R" and not exitwait.in_exit(me)
+    assert exitwait.proc_state(os.getpid(), (identity.start_ticks(os.getpid()) or 0) + 1) is None
+
+
 # --- the watch, with real processes and a stand-in NVML listing --------------------------------
+
+
+@pytest.fixture
+def exiting(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A real process inside its exit that stays there until its stdin closes."""
+    script, ready = tmp_path / "in_exit.py", tmp_path / "in_exit.ready"
+    script.write_text(IN_EXIT_PY)
+    proc = subprocess.Popen([sys.executable, str(script), str(ready)], stdin=subprocess.PIPE)
+    try:
+        wait_until(lambda: ready.exists() and in_exit(proc.pid), "a process lingering in exit")
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def running() -> Iterator[subprocess.Popen[bytes]]:
+    """A real live process (it blocks reading its stdin)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=-1)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def ticket_of(pid: int) -> Ticket:
@@ -70,8 +126,10 @@ class Clock:
         return self.now
 
 
-def test_watch_waits_for_the_process_then_for_nvml_then_lets_go() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=-1)
+def test_watch_waits_for_the_process_then_for_nvml_then_lets_go(
+    exiting: subprocess.Popen[bytes],
+) -> None:
+    proc = exiting
     events: list[tuple[str, dict[str, Any]]] = []
     listed = {proc.pid}
     clock = Clock()
@@ -85,7 +143,8 @@ def test_watch_waits_for_the_process_then_for_nvml_then_lets_go() -> None:
         assert w.blocks(t)
         assert [k for k, _ in events] == ["exit-wait"]
         assert events[0][1]["dead_pid"] == proc.pid
-        assert poller.poll(0) == []  # the process runs: its pidfd is not readable
+        assert poller.poll(0) == []  # still exiting: its pidfd is not readable
+        assert w.blocks(t)  # looked at again: still waited for
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait()
@@ -99,12 +158,10 @@ def test_watch_waits_for_the_process_then_for_nvml_then_lets_go() -> None:
         assert [k for k, _ in events] == ["exit-wait"]  # announced once, no give-up
     finally:
         w.close()
-        proc.kill()
-        proc.wait()
 
 
-def test_watch_gives_up_after_exit_wait_with_an_event() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=-1)
+def test_watch_gives_up_after_exit_wait_with_an_event(exiting: subprocess.Popen[bytes]) -> None:
+    proc = exiting
     events: list[str] = []
     clock = Clock()
     w = exitwait.ExitWatch(
@@ -119,15 +176,13 @@ def test_watch_gives_up_after_exit_wait_with_an_event() -> None:
         assert events == ["exit-wait", "exit-wait-timeout"]
     finally:
         w.close()
-        proc.kill()
-        proc.wait()
 
 
-def test_a_reused_pid_is_not_waited_for() -> None:
-    t = ticket_of(os.getpid())
+def test_a_reused_pid_is_not_waited_for(exiting: subprocess.Popen[bytes]) -> None:
+    t = ticket_of(exiting.pid)
     other = dataclasses.replace(t, start_ticks=(t.start_ticks or 0) + 1)
     w = exitwait.ExitWatch(select.poll(), 10.0, lambda gpu: None, lambda k, **f: None)
-    assert not w.blocks(other)  # this pid runs, but it is not the recorded process
+    assert not w.blocks(other)  # this pid is exiting, but it is not the recorded process
     assert w.blocks(dataclasses.replace(t, seq=8))  # ...while the recorded one is waited for
     w.close()
 
@@ -137,6 +192,79 @@ def test_a_ticket_naming_another_users_process_is_not_waited_for() -> None:
     w = exitwait.ExitWatch(select.poll(), 10.0, lambda gpu: None, lambda k, **f: None)
     assert not w.blocks(t)
     w.close()
+
+
+def test_a_running_process_is_not_waited_for_and_an_event_says_so(
+    running: subprocess.Popen[bytes],
+) -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    poller = select.poll()
+    w = exitwait.ExitWatch(
+        poller, 10.0, lambda gpu: frozenset({running.pid}), lambda k, **f: events.append((k, f)),
+        tickets_of=lambda pid, ticks: [(1, 575)] if pid == running.pid else [],
+    )  # fmt: skip
+    t = ticket_of(running.pid)
+    try:
+        assert not w.blocks(t)  # alive (even listed by NVML): its successor goes on at once
+        [(kind, fields)] = events
+        assert kind == "exit-wait-alive", events
+        assert fields["dead_ticket"] == t.seq and fields["dead_pid"] == running.pid
+        [seen] = fields["alive"]
+        assert (seen["pid"], seen["tickets"]) == (running.pid, [(1, 575)]), fields
+        assert seen["state"] in "RS", fields  # starting up, or asleep in its read
+        assert "ticket 575 on gpu1" in fields["reason"] and fields["waited_s"] == 0
+        assert w.wake_at() == float("inf")
+        assert not w.blocks(t)  # and it stays let go: no second event
+        assert len(events) == 1
+        assert running.poll() is None
+    finally:
+        w.close()
+
+
+def test_a_wait_ends_the_moment_its_process_is_seen_running(
+    running: subprocess.Popen[bytes],
+) -> None:
+    """However a wait began (the kernel's word is injected here: a real process does not come
+    back from its exit), a look that finds the process running ends it with the event."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    clock = Clock()
+    word = [ProcState("D", PF_EXITING, 0)]
+    w = exitwait.ExitWatch(
+        select.poll(), 10.0, lambda gpu: None, lambda k, **f: events.append((k, f)),
+        clock=clock, state=lambda pid, ticks: word[0],
+    )  # fmt: skip
+    t = ticket_of(running.pid)
+    try:
+        assert w.blocks(t)
+        word[0] = ProcState("S", 0, 0)
+        clock.now += 0.5
+        assert not w.blocks(t)
+        assert [k for k, _ in events] == ["exit-wait", "exit-wait-alive"]
+        assert events[1][1]["waited_s"] == 0.5
+    finally:
+        w.close()
+
+
+def test_the_event_names_the_live_tickets_the_process_holds_in_any_line(world: World) -> None:
+    holder = world.hold("holder")  # alive, holding ticket 1 on gpu0
+    assert holder.seq is not None
+    events: list[tuple[str, dict[str, Any]]] = []
+    settings = world.settings()
+    w = exitwait.ExitWatch(
+        select.poll(), 10.0, lambda gpu: None, lambda k, **f: events.append((k, f)),
+        tickets_of=lambda pid, ticks: queuedir.tickets_of(settings, pid, ticks),
+    )  # fmt: skip
+    stale = dataclasses.replace(ticket_of(holder.pid), seq=holder.seq + 100)
+    try:
+        assert not w.blocks(stale)  # a ticket of its that looks dead: it is not waited for
+        [(kind, fields)] = events
+        assert kind == "exit-wait-alive"
+        assert fields["alive"][0]["tickets"] == [(0, holder.seq)], fields
+        assert f"it holds ticket {holder.seq} on gpu0" in fields["reason"], fields
+    finally:
+        w.close()
+        holder.release()
+        assert holder.wait_exit() == 0
 
 
 # --- the lock, end to end ------------------------------------------------------------------------
@@ -158,6 +286,35 @@ sys.stdin.read()
 
 
 def test_successor_of_a_dead_holder_starts_only_after_its_command_exits(cli: Cli) -> None:
+    script = cli.script("in_exit.py", IN_EXIT_PY)
+    ready = cli.root / "holder.ready"
+    holder = cli.start_run("holder", cmd=[sys.executable, str(script), str(ready)])
+    cli.wait_ready(holder, ready)
+    child_pid = wait_until(
+        lambda: (cli.entry("holder") or {}).get("child_pid"), "the holder's child_pid"
+    )
+    wait_until(lambda: in_exit(child_pid), "its command inside its exit")
+    successor = cli.start_run("successor", "--timeout", "60", cmd=["true"])
+    cli.wait_event("wait", name="successor")
+    os.kill(holder.pid, signal.SIGKILL)  # gpulock run alone: its command is still exiting
+    assert holder.wait() == -signal.SIGKILL
+    waiting = cli.wait_event("exit-wait", name="successor")
+    assert waiting["dead_child_pid"] == child_pid, waiting
+    # (the SIGKILLed owner may be named too: it may still have been in its exit at the look)
+    assert str(child_pid) in waiting["reason"] and "still exiting" in waiting["reason"], waiting
+    assert not cli.events("acquire", name="successor"), cli.describe()
+
+    ended_wall = time.time()
+    os.kill(child_pid, signal.SIGKILL)
+    assert successor.wait() == 0, successor.output()
+    granted = cli.events("acquire", name="successor")
+    assert len(granted) == 1 and granted[0]["ts"] >= ended_wall, cli.describe()
+    assert not cli.events("exit-wait-timeout"), cli.describe()
+    assert not cli.events("exit-wait-alive"), cli.describe()
+    assert not [f for f in cli.queue_files() if f.endswith(".ticket")], cli.describe()
+
+
+def test_a_dead_holders_command_that_runs_on_is_not_waited_for(cli: Cli) -> None:
     script = cli.script("drop_claim.py", DROP_CLAIM_PY)
     ready = cli.root / "holder.ready"
     holder = cli.start_run("holder", cmd=[sys.executable, str(script), str(ready)])
@@ -167,20 +324,17 @@ def test_successor_of_a_dead_holder_starts_only_after_its_command_exits(cli: Cli
     )
     successor = cli.start_run("successor", "--timeout", "60", cmd=["true"])
     cli.wait_event("wait", name="successor")
-    os.kill(holder.pid, signal.SIGKILL)  # gpulock run alone: its command lives on
+    os.kill(holder.pid, signal.SIGKILL)  # gpulock run alone: its command runs on
     assert holder.wait() == -signal.SIGKILL
-    waiting = cli.wait_event("exit-wait", name="successor")
-    assert waiting["dead_child_pid"] == child_pid, waiting
-    assert pid_alive(child_pid)
-    assert not cli.events("acquire", name="successor"), cli.describe()
-
-    ended_wall = time.time()
-    os.kill(child_pid, signal.SIGKILL)
     assert successor.wait() == 0, successor.output()
-    granted = cli.events("acquire", name="successor")
-    assert len(granted) == 1 and granted[0]["ts"] >= ended_wall, cli.describe()
-    assert not cli.events("exit-wait-timeout"), cli.describe()
-    assert not [f for f in cli.queue_files() if f.endswith(".ticket")], cli.describe()
+    assert pid_alive(child_pid)  # granted while the dead holder's command still runs...
+    [alive] = cli.events("exit-wait-alive", name="successor")
+    assert [a["pid"] for a in alive["alive"]] == [child_pid], alive  # ...and the log says why
+    assert alive["dead_child_pid"] == child_pid, alive
+    # The SIGKILLed owner itself may have been waited for a moment (it was in its exit at the
+    # look), its running command never.
+    waits = cli.events("exit-wait", name="successor")
+    assert not [w for w in waits if str(child_pid) in w["reason"]], cli.describe()
 
 
 def test_exit_wait_zero_grants_past_a_dead_holder_at_once(cli: Cli) -> None:
@@ -204,7 +358,7 @@ def test_exit_wait_zero_grants_past_a_dead_holder_at_once(cli: Cli) -> None:
 def test_exit_wait_that_runs_out_grants_with_an_event(cli: Cli) -> None:
     cfg = cli.root / "gpulock.yaml"
     cfg.write_text("exit_wait: 1s\n")
-    script = cli.script("drop_claim.py", DROP_CLAIM_PY)
+    script = cli.script("in_exit.py", IN_EXIT_PY)  # in its exit until the test ends
     ready = cli.root / "holder.ready"
     holder = cli.start_run("holder", cmd=[sys.executable, str(script), str(ready)])
     cli.wait_ready(holder, ready)

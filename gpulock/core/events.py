@@ -2,9 +2,9 @@
 
 Each line is one JSON object: ``{"ts": <epoch s>, "event": "<kind>", ...fields}``.  Kinds the
 lock writes: ``wait``, ``acquire``, ``release``, ``timeout``, ``leave``, ``stale``, ``cleanup``,
-``break``, ``kill``, ``exit-wait``, ``exit-wait-timeout``; the other parts add their own
-(``evict``, ``escalate``...): ``KINDS`` lists them all.  A line is written with one
-``write()`` on an ``O_APPEND`` descriptor, so lines from many processes never interleave.
+``break``, ``kill``, ``exit-wait``, ``exit-wait-alive``, ``exit-wait-timeout``; the other parts
+add their own (``evict``, ``escalate``...): ``KINDS`` lists them all.  A line is written with
+one ``write()`` on an ``O_APPEND`` descriptor, so lines from many processes never interleave.
 When the file passes ``max_bytes`` it is renamed to ``events.jsonl.1`` (one generation kept)
 under a short ``flock``, so two processes never rotate at once.  Readers skip lines they
 cannot parse.
@@ -42,6 +42,7 @@ KINDS: Mapping[str, str] = MappingProxyType(
         "break": "gpulock break removed a ticket or ended a holder",
         "kill": "a hung holder or a forced eviction signalled",
         "exit-wait": "a dead holder's processes are still exiting: the next one waits",
+        "exit-wait-alive": "a process the exit wait would wait for is running, not exiting: no wait",
         "exit-wait-timeout": "they did not exit within exit_wait: the next one goes on",
         "prefetch": "a waiter's files read into the page cache",
         # residents and tenants (gpulock.residents)

@@ -1,11 +1,12 @@
 """After a holder dies: hand its GPU on only once its processes have really gone.
 
 A holder that releases removes its ticket before it closes its claim, so a successor that
-finds no ticket knows the GPU was given back on purpose.  A holder that dies leaves its ticket
-behind, and the kernel closes the claim FIFO before the dying process has finished exiting (its
-other descriptors, the GPU driver's among them, close later; under ``gpulock run`` the command
-may still run after the owner died): on a real GPU the dead holder's memory is still allocated
-when its FIFO reports the death, and a successor granted at once can OOM.
+finds no ticket knows the GPU was given back on purpose (``QueueDir.look`` looks at the claim
+first, the ticket after, so a release is never read as a death).  A holder that dies leaves
+its ticket behind, and the kernel closes the claim FIFO before the dying process has finished
+exiting (its other descriptors, the GPU driver's among them, close later): on a real GPU the
+dead holder's memory is still allocated when its FIFO reports the death, and a successor
+granted at once can OOM.
 
 So a waiter that would be granted past a dead holder first waits, within ``exit_wait`` (config,
 default 10 s), until
@@ -17,8 +18,18 @@ default 10 s), until
   re-checked with a backoff (``NVML_FIRST_S`` doubling to ``NVML_MAX_S``), only while a
   dead holder's pids are still listed.
 
-``decide`` is the pure rule; ``ExitWatch`` the waiter's I/O around it.  The waiter writes an
-``exit-wait`` event when it starts waiting and ``exit-wait-timeout`` when it gives up.
+Only a process that is really exiting is waited for (``in_exit``): the kernel shows it a zombie
+(``Z``), dead (``X``), inside its exit (``PF_EXITING``), killed by a signal (``PF_SIGNALED``) or
+with SIGKILL pending.  A process that is running (a command that closed the claim it
+inherited and runs on, or any live process a ticket names) is not: it would keep its memory
+for as long as it likes, and waiting ``exit_wait`` for it stalls the whole line for nothing.
+Seen at the first look or at any later one, such a process is dropped from the wait at once,
+with an ``exit-wait-alive`` event naming it, its state and the live tickets it holds in any
+line.
+
+``decide`` and ``in_exit`` are the pure rules; ``ExitWatch`` the waiter's I/O around them.  The
+waiter writes an ``exit-wait`` event when it starts waiting, ``exit-wait-alive`` when a process
+is not (or no longer) waited for because it runs, and ``exit-wait-timeout`` when it gives up.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from __future__ import annotations
 import math
 import os
 import select
+import signal
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -36,6 +48,9 @@ from gpulock.lock.ticket import Ticket
 
 NVML_FIRST_S = 0.05  # the driver frees a dead context's memory within milliseconds...
 NVML_MAX_S = 1.0  # ...but a loaded machine may take longer: back off to once a second
+PF_EXITING = 0x4  # the task's flags (include/linux/sched.h): inside do_exit...
+PF_SIGNALED = 0x400  # ...or killed by a signal (set before a core dump and the exit)
+SIGKILL_MASK = 1 << (signal.SIGKILL - 1)  # a SIGKILL pending: not yet taken, but it will be
 
 
 class Poller(Protocol):
@@ -47,6 +62,8 @@ class Poller(Protocol):
 
 
 GpuPids = Callable[[int], "frozenset[int] | None"]  # gpu -> pids NVML lists; None: unknown
+# (pid, start ticks) -> the live tickets that process holds, as (gpu, seq), in every line
+TicketsOf = Callable[[int, "int | None"], "list[tuple[int, int]]"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +94,47 @@ def decide(
     if waited_s >= limit_s:
         return Verdict("give-up", f"{why} after {waited_s:.1f} s (exit_wait {limit_s:g} s)")
     return Verdict("wait", why)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcState:
+    """One process as the kernel shows it (``/proc/<pid>/stat`` and ``/proc/<pid>/status``)."""
+
+    state: str  # one letter: R running, S sleeping, D disk sleep, T stopped, Z zombie, X dead
+    flags: int  # the task's PF_* flags
+    pending: int  # the signals pending for it and for its thread group, as a mask
+
+
+def in_exit(p: ProcState) -> bool:
+    """The rule: is this process on its way out (then its successor waits), or running?"""
+    return (
+        p.state in ("Z", "X")
+        or bool(p.flags & (PF_EXITING | PF_SIGNALED))
+        or bool(p.pending & SIGKILL_MASK)
+    )
+
+
+def proc_state(pid: int, ticks: int | None) -> ProcState | None:
+    """How the kernel shows ``pid`` now; None if it is gone, or its pid now names another
+    process (``ticks``: the recorded start time)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        fields = data[data.rfind(b")") + 2 :].split()  # comm may hold spaces and ')'
+        state, flags, started = fields[0].decode(), int(fields[6]), int(fields[19])
+    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return None
+    if started != ticks:
+        return None
+    pending = 0
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith((b"SigPnd:", b"ShdPnd:")):
+                    pending |= int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        pass  # no word on pending signals: the state and flags still say
+    return ProcState(state, flags, pending)
 
 
 def processes(t: Ticket) -> dict[int, int | None]:
@@ -135,6 +193,7 @@ class _Dead:
     listed: frozenset[int] | None = None  # its pids NVML listed at the last look
     nvml_next: float = 0.0  # monotonic: when to ask NVML again
     nvml_every: float = NVML_FIRST_S
+    running: set[int] = field(default_factory=set)  # its pids seen running: not waited for
     announced: bool = False
     done: bool = False
 
@@ -150,12 +209,16 @@ class ExitWatch:
         emit: Callable[..., None],
         *,
         clock: Callable[[], float] = time.monotonic,
+        state: Callable[[int, int | None], ProcState | None] = proc_state,
+        tickets_of: TicketsOf | None = None,
     ) -> None:
         self.poller = poller
         self.limit_s = limit_s
         self.gpu_pids = gpu_pids
         self.emit = emit
         self.clock = clock
+        self.state = state
+        self.tickets_of = tickets_of
         self.dead: dict[int, _Dead] = {}  # seq -> its state
         self.fds: dict[int, tuple[int, int]] = {}  # pidfd -> (seq, pid)
 
@@ -177,14 +240,16 @@ class ExitWatch:
             return False
         for fd in [fd for fd in d.pidfds.values() if exited(fd)]:
             self.on_ready(fd)
+        fields = {"dead_ticket": t.seq, "dead_pid": t.pid, "dead_child_pid": t.child_pid}
+        self._drop_running(d, now, fields)
         if not d.pidfds and now >= d.nvml_next:  # exited: does the driver agree yet?
             on_gpu = self.gpu_pids(t.gpu)
-            d.listed = None if on_gpu is None else on_gpu & frozenset(processes(t))
+            gone = frozenset(processes(t)) - d.running
+            d.listed = None if on_gpu is None else on_gpu & gone
             d.nvml_next = now + d.nvml_every
             d.nvml_every = min(d.nvml_every * 2, NVML_MAX_S)
         listed = d.listed if not d.pidfds else None
         v = decide(set(d.pidfds), listed, now - d.since, self.limit_s)
-        fields = {"dead_ticket": t.seq, "dead_pid": t.pid, "dead_child_pid": t.child_pid}
         if v.state == "wait":
             if not d.announced:
                 d.announced = True
@@ -194,6 +259,37 @@ class ExitWatch:
             self.emit("exit-wait-timeout", **fields, reason=v.reason, waited_s=now - d.since)
         self._finish(d)
         return False
+
+    def _drop_running(self, d: _Dead, now: float, fields: dict[str, int | None]) -> None:
+        """Stop waiting for the processes of ``d`` that are not exiting, with an event."""
+        ticks = processes(d.ticket)
+        running: dict[int, ProcState] = {}
+        for pid, fd in list(d.pidfds.items()):
+            seen = self.state(pid, ticks.get(pid))
+            if seen is None:  # gone since the pidfd was polled (or its pid reused)
+                self.on_ready(fd)
+            elif not in_exit(seen):
+                running[pid] = seen
+                self.on_ready(fd)  # not waited for: it may run for as long as it likes
+        if not running:
+            return
+        d.running.update(running)
+        alive: list[dict[str, object]] = []
+        whys: list[str] = []
+        for pid, seen in sorted(running.items()):
+            held = self.tickets_of(pid, ticks.get(pid)) if self.tickets_of is not None else []
+            alive.append({"pid": pid, "state": seen.state, "tickets": held})
+            why = f"pid {pid} is running (state {seen.state}), not exiting"
+            if held:
+                why += "; it holds " + ", ".join(f"ticket {q} on gpu{g}" for g, q in held)
+            whys.append(why)
+        self.emit(
+            "exit-wait-alive",
+            **fields,
+            alive=alive,
+            reason="; ".join(whys) + ": not waited for",
+            waited_s=round(now - d.since, 6),
+        )
 
     def on_ready(self, fd: int) -> bool:
         """A readable descriptor: if it is one of our pidfds, its process exited."""

@@ -49,6 +49,7 @@ from gpulock.lock import prefetch as prefetch_mod
 from gpulock.lock.exitwait import Poller
 from gpulock.lock.queuedir import QueueDir, owner_fds, unlink_quietly
 from gpulock.lock.room import Room, require
+from gpulock.lock.steps import pause
 from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
 from gpulock.lock.waiter import Waiter
 
@@ -167,14 +168,18 @@ class Lease:
             return
         seq = self._ticket.seq
         try:
+            pause("release-ticket")  # (test hooks: gpulock.lock.steps)
             unlink_quietly(self._qdir.ticket_path(seq))  # new scans no longer see it...
             now_w = time.time()
             # ...the FIFO goes while we still hold it, so a FIFO without a ticket that nobody
             # holds is always debris (see gpulock.lock.queuedir), never a release in progress...
+            pause("release-fifo")
             unlink_quietly(self._qdir.fifo_path(seq))
         finally:
             owner_fds.discard(fd)
+            pause("release-close")
             os.close(fd)  # ...and this wakes whoever watches it: the handoff happens here
+            pause("release-done")
         granted = self._ticket.granted_wall
         self.settings.emit(
             "release",

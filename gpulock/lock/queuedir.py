@@ -29,6 +29,7 @@ from gpulock.core import claim
 from gpulock.core.errors import LockTimeout, StateDirError
 from gpulock.core.settings import Settings
 from gpulock.core.state import atomic_write, open_regular
+from gpulock.lock.steps import pause
 from gpulock.lock.ticket import (
     Ticket,
     TicketFormatError,
@@ -106,6 +107,33 @@ class QueueDir:
             return claim.watch(self.fifo_path(seq))
         except claim.NotAClaim as e:
             raise TicketFormatError(str(e)) from None
+
+    def look(self, seq: int) -> tuple[TicketFile, int | None] | None:
+        """The ticket and a watch on its claim: None if the ticket is gone (released, left,
+        removed); (ticket, fd) while its owner holds it; (ticket, None) once its owner died.
+        TicketFormatError for garbage.
+
+        The claim is looked at first, the ticket file after.  A release removes the ticket
+        *before* it lets go of the claim (``Lease.release``), so a claim seen gone is a death
+        only if the ticket is still there when read after that: read in the other order, a
+        release between the two looks (a successor rung at a grant looks just as a brief
+        holder releases) was taken for a death and began an exit wait on a live process.
+        """
+        pause("look-first")
+        fd = self.watch(seq)
+        pause("look-second")
+        try:
+            tf = self.read(seq)
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
+        pause("look-done")
+        if tf is None:
+            if fd is not None:
+                os.close(fd)  # released (or left) just after we saw it held
+            return None
+        return tf, fd
 
     def alive(self, seq: int) -> bool:
         return claim.held(self.fifo_path(seq))
@@ -316,6 +344,19 @@ def holder_pids(settings: Settings) -> set[int]:
             if t.child_pid is not None:
                 pids.add(t.child_pid)
     return pids
+
+
+def tickets_of(settings: Settings, pid: int, ticks: int | None) -> list[tuple[int, int]]:
+    """The live tickets (its claim held) of process ``pid`` started at ``ticks``, in every
+    line: (gpu, seq).  Reads every ticket: for evidence in rare events, not for a hot path."""
+    out = []
+    for gpu in queue_gpus(settings):
+        q = QueueDir(settings, gpu, create=False)
+        for seq, tf, _why in q.scan():
+            t = None if tf is None else tf.ticket
+            if t is not None and t.pid == pid and t.start_ticks == ticks and q.alive(seq):
+                out.append((gpu, seq))
+    return out
 
 
 def open_seq(path: Path, mode: int) -> int:

@@ -27,7 +27,7 @@ from gpulock.core.settings import Settings
 from gpulock.core.state import atomic_write
 from gpulock.lock import exitwait, queue, sigwake
 from gpulock.lock.exitwait import Poller
-from gpulock.lock.queuedir import QueueDir, TicketFile
+from gpulock.lock.queuedir import QueueDir, TicketFile, tickets_of
 from gpulock.lock.room import Kept, Request, Room, calls_of, require
 from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
 
@@ -87,6 +87,7 @@ class Waiter:
             settings.config.exit_wait_s,
             lambda gpu: devices.gpu_pids(gpu, settings.config),
             lambda kind, **f: settings.emit(kind, **event_fields(me), **f),
+            tickets_of=lambda pid, ticks: tickets_of(settings, pid, ticks),
         )
         self.exit_blockers: list[int] = []  # their sequence numbers, from the last scan
         self.rescan = True  # look at the queue on the next step
@@ -236,13 +237,13 @@ class Waiter:
         self.exit_blockers = []
         for seq in reversed(self.ahead_seqs):
             try:
-                tf = self.qdir.read(seq)
-                if tf is None:
-                    gone.add(seq)
-                    continue
-                fd = self.qdir.watch(seq)
+                seen = self.qdir.look(seq)
             except TicketFormatError:
                 continue  # garbage is skipped: it never holds the GPU
+            if seen is None:
+                gone.add(seq)
+                continue
+            tf, fd = seen
             if fd is None:
                 if tf.ticket.holding and self.exits.blocks(tf.ticket):
                     self.exit_blockers.append(seq)  # cleaned once its processes are gone
