@@ -211,7 +211,7 @@ def make_room(
         for r in records
         if r.gpu == gpu and (r.pid != exclude_pid or r.tenant is not None) and r.id not in keep_ids
     ]
-    victims, whys = victim_order(settings, cands, gpu)
+    victims, whys = victim_order(settings, cands, gpu, room_bytes=short)
     deadline = time.monotonic() + timeout_s  # for all of them: the waiter has a deadline
     silent: set[str] = set()  # owners that did not answer are not asked again
     results = []
@@ -256,12 +256,13 @@ def today_key(r: Record) -> tuple[bool, float]:
 
 
 def victim_order(
-    settings: Settings, records: list[Record], gpu: int
+    settings: Settings, records: list[Record], gpu: int, *, room_bytes: int | None = None
 ) -> tuple[list[Record], list[dict[str, Any]]]:
     """Idle, unpinned ``records`` in the order to evict them (``eviction.policy``: by foresight,
     ``gpulock.core.foresight``, or least recently used), each with why it is there: the
     ``evict`` event's ``policy``, ``next_use_s``, ``next_use_source``, ``reload_s`` and the
-    ``runner_up``."""
+    ``runner_up``.  ``room_bytes``: the bytes to free, when known (foresight then puts the
+    cheapest set that frees them first)."""
     from gpulock.core import foresight
 
     policy = foresight.policy_of(settings.config)
@@ -271,7 +272,10 @@ def victim_order(
         from gpulock.residents.foresight_inputs import gather, model_key
 
         fc = gather(settings, cands, [gpu])
-        order = foresight.order(cands, model=model_key, today=today_key, forecast=fc)
+        order = foresight.order(
+            cands, model=model_key, today=today_key, forecast=fc, room_bytes=room_bytes,
+            size=lambda r: r.bytes,
+        )  # fmt: skip
     else:
         order = sorted(cands, key=today_key)
     whys: list[dict[str, Any]] = []
