@@ -116,6 +116,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/serve.py
 	$(BIN)/python bench/serve_abuse.py
 	$(BIN)/python bench/prefetch.py
+	$(BIN)/python bench/replay.py
 	$(BIN)/python bench/cluster.py
 
 clean:

@@ -44,6 +44,7 @@ KEEP_LOADS: Final = 16  # load times kept per model
 CRON_D: Final = Path("/etc/cron.d")
 CRON_CACHE_S: Final = 60.0  # the crontab changes rarely; `crontab -l` is a process per read
 _cron_cache: dict[str, tuple[float, list[tuple[str, cronexpr.Cron]]]] = {}
+_entries_cache: dict[str, tuple[float, list[tuple[str, cronexpr.Cron, str]]]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,7 +382,21 @@ def fleet_jobs(file: str, now_wall: float) -> list[tuple[str, cronexpr.Cron]]:
 
 def cron_jobs(now_wall: float) -> list[tuple[str, cronexpr.Cron]]:
     """(agent name, schedule) of the readable crontab lines that call gpulock; cached a minute."""
-    hit = _cron_cache.get("jobs")
+    return [(name, cron) for name, cron, _line in cron_entries(now_wall)]
+
+
+def cron_lines(now_wall: float) -> dict[str, list[str]]:
+    """The readable crontab lines that run each gpulock agent, as written: what ``gpulock
+    replay --target-wait`` shows beside two agents that stand in each other's way."""
+    out: dict[str, list[str]] = {}
+    for name, _cron, line in cron_entries(now_wall):
+        out.setdefault(name, []).append(line)
+    return out
+
+
+def cron_entries(now_wall: float) -> list[tuple[str, cronexpr.Cron, str]]:
+    """(agent name, schedule, the line) of ``crontab -l`` and /etc/cron.d; cached a minute."""
+    hit = _entries_cache.get("jobs")
     if hit is not None and now_wall - hit[0] < CRON_CACHE_S:
         return hit[1]
     texts: list[tuple[str, bool]] = []  # (text, has a user field)
@@ -401,13 +416,18 @@ def cron_jobs(now_wall: float) -> list[tuple[str, cronexpr.Cron]]:
                 continue
     except OSError:
         pass
-    jobs = [job for text, system in texts for job in crontab_jobs(text, system=system)]
-    _cron_cache["jobs"] = (now_wall, jobs)
+    jobs = [job for text, system in texts for job in crontab_entries(text, system=system)]
+    _entries_cache["jobs"] = (now_wall, jobs)
     return jobs
 
 
 def crontab_jobs(text: str, *, system: bool = False) -> list[tuple[str, cronexpr.Cron]]:
     """Lines of a crontab (``system``: /etc/cron.d, with a user field) that call gpulock."""
+    return [(name, cron) for name, cron, _line in crontab_entries(text, system=system)]
+
+
+def crontab_entries(text: str, *, system: bool = False) -> list[tuple[str, cronexpr.Cron, str]]:
+    """``crontab_jobs`` with each line as written."""
     out = []
     for raw in text.splitlines():
         line = raw.strip()
@@ -426,7 +446,7 @@ def crontab_jobs(text: str, *, system: bool = False) -> list[tuple[str, cronexpr
         if name is None:
             continue
         try:
-            out.append((name, cronexpr.parse(sched)))
+            out.append((name, cronexpr.parse(sched), line))
         except ValueError:
             continue
     return out
