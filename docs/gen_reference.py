@@ -292,6 +292,13 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(("metrics",), "gpulock.metrics.config", {"metrics": "KEYS"}, "../metrics.md"),
     Section(("eviction",), "gpulock.core.foresight", {"eviction": "KEYS"}, "../foresight.md"),
+    Section(
+        ("prewarm",),
+        "gpulock.core.prewarm",
+        {"prewarm": "DEFAULTS"},
+        "../foresight.md#warm-before-use",
+        "DEFAULTS",
+    ),
     Section(("agents",), "gpulock.agents.registry", {"agents": "CONFIG_KEYS"}, "../agents.md"),
 )
 

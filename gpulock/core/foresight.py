@@ -480,8 +480,9 @@ def order(
     used...), the whole order under ``lru`` or without a forecast, the tie-break otherwise.
     Pinned and in-use items are never returned.
 
-    ``room_bytes`` (with ``size``): the bytes to free, when known.  Then the cheapest set of
-    victims that frees them (``gpulock.core.cover``) comes first, the others after it.
+    ``room_bytes`` (with ``size``): the bytes to free, when known.  Then, after the models
+    nobody is expected to use, the cheapest set of victims that frees the rest
+    (``gpulock.core.cover``) comes first, the others after it.
     """
     cands = [x for x in items if not pinned(x) and not in_use(x)]
     if policy == "lru" or forecast is None:
@@ -491,13 +492,20 @@ def order(
         return ranked
     from gpulock.core import cover
 
+    # Models nobody is expected to use go first, in today's order (cold-start first): the
+    # cheapest cover is for what they leave short.
+    never = [x for x in ranked if forecast.distance(model(x)) is None]
+    known = ranked[len(never) :]
+    short = room_bytes - sum(size(x) or 0 for x in never)
+    if short <= 0 or len(known) < 2:
+        return ranked
     found = cover.cheapest(
-        [cover.Candidate(size(x) or 0, forecast.rate(model(x))) for x in ranked], room_bytes
+        [cover.Candidate(size(x) or 0, forecast.rate(model(x))) for x in known], short
     )
     if found is None:
         return ranked
-    first = [ranked[i] for i in found]
-    return first + [x for i, x in enumerate(ranked) if i not in set(found)]
+    chosen = set(found)
+    return never + [known[i] for i in found] + [x for i, x in enumerate(known) if i not in chosen]
 
 
 def policy_of(config: ConfigLike) -> str:

@@ -278,11 +278,22 @@ def victim_order(
         )  # fmt: skip
     else:
         order = sorted(cands, key=today_key)
+    # A model a pre-warm loaded ahead, not used since, is the first to go: a guess gives way
+    # to any real need (a ticket's own models are not candidates: make_room keeps them).
+    ahead: dict[str, float] = {}
+    if any(r.tenant is not None for r in order):
+        from gpulock.residents.prewarm import loaded_ahead
+
+        ahead = loaded_ahead(settings)
+    if ahead:
+        order = [r for r in order if r.id in ahead] + [r for r in order if r.id not in ahead]
     whys: list[dict[str, Any]] = []
     for i, r in enumerate(order):
         why: dict[str, Any] = {"policy": policy}
         if fc is not None:
             why.update(fc.why(r.name))
+        if r.id in ahead:
+            why["prewarm"] = "loaded ahead, not used yet: undone first"
         why["runner_up"] = order[i + 1].id if i + 1 < len(order) else None
         whys.append(why)
     return order, whys

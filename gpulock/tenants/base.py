@@ -76,8 +76,12 @@ class Adapter:
         """Ask the server to free ``model``; returns what it answered, in words."""
         raise NotImplementedError
 
-    def load(self, model: str, *, timeout_s: float = 120.0) -> None:
-        """Ask the server to load ``model`` (TenantError when this kind cannot)."""
+    def load(
+        self, model: str, *, timeout_s: float = 120.0, keep_alive_s: float | None = None
+    ) -> None:
+        """Ask the server to load ``model`` (TenantError when this kind cannot).
+        ``keep_alive_s``: how long to keep it loaded after, where the server takes a word on
+        it (Ollama; a pre-warm asks for its predicted use and a margin)."""
         raise NotImplementedError
 
     def health(self) -> str | None:

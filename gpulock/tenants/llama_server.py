@@ -145,5 +145,7 @@ class LlamaServerAdapter(Adapter):
             raise TenantHttpError(f"POST /models/unload: refused: {reply}")
         return "unload accepted (the child exits after)"
 
-    def load(self, model: str, *, timeout_s: float = 120.0) -> None:
+    def load(
+        self, model: str, *, timeout_s: float = 120.0, keep_alive_s: float | None = None
+    ) -> None:
         self.client.post("/models/load", {"model": model}, timeout_s=timeout_s)
