@@ -467,11 +467,11 @@ def published(settings: Settings, now_wall: float | None = None) -> dict[str, An
     recent = (
         isinstance(updated, int | float) and isinstance(lead, int | float) and now - updated <= lead
     )
-    fresh = (live or recent) and isinstance(waiting, list)
+    news = waiting if (live or recent) and isinstance(waiting, list) else []
     return {
         "updated_wall": updated,
         "entries": keep,
-        "waiting": [e for e in waiting if isinstance(e, dict)] if fresh else [],
+        "waiting": [e for e in news if isinstance(e, dict)],
     }
 
 
