@@ -283,3 +283,29 @@ def test_status_and_a_cron_governor_keep_a_load_ahead_after_the_pass_exits(
         assert list(loaded_ahead(settings)) == ["ollama/qwen"]  # its pass has exited
     finally:
         srv.stop()
+
+
+def test_a_real_llama_server_router_loads_a_model_ahead(tmp_path: Path) -> None:
+    from llama_router import LlamaRouter
+
+    from gpulock.router.tiny_model import ensure_tiny_llama
+
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "tiny-a.gguf").write_bytes(ensure_tiny_llama(tmp_path / "tiny").read_bytes())
+    router = LlamaRouter(models, tmp_path / "llama-server.log").start()
+    try:
+        tenants = [{"name": "llama", "kind": "llama-server", "url": router.url}]
+        settings = settings_for(tmp_path, tenants)
+        evs = past_events(time.time(), "tiny-a", tenant="llama")
+        for e in evs:  # a tiny model: its size as the router reported it when it last ran
+            if e["event"] == "resident":
+                e["declared_bytes"] = 16 * MiB
+        write_events(settings.state_dir, evs)
+        assert router.states()["tiny-a"] == "unloaded"
+        Governor(settings, GovernorConfig()).once()
+        assert router.states()["tiny-a"] == "loaded"  # listed loaded before the event
+        (ev,) = prewarms(settings.state_dir)
+        assert (ev["how"], ev["outcome"], ev["tenant"]) == ("load", "loaded", "llama")
+    finally:
+        router.stop()

@@ -49,6 +49,7 @@ CHUNK_BYTES: Final = 8 << 20
 LOAD_TIMEOUT_S: Final = 600.0  # a server's load of a large model from a cold disk
 KEEP_ALIVE_AFTER_S: Final = 300.0  # Ollama keeps a model loaded ahead this long past its use
 PUBLISH_EVERY_S: Final = 1.0
+LIST_EVERY_S: Final = 0.1  # how often a load ahead looks whether the server lists it loaded
 
 
 @dataclass(slots=True)
@@ -285,11 +286,27 @@ class Prewarmer:
             adapter = make(spec, self.settings, timeout_s=LOAD_TIMEOUT_S)
             keep = max(w.next_use_wall - self.clock(), 0.0) + KEEP_ALIVE_AFTER_S
             adapter.load(w.model, timeout_s=LOAD_TIMEOUT_S, keep_alive_s=keep)
+            # Some servers answer before the model is in (llama-server's router starts a
+            # child): it is loaded when its listing says so, as an eviction is verified.
+            deadline = time.monotonic() + LOAD_TIMEOUT_S
+            while not self._listed(adapter, w.model):
+                if time.monotonic() > deadline or self._stop.wait(LIST_EVERY_S):
+                    self._end(job, "failed", "never listed as loaded", start)
+                    return
         except GpulockError as e:  # TenantError: a server that is down or refuses
             self._end(job, "failed", str(e)[:300], start)
             return
         job.bytes_total = job.bytes_done = w.bytes or 0
         self._end(job, "loaded", None, start)
+
+    @staticmethod
+    def _listed(adapter: Any, model: str) -> bool:
+        """Whether the tenant lists ``model`` as loaded (a listing that fails: not yet)."""
+        try:
+            seen = adapter.list()
+        except GpulockError:
+            return False
+        return any(m.name == model and m.state == "loaded" for m in seen.models)
 
     def _end(self, job: _Job, outcome: str, reason: str | None, start: float) -> None:
         w = job.warm
