@@ -90,9 +90,10 @@ def test_a_load_ahead_needs_an_idle_gpu_and_free_memory_and_never_evicts() -> No
     c = cand("qwen", 60, tenant="ollama", gpu=0, bytes=4 * GiB, path="/m/q", file_bytes=GiB)
     free = {0: 10 * GiB}
     warms, _ = pw.plan([c], world(gpu_free_bytes=free), OPTS)
-    # the server reads its file itself: no page-cache pass besides
+    # and its file beside it: a server that maps its file reads it on the first request
     assert [(w.model, w.how, w.tenant, w.gpu, w.bytes) for w in warms] == [
-        ("qwen", "load", "ollama", 0, 4 * GiB)
+        ("qwen", "load", "ollama", 0, 4 * GiB),
+        ("qwen", "page-cache", None, 0, GiB),
     ]
     _, skips = pw.plan([c], world(gpu_free_bytes={0: 3 * GiB}), OPTS)
     assert skips[0].reason.startswith("not enough free GPU memory")
@@ -307,5 +308,10 @@ def test_a_real_llama_server_router_loads_a_model_ahead(tmp_path: Path) -> None:
         assert router.states()["tiny-a"] == "loaded"  # listed loaded before the event
         (ev,) = prewarms(settings.state_dir)
         assert (ev["how"], ev["outcome"], ev["tenant"]) == ("load", "loaded", "llama")
+        # the router names the model's file: the next pre-warm reads it into the page cache too
+        Governor(settings, GovernorConfig()).once()
+        seen = [e for e in events.read(settings.state_dir)
+                if e["event"] == "resident" and e.get("tenant") == "llama"]  # fmt: skip
+        assert seen and seen[-1]["path"] == str(models / "tiny-a.gguf")
     finally:
         router.stop()

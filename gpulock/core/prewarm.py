@@ -13,7 +13,9 @@ session), ``plan`` returns what to do ahead of time, soonest use first:
   needed before this one.  One file at a time.
 * **load**: ask the tenant that will serve the job (the one its past calls went to) to load the
   model, when that GPU is idle (no ticket holds or waits on it) and its free memory less the
-  reserve holds the model's known size: a pre-warm never evicts anything.  One load at a time.
+  reserve holds the model's known size: a pre-warm never evicts anything.  One load at a time;
+  its file is read into the page cache beside it where known (a llama.cpp server maps its file
+  and reads it on the first request, not at the load).
 
 Both yield: a page-cache read stops between chunks when a ticket appears; a load ahead is the
 first victim when room is needed, until its job has used it (``gpulock.residents.eviction``).
@@ -201,12 +203,14 @@ def plan(cands: Sequence[Candidate], world: World, opts: Options) -> tuple[list[
         at = nu.at_wall or world.now_wall
         if c.tenant is not None:
             why = _load_problem(c, world, loading)
-            if why is None:  # the server reads the file itself: no page-cache pass besides
+            if why is None:
                 loading = True
                 out.append(Warm(c.model, "load", at, nu.source, nu.label, nu.confidence,
                                 tenant=c.tenant, gpu=c.gpu, bytes=c.bytes))  # fmt: skip
-                continue
-            skips.append(Skip(c.model, "load", why))
+            else:
+                skips.append(Skip(c.model, "load", why))
+        # The file too, where it is known, even beside a load ahead: a server that maps its
+        # file (llama.cpp's mmap, the default) reads it on the first request, not at the load.
         if c.path is not None and c.file_bytes:
             why = _page_cache_problem(c, world, opts, held_sooner, reading)
             if why is None:

@@ -207,7 +207,8 @@ def past_of(events: Iterable[dict[str, Any]]) -> Past:
             if tenant is not None:
                 size = e.get("declared_bytes")
                 b = size if isinstance(size, int) and size > 0 else None
-                at(e["name"], Where(tenant=tenant, gpu=gpu, bytes=b))
+                path = e.get("path") if isinstance(e.get("path"), str) else None
+                at(e["name"], Where(path=path, tenant=tenant, gpu=gpu, bytes=b))
         elif kind == "model-load" and isinstance(e.get("model"), str):
             uses.append(fs.Use(e["model"], float(ts)))
             load_s, size = e.get("load_s"), e.get("need_bytes")

@@ -293,6 +293,8 @@ class Prewarmer:
                 if time.monotonic() > deadline or self._stop.wait(LIST_EVERY_S):
                     self._end(job, "failed", "never listed as loaded", start)
                     return
+            if not busy_gpus(self.settings):  # its first request, ahead: never beside a job
+                adapter.warm_up(w.model, timeout_s=LOAD_TIMEOUT_S)
         except GpulockError as e:  # TenantError: a server that is down or refuses
             self._end(job, "failed", str(e)[:300], start)
             return
