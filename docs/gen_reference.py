@@ -161,7 +161,7 @@ def _md_code(text: str) -> str:
 
 
 def _title(page: str) -> str:
-    return PAGE_TITLES.get(page.rsplit("/", 1)[-1], page)
+    return PAGE_TITLES.get(page.rsplit("/", 1)[-1].split("#")[0], page)
 
 
 PAGE_TITLES: Mapping[str, str] = {
@@ -176,7 +176,7 @@ PAGE_TITLES: Mapping[str, str] = {
     "serve.md": "Serve: the HTTP API",
     "cluster.md": "Cluster: several hosts as one pool",
     "prefetch.md": "Cold starts",
-    "foresight.md": "Foresight: evict the model needed last",
+    "foresight.md": "Foresight: evict the model needed last, warm the one needed next",
 }
 
 
