@@ -308,7 +308,7 @@ def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, 
 def prewarm_entry(settings: Settings) -> dict[str, Any] | None:
     """What the governor is warming ahead of its predicted use, and why; None when nothing
     (``gpulock.residents.prewarm``)."""
-    from gpulock.residents.prewarm import published
+    from gpulock.residents.prewarm_state import published
 
     doc = published(settings)
     if doc is None or not (doc["entries"] or doc["waiting"]):

@@ -29,7 +29,8 @@ from gpulock.core.settings import load
 from gpulock.governor.daemon import Governor
 from gpulock.governor.model import GovernorConfig
 from gpulock.residents import eviction
-from gpulock.residents.prewarm import Prewarmer, loaded_ahead
+from gpulock.residents.prewarm import Prewarmer
+from gpulock.residents.prewarm_state import loaded_ahead
 
 GiB = 1024**3
 MiB = 1024**2

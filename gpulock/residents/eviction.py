@@ -282,7 +282,7 @@ def victim_order(
     # to any real need (a ticket's own models are not candidates: make_room keeps them).
     ahead: dict[str, float] = {}
     if any(r.tenant is not None for r in order):
-        from gpulock.residents.prewarm import loaded_ahead
+        from gpulock.residents.prewarm_state import loaded_ahead
 
         ahead = loaded_ahead(settings)
     if ahead:
