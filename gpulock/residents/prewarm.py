@@ -362,7 +362,8 @@ class Prewarmer:
 
     def _disk_busy(self, cands: list[pw.Candidate]) -> float | None:
         """How busy the disk of the soonest file to warm was since the last look."""
-        first = next((c for c in cands if c.path is not None), None)
+        files = [c for c in cands if c.path is not None and c.next_use.at_wall is not None]
+        first = min(files, key=lambda c: c.next_use.at_wall or 0.0, default=None)
         if first is None or first.path is None:
             return None
         try:
