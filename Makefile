@@ -117,6 +117,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/serve.py
 	$(BIN)/python bench/serve_abuse.py
 	$(BIN)/python bench/prefetch.py
+	$(BIN)/python bench/replay.py
+	$(BIN)/python bench/prewarm.py
 	$(BIN)/python bench/cluster.py
 	$(BIN)/python bench/pool.py
 	$(BIN)/python bench/replay.py

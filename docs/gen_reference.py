@@ -165,7 +165,7 @@ def _md_code(text: str) -> str:
 
 
 def _title(page: str) -> str:
-    return PAGE_TITLES.get(page.rsplit("/", 1)[-1], page)
+    return PAGE_TITLES.get(page.rsplit("/", 1)[-1].split("#")[0], page)
 
 
 PAGE_TITLES: Mapping[str, str] = {
@@ -180,7 +180,7 @@ PAGE_TITLES: Mapping[str, str] = {
     "serve.md": "Serve: the HTTP API",
     "cluster.md": "Cluster: several hosts as one pool",
     "prefetch.md": "Cold starts",
-    "foresight.md": "Foresight: evict the model needed last",
+    "foresight.md": "Foresight: evict the model needed last, warm the one needed next",
     "configuration.md": "Configuration guide",
     "getting-started.md": "Getting started",
 }
@@ -298,6 +298,13 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(("metrics",), "gpulock.metrics.config", {"metrics": "KEYS"}, "../metrics.md"),
     Section(("eviction",), "gpulock.core.foresight", {"eviction": "KEYS"}, "../foresight.md"),
+    Section(
+        ("prewarm",),
+        "gpulock.core.prewarm",
+        {"prewarm": "DEFAULTS"},
+        "../foresight.md#warm-before-use",
+        "DEFAULTS",
+    ),
     Section(("agents",), "gpulock.agents.registry", {"agents": "CONFIG_KEYS"}, "../agents.md"),
 )
 

@@ -7,8 +7,9 @@ insides change; the governor's needs do not).  Everything it uses is here:
   (the device report, with tenant models counted on simulated GPUs), ``holder_pids``,
   ``queue_gpus``;
 * acting: ``evict`` (library residents and tenant models alike, verified), ``ring_head``,
-  ``publish_level``; for a force-evict's kill, ``watch_owner`` / ``owner_claim`` /
-  ``proven`` / ``end_owner`` / ``may_signal`` / ``signal_proven`` / ``clean_dead`` (a signal
+  ``publish_level``, ``Prewarmer`` (models confidently needed soon, warmed ahead); for a
+  force-evict's kill, ``watch_owner`` / ``owner_claim`` / ``proven`` / ``end_owner`` /
+  ``may_signal`` / ``signal_proven`` / ``clean_dead`` (a signal
   reaches only a process proven to hold the resident's claim: ``gpulock.core.proof``).
 """
 
@@ -28,10 +29,12 @@ from gpulock.lock.queuedir import QueueDir, holder_pids, queue_gpus
 from gpulock.residents import registry
 from gpulock.residents.eviction import evict
 from gpulock.residents.outcome import EvictResult
+from gpulock.residents.prewarm import Prewarmer
 from gpulock.residents.registry import Record
 
 __all__ = [
     "EvictResult",
+    "Prewarmer",
     "Published",
     "Record",
     "Settings",

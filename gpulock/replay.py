@@ -2,8 +2,14 @@
 
 The arrivals come from the state folder's event log (``--since``, default 24 h) or from a trace
 file (``TRACE.csv``); each is replayed by ``gpulock.replay_sim`` for every (GPU size, policy)
-asked, and one row per pair is printed: model loads, GiB loaded, seconds loading, total and
-p90 wait, deadline misses, evictions.
+asked, and one row per pair is printed: jobs that cannot fit, model loads, GiB loaded,
+seconds loading, total and p90 wait, deadline misses, evictions.  The ``bound`` row is the
+fewest reload seconds any policy could reach (``gpulock.replay_bound``), where it can be
+computed.  A job whose model or ``need`` cannot fit a size (less the config's ``reserve``) is
+counted as unfit there, left out, and named on stderr: a replay plans hardware, so it never
+replays a job as if it fitted.  ``--target-wait`` asks a question of the rows
+(``gpulock.replay_report``): the smallest size per policy whose p90 wait meets it, and the
+agents that stand in each other's way.
 
 A trace is CSV with the header ``time_s,name,model,model_bytes,hold_s,need_bytes`` (and an
 optional last column ``deadline_s``): seconds from the start, the ticket's name, the model it
@@ -21,18 +27,29 @@ replayed without that load: the replay decides whether it loads).
 from __future__ import annotations
 
 import csv
-import html
 import math
 import statistics
+import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from gpulock.cli import Parser, UsageError, parse_since, print_json, run_command
-from gpulock.core.errors import GpulockError, known_hint
-from gpulock.core.units import format_size, parse_size
-from gpulock.replay_sim import POLICIES, Arrival, Row, simulate
+from gpulock.cli import Parser, UsageError, duration_arg, parse_since, print_json, run_command
+from gpulock.core.errors import GpulockError
+from gpulock.core.units import parse_size
+from gpulock.replay_bound import bound
+from gpulock.replay_report import (
+    Size,
+    in_the_way,
+    notes,
+    page,
+    smallest,
+    table,
+    target_text,
+    unfit_lines,
+)
+from gpulock.replay_sim import LOAD_BYTES_PER_S, POLICIES, Arrival, Row, fits, simulate
 
 HEADER: Final = ("time_s", "name", "model", "model_bytes", "hold_s", "need_bytes")
 DEFAULT_GPUS: Final = "6GiB,12GiB,24GiB,48GiB,96GiB"
@@ -182,23 +199,33 @@ def _num(x: Any) -> float:
 
 # --- the command -------------------------------------------------------------------------------
 
+ROWS: Final = (*POLICIES, "bound")  # what --policy may name: the simulated policies and the bound
+
 
 def replay(
     arrivals: Sequence[Arrival],
     gpus: Sequence[int],
     policies: Sequence[str],
     *,
-    reserve_of: Any = None,
+    reserve_of: Callable[[int], int] | None = None,
     load_s_of: dict[str, float] | None = None,
 ) -> list[Row]:
-    """One row per (GPU size, policy), sizes first."""
-    return [
-        simulate(
-            arrivals, g, p, reserve_bytes=reserve_of(g) if reserve_of else 0, load_s_of=load_s_of
-        )
-        for g in gpus
-        for p in policies
-    ]
+    """One row per (GPU size, policy), sizes first; ``bound`` rows where it can be computed."""
+    rows = []
+    for g in gpus:
+        reserve = reserve_of(g) if reserve_of else 0
+        for p in policies:
+            if p != "bound":
+                rows.append(simulate(arrivals, g, p, reserve_bytes=reserve, load_s_of=load_s_of))
+                continue
+            budget = max(g - reserve, 0)
+            ok = [a for a in arrivals if fits(a, budget)]
+            b = bound(ok, budget, dict(load_s_of or {}), LOAD_BYTES_PER_S)
+            if b is not None:
+                unfit = len(arrivals) - len(ok)
+                rows.append(Row(g, "bound", b.loads, b.loaded_bytes, b.load_s, None, None, None,
+                                None, unfit=unfit))  # fmt: skip
+    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -211,8 +238,11 @@ def build_parser(prog: str = "gpulock replay") -> Parser:
         description=(
             "Replay a recorded day or a trace against other GPU sizes and eviction policies.  "
             "The day is the state folder's event log since --since; a trace is a CSV file.  "
-            "Prints per (size, policy): loads, GiB loaded, seconds loading, waits, deadline "
-            "misses and evictions.  belady is the offline bound."
+            "Prints per (size, policy): jobs that cannot fit the size (less the config's "
+            "reserve: left out, named on stderr), loads, GiB loaded, seconds loading, waits, "
+            "deadline misses and evictions.  belady is a next-use oracle (it ignores sizes and "
+            "reload cost); bound is the fewest reload seconds any policy could reach, where "
+            "it can be computed."
         ),
     )
     p.add_argument(
@@ -220,8 +250,13 @@ def build_parser(prog: str = "gpulock replay") -> Parser:
     )
     p.add_argument("--since", default="24h", help="from the event log: this far back (default 24h)")
     p.add_argument("--gpu", default=DEFAULT_GPUS, help=f"GPU sizes (default {DEFAULT_GPUS})")
+    p.add_argument("--policy", default=",".join(ROWS), help=f"policies (default {','.join(ROWS)})")
     p.add_argument(
-        "--policy", default=",".join(POLICIES), help=f"policies (default {','.join(POLICIES)})"
+        "--target-wait",
+        type=duration_arg,
+        metavar="DURATION",
+        help="also print, per policy, the smallest size whose p90 wait is at most this (60s), "
+        "and the agents that wait on each other most, with their crontab lines",
     )
     p.add_argument("--json", action="store_true", help="print a list of rows")
     p.add_argument("--html", metavar="FILE", help="also write a page with charts by GPU size")
@@ -232,12 +267,16 @@ def build_parser(prog: str = "gpulock replay") -> Parser:
 
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    gpus = _sizes(args.gpu)
+    sizes = _sizes(args.gpu)
     policies = _policies(args.policy)
+    if args.target_wait is not None and args.target_wait <= 0:
+        raise UsageError("--target-wait: a duration above zero", hint="e.g. --target-wait 60s")
     load_s_of: dict[str, float] = {}
-    reserve_of = None
     if args.trace is not None:
+        from gpulock.core.config import load_config
+
         arrivals = read_trace(args.trace)
+        config = load_config(args.config)
     else:
         from gpulock.core import events
         from gpulock.core.settings import load
@@ -245,112 +284,76 @@ def _main(argv: list[str]) -> int:
         since = parse_since(args.since, time.time())  # a usage mistake before a missing folder
         settings = load(args.config, args.state_dir, create=False)
         arrivals, load_s_of = from_events(events.read(settings.state_dir, since_wall=since))
-        reserve_of = settings.config.reserve_bytes
-    rows = replay(arrivals, gpus, policies, reserve_of=reserve_of, load_s_of=load_s_of)
+        config = settings.config
+    gpus = [s.gpu_bytes for s in sizes]
+    rows = replay(arrivals, gpus, policies, reserve_of=config.reserve_bytes, load_s_of=load_s_of)
+    for s in sizes:  # name what cannot fit, on stderr: stdout stays the table (or the JSON)
+        budget = max(s.gpu_bytes - config.reserve_bytes(s.gpu_bytes), 0)
+        for line in unfit_lines(s, budget, [a for a in arrivals if not fits(a, budget)]):
+            print(f"gpulock replay: {line}", file=sys.stderr)
+    extra = notes(rows, arrivals, load_s_of)
+    target: dict[str, Any] | None = None
+    if args.target_wait is not None:
+        labels = {s.gpu_bytes: s.label for s in sizes}
+        answers = smallest(rows, args.target_wait)
+        way = in_the_way(rows, args.target_wait, answers)
+        if way is not None and way.pairs:
+            way = _with_cron(way)
+        extra += ["", *target_text(args.target_wait, answers, way, labels)]
+        target = {
+            "target_wait_s": args.target_wait,
+            "smallest_gpu": [a.as_dict(labels) for a in answers],
+            "in_each_others_way": None if way is None else way.as_dict(),
+        }
     if args.html:
-        Path(args.html).write_text(page(rows, len(arrivals)), encoding="utf-8")
+        path = Path(args.html)
+        path.write_text(page(rows, len(arrivals), extra), encoding="utf-8")
+        print(f"gpulock replay: wrote {path.resolve()}", file=sys.stderr)
     if args.json:
-        print_json([r.as_dict() for r in rows])
+        dicts = [r.as_dict() for r in rows]
+        print_json(dicts if target is None else {"rows": dicts, **target})
         return 0
-    print(table(rows, len(arrivals)))
+    print("\n".join([table(rows, len(arrivals)), *extra]))
     return 0
 
 
-def _sizes(text: str) -> list[int]:
+def _with_cron(way: Any) -> Any:
+    """``way`` with the crontab lines of its agents (an unreadable crontab adds none)."""
+    from dataclasses import replace
+
+    from gpulock.residents.foresight_inputs import cron_lines
+
+    lines = cron_lines(time.time())
+    names = {n for p in way.pairs for n in (p.a, p.b)}
+    return replace(way, cron={n: tuple(lines[n]) for n in names if n in lines})
+
+
+def _sizes(text: str) -> list[Size]:
+    """The ``--gpu`` list: one GPU's size each (kept as written, for the answers)."""
     out = []
     for part in text.split(","):
+        label = part.strip()
         try:
-            size = parse_size(part.strip())
+            size = parse_size(label)
         except ValueError as e:
             raise UsageError(f"--gpu: {e}", hint="e.g. --gpu 12GiB,24GiB") from None
         if size <= 0:
-            raise UsageError(f"--gpu: a size above zero, got {part.strip()!r}")
-        out.append(size)
+            raise UsageError(f"--gpu: a size above zero, got {label!r}")
+        out.append(Size(label, size))
     return out
 
 
 def _policies(text: str) -> list[str]:
     out = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in out if p not in POLICIES]
+    bad = [p for p in out if p not in ROWS]
     if bad or not out:
+        from gpulock.core.errors import known_hint
+
+        hint = known_hint(bad[0], ROWS, "known") if bad else "known: " + ", ".join(ROWS)
         raise UsageError(
-            f"--policy: unknown {', '.join(map(repr, bad)) or 'empty list'}",
-            hint=known_hint(bad[0] if bad else "", POLICIES, "known"),
+            f"--policy: unknown {', '.join(map(repr, bad)) or 'empty list'}", hint=hint
         )
     return out
-
-
-COLUMNS: Final = ("gpu", "policy", "loads", "GiB loaded", "load s", "wait s", "p90 wait s",
-                  "misses", "evictions")  # fmt: skip
-
-
-def table(rows: Sequence[Row], arrivals: int) -> str:
-    """The rows side by side, and a summary line per GPU size: best policy vs belady."""
-    cells = [
-        (
-            format_size(r.gpu_bytes), r.policy, str(r.loads), f"{r.loaded_bytes / 1024**3:.1f}",
-            f"{r.load_s:.0f}", f"{r.wait_s_total:.0f}", f"{r.wait_s_p90:.1f}",
-            str(r.deadline_misses), str(r.evictions),
-        )
-        for r in rows
-    ]  # fmt: skip
-    widths = [max(len(c[i]) for c in [COLUMNS, *cells]) for i in range(len(COLUMNS))]
-    lines = [
-        "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in [COLUMNS, *cells]
-    ]
-    lines.append(f"{arrivals} arrivals replayed")
-    return "\n".join(lines)
-
-
-def page(rows: Sequence[Row], arrivals: int) -> str:
-    """A standalone HTML page: the table, then loads and waits by GPU size, a line per policy."""
-    charts = [
-        _chart(rows, "model loads", lambda r: float(r.loads)),
-        _chart(rows, "GiB loaded", lambda r: r.loaded_bytes / 1024**3),
-        _chart(rows, "total wait (s)", lambda r: r.wait_s_total),
-    ]
-    return (
-        "<!doctype html><meta charset=utf-8><title>gpulock replay</title>"
-        "<style>body{font:14px system-ui;margin:2em}svg{margin:1em 0}</style>"
-        f"<h1>gpulock replay</h1><pre>{html.escape(table(rows, arrivals))}</pre>" + "".join(charts)
-    )
-
-
-COLORS: Final = {
-    "lru": "#d62728",
-    "keepalive": "#ff7f0e",
-    "foresight": "#2ca02c",
-    "belady": "#1f77b4",
-}
-
-
-def _chart(rows: Sequence[Row], title: str, value: Any) -> str:
-    gpus = sorted({r.gpu_bytes for r in rows})
-    pols = list(dict.fromkeys(r.policy for r in rows))
-    top = max((value(r) for r in rows), default=0.0) or 1.0
-    w, h, pad = 560, 240, 40
-
-    def xy(g: int, v: float) -> tuple[float, float]:
-        x = pad + (w - 2 * pad) * (gpus.index(g) / max(len(gpus) - 1, 1))
-        return x, h - pad - (h - 2 * pad) * v / top
-
-    out = [f'<svg width="{w}" height="{h}" role="img"><title>{html.escape(title)}</title>']
-    out.append(f'<text x="{pad}" y="16">{html.escape(title)} by GPU size (max {top:.1f})</text>')
-    for g in gpus:
-        x, _ = xy(g, 0)
-        out.append(f'<text x="{x:.0f}" y="{h - 12}" text-anchor="middle">{format_size(g)}</text>')
-    for i, p in enumerate(pols):
-        pts = [
-            xy(r.gpu_bytes, value(r))
-            for r in sorted(rows, key=lambda r: r.gpu_bytes)
-            if r.policy == p
-        ]
-        color = COLORS.get(p, "#000")
-        d = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
-        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{d}"/>')
-        out.append(f'<text x="{w - pad - 60}" y="{30 + 14 * i}" fill="{color}">{p}</text>')
-    out.append("</svg>")
-    return "".join(out)
 
 
 if __name__ == "__main__":  # python -m gpulock.replay: before the entry point is installed

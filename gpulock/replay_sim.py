@@ -8,16 +8,24 @@ call.  What the simulator adds is the world: a clock, model files that take time
 the memory they hold between jobs.
 
 * An arrival (``Arrival``) joins the line at ``time_s``; when ``decide`` grants it, room is made
-  as ``make_room`` makes it (idle models leave in victim order until its ``need`` is free; an
-  exclusive grant clears every idle model but its own, as ``exclusive_clears_residents`` does),
-  its model loads if it is not resident (``model_bytes / load_bytes_per_s``, or the model's
-  measured load time), then it holds the GPU for ``hold_s``.  Its model stays resident after.
+  as ``make_room`` makes it (idle models leave in victim order until its model fits beside the
+  others' models and every holder's working memory, its own included; an exclusive grant
+  clears every idle model but its own, as ``exclusive_clears_residents`` does), its model
+  loads if it is not resident (``model_bytes / load_bytes_per_s``, or the model's measured
+  load time), then it holds the GPU for ``hold_s``.  Its model stays resident after.
+* Memory is the GPU less its ``reserve``, for models and work alike.  An arrival whose model or
+  ``need`` cannot fit that (``fits``) is left out and counted (``Row.unfit``): a replay plans
+  hardware, so it never plays a job as if it fitted.
 * ``wait_s`` of an arrival: from joining the line to the start of its work (its own load
   included: that is the time a model swap costs the agent).  A ``deadline_s`` missed counts.
 * Policies: ``lru`` (least recently used first: today's order), ``keepalive`` (Ollama's: an idle
   model unloads after ``keepalive_s``; room by LRU), ``foresight`` (next use from what the
   simulated machine knows at that moment: the arrivals' past and the line; weighted by reload
-  cost), ``belady`` (the offline bound: the whole trace's true next use, cost ignored).
+  cost), ``belady`` (a next-use oracle: the whole trace's true next use, sizes and cost
+  ignored: the offline optimum only when every model has one size and one reload cost; the
+  cost-aware bound is ``gpulock.replay_bound``).
+* Who waited behind whom (``Row.pairs``): for every job that waited in line, the other agents
+  that were in the line (holding or waiting) when it joined.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from gpulock.core import foresight as fs
@@ -54,31 +62,61 @@ class Arrival:
 
 
 @dataclass(frozen=True, slots=True)
+class Pair:
+    """Two agents that stood in each other's way: how many times one joined the line behind
+    the other and waited, and the seconds those waits added up to."""
+
+    a: str
+    b: str
+    times: int
+    waited_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Row:
-    """One (GPU size, policy) result: the ``--json`` row."""
+    """One (GPU size, policy) result: the ``--json`` row.  The bound's row (``policy``
+    "bound", ``gpulock.replay_bound``) has no waits, misses nor evictions (None)."""
 
     gpu_bytes: int
     policy: str
     loads: int
     loaded_bytes: int
     load_s: float
-    wait_s_total: float
-    wait_s_p90: float
-    deadline_misses: int
-    evictions: int
+    wait_s_total: float | None
+    wait_s_p90: float | None
+    deadline_misses: int | None
+    evictions: int | None
+    unfit: int = 0  # jobs whose model or need cannot fit this GPU (less the reserve): left out
+    pairs: tuple[Pair, ...] = ()  # who waited behind whom, most waited first (not in --json)
 
     def as_dict(self) -> dict[str, object]:
         return {
             "gpu_bytes": self.gpu_bytes,
             "policy": self.policy,
+            "unfit": self.unfit,
             "loads": self.loads,
             "loaded_bytes": self.loaded_bytes,
             "load_s": round(self.load_s, 3),
-            "wait_s_total": round(self.wait_s_total, 3),
-            "wait_s_p90": round(self.wait_s_p90, 3),
+            "wait_s_total": _r3(self.wait_s_total),
+            "wait_s_p90": _r3(self.wait_s_p90),
             "deadline_misses": self.deadline_misses,
             "evictions": self.evictions,
         }
+
+
+def _r3(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def fits(a: Arrival, budget_bytes: int) -> bool:
+    """Whether ``a``'s model and its ``need`` fit a GPU whose memory to hand out (its size less
+    the reserve) is ``budget_bytes``."""
+    return a.model_bytes <= budget_bytes and (a.need_bytes or 0) <= budget_bytes
+
+
+def unfit(arrivals: Sequence[Arrival], budget_bytes: int) -> list[Arrival]:
+    """The arrivals that cannot fit (``fits``): a replay leaves them out and counts them."""
+    return [a for a in arrivals if not fits(a, budget_bytes)]
 
 
 @dataclass(slots=True)
@@ -109,6 +147,8 @@ class _Sim:
     waits: list[float] = field(default_factory=list)
     misses: int = 0
     evictions: int = 0
+    behind: dict[int, list[str]] = field(default_factory=dict)  # seq -> names ahead on arrival
+    pairs: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # -> [times, s]
 
     # -- the loop --
 
@@ -139,13 +179,18 @@ class _Sim:
                     self.seq, 0, self.seq, 0, "replay", "replay", a.name, a.time_s,
                     need_bytes=a.need_bytes,
                 )  # fmt: skip
+                self.behind[t.seq] = [x.name for _, x in self.line]
                 self.line.append((t, a))
             self._grant_all()
         waits = sorted(self.waits)
         p90 = waits[min(len(waits) - 1, math.ceil(0.9 * len(waits)) - 1)] if waits else 0.0
+        pairs = sorted(
+            (Pair(a, b, int(n), s) for (a, b), (n, s) in self.pairs.items()),
+            key=lambda p: (-p.waited_s, -p.times, p.a, p.b),
+        )
         return Row(
             self.gpu_bytes, self.policy, self.loads, self.loaded_bytes, self.load_s,
-            sum(waits), p90, self.misses, self.evictions,
+            sum(waits), p90, self.misses, self.evictions, pairs=tuple(pairs),
         )  # fmt: skip
 
     def _grant_all(self) -> None:
@@ -169,9 +214,9 @@ class _Sim:
             m = self.resident.get(a.model)
             if exclusive:
                 self._evict_all(keep=a.model)
-            need = a.need_bytes if a.need_bytes is not None else self.gpu_bytes
-            own = m.bytes if m is not None else 0
-            self._make_room(max(need, a.model_bytes) - own, keep=a.model)
+            # Its working memory (``need`` beyond the model) is counted already: it holds the
+            # GPU (``_free_bytes``); what must fit beside the others is its model, if not loaded.
+            self._make_room(0 if m is not None else a.model_bytes, keep=a.model)
             if m is None:
                 load = self.load_s_of.get(a.model, a.model_bytes / LOAD_BYTES_PER_S)
                 self.loads += 1
@@ -188,6 +233,14 @@ class _Sim:
             self._evict_all(keep="")
         wait = self.now + load - a.time_s
         self.waits.append(wait)
+        queued = self.now - a.time_s
+        if queued > 0:  # it waited in line: behind whom?
+            for other in set(self.behind.pop(t.seq, ())) - {a.name}:
+                pair = self.pairs.setdefault((min(a.name, other), max(a.name, other)), [0, 0.0])
+                pair[0] += 1
+                pair[1] += queued
+        else:
+            self.behind.pop(t.seq, None)
         if a.deadline_s is not None and self.now - a.time_s > a.deadline_s:
             self.misses += 1
         heapq.heappush(self.ends, (self.now + load + a.hold_s, t.seq))
@@ -203,15 +256,17 @@ class _Sim:
     # -- eviction: the live system's order --
 
     def _free_bytes(self) -> int:
+        """What is left to hand out: the GPU less its reserve, the models and the holders'
+        working memory (the reserve is never handed out, to models neither)."""
         models = sum(m.bytes for m in self.resident.values())
         work = sum(max((a.need_bytes or 0) - a.model_bytes, 0) for t, a in self.line if t.holding)
-        return self.gpu_bytes - models - work
+        return self.budget_bytes - models - work
 
     def _make_room(self, need_bytes: int, *, keep: str) -> None:
         short = need_bytes - self._free_bytes()
         if short <= 0:
             return
-        for name in self._victims(keep):
+        for name in self._victims(keep, room_bytes=short):
             if short <= 0:
                 break
             short -= self.resident.pop(name).bytes
@@ -230,8 +285,9 @@ class _Sim:
                 del self.resident[name]
                 self.evictions += 1
 
-    def _victims(self, keep: str) -> list[str]:
+    def _victims(self, keep: str, room_bytes: int | None = None) -> list[str]:
         names = [n for n, m in self.resident.items() if n != keep]
+        belady = self.policy == "belady"  # Belady's rule is the plain order: no cover
         return fs.order(
             names,
             model=lambda n: n,
@@ -239,6 +295,8 @@ class _Sim:
             forecast=self._forecast(names),
             policy="lru" if self.policy in ("lru", "keepalive") else "foresight",
             in_use=lambda n: self.resident[n].users > 0,
+            room_bytes=None if belady else room_bytes,
+            size=lambda n: self.resident[n].bytes,
         )
 
     def _forecast(self, names: list[str]) -> fs.Forecast | None:
@@ -280,11 +338,12 @@ def simulate(
     """Replay ``arrivals`` on one GPU of ``gpu_bytes`` under ``policy`` (one of ``POLICIES``).
 
     ``reserve_bytes``: memory never handed out (the config's ``reserve``); ``load_s_of``: a
-    model's measured load time, else its bytes at ``LOAD_BYTES_PER_S``.
+    model's measured load time, else its bytes at ``LOAD_BYTES_PER_S``.  Arrivals that cannot
+    fit (``unfit``) are left out (their waits too) and counted in the row's ``unfit``.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
-    return _Sim(
-        arrivals, gpu_bytes, max(gpu_bytes - reserve_bytes, 0), policy, dict(load_s_of or {}),
-        keepalive_s,
-    ).run()  # fmt: skip
+    budget = max(gpu_bytes - reserve_bytes, 0)
+    ok = [a for a in arrivals if fits(a, budget)]
+    row = _Sim(ok, gpu_bytes, budget, policy, dict(load_s_of or {}), keepalive_s).run()
+    return replace(row, unfit=len(arrivals) - len(ok))

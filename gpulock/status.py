@@ -303,7 +303,19 @@ def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, 
         "tenants": tenants,
         "usage": usage_entry(settings, now_w),
         "cluster": cluster_entry(settings, now_w),
+        "prewarm": prewarm_entry(settings),
     }
+
+
+def prewarm_entry(settings: Settings) -> dict[str, Any] | None:
+    """What the governor is warming ahead of its predicted use, and why; None when nothing
+    (``gpulock.residents.prewarm``)."""
+    from gpulock.residents.prewarm_state import published
+
+    doc = published(settings)
+    if doc is None or not (doc["entries"] or doc["waiting"]):
+        return None
+    return doc
 
 
 def _mark_pools(gpus: list[dict[str, Any]], pools: list[dict[str, Any]]) -> None:
@@ -517,6 +529,7 @@ def render(snap: dict[str, Any]) -> str:
         for name in g.get("orphan_fifos", []):
             lines.append(f"  orphan {name}: no ticket and no process holds it ! (stale)")
     lines += _render_residents(snap.get("residents", []))
+    lines += _render_prewarm(snap.get("prewarm"))
     lines += _render_tenants(snap.get("tenants", []))
     lines += _render_processes(snap["devices"])
     lines += _render_usage(snap.get("usage"))
@@ -634,6 +647,40 @@ def _next_use(r: dict[str, Any]) -> str:
     source, by = r.get("next_use_source"), r.get("next_use_by")
     nu = foresight.NextUse("", at, 1.0, source or foresight.UNKNOWN_SOURCE, by or "")
     return nu.describe(at, lambda t: time.strftime("%H:%M", time.localtime(t)))
+
+
+def _render_prewarm(p: dict[str, Any] | None) -> list[str]:
+    """Models warming ahead of their predicted use, and why (``gpulock.core.prewarm``)."""
+    if not p:
+        return []
+    rows: list[tuple[str, ...]] = [("MODEL", "WARMING", "STATE", "PROGRESS", "WHY")]
+    for e in p["entries"]:
+        total, done = e.get("bytes_total"), e.get("bytes_done") or 0
+        if e.get("how") == "load":
+            how = f"loading on {e.get('tenant')}"
+            progress = f"gpu{e['gpu']}" if isinstance(e.get("gpu"), int) else "-"
+        else:
+            how = "page cache"
+            pct = f"{100 * done // total}%" if isinstance(total, int) and total else "-"
+            progress = f"{pct} of {format_size(total)}" if isinstance(total, int) else "-"
+        state = str(e.get("state")) + (f": {e['reason']}" if e.get("reason") else "")
+        rows.append((str(e.get("model")), how, state, progress, _prewarm_why(e)))
+    lines = ["warming ahead (gpulock governor)", *_table(rows)] if len(rows) > 1 else []
+    for w in p["waiting"]:
+        what = "page cache" if w.get("how") == "page-cache" else "load"
+        lines.append(f"  not warming {w.get('model')} ({what}): {w.get('reason')}")
+    return lines
+
+
+def _prewarm_why(e: dict[str, Any]) -> str:
+    """``needed ~07:00 (digest, cron, 95 %)``: the prediction that caused it."""
+    at = e.get("next_use_wall")
+    if not isinstance(at, int | float):
+        return "-"
+    who = ", ".join(str(x) for x in (e.get("next_use_by"), e.get("next_use_source")) if x)
+    conf = e.get("confidence")
+    sure = f", {round(100 * conf)} %" if isinstance(conf, int | float) else ""
+    return f"needed ~{time.strftime('%H:%M', time.localtime(at))} ({who}{sure})"
 
 
 def _render_tenants(tenants: list[dict[str, Any]]) -> list[str]:

@@ -57,6 +57,26 @@ def test_a_late_rhythm_is_due_now_and_a_long_gone_one_moves_to_its_next_beat() -
     assert one("m", history=past).at_wall == pytest.approx(NOW - 3500 + 600 * 6)
 
 
+def test_a_model_used_every_two_minutes_is_a_session_still_going() -> None:
+    # every 120 s: never more than two minutes apart, so one endless session; it used to have
+    # no rhythm and no mean gap, and be evicted first a minute before its next use
+    past = uses("hot", *(NOW - 60 - 120 * k for k in range(20)))
+    nu = one("hot", history=past)
+    assert nu.source == "session"
+    assert nu.at_wall == pytest.approx(NOW + 60)
+    assert nu.confidence >= 0.8
+
+
+def test_a_late_grant_does_not_end_a_session_and_an_ended_one_predicts_nothing() -> None:
+    gaps = [120.0, 120.0, 126.0, 120.0, 121.0, 120.0, 120.0]  # granted late behind a load
+    times = [NOW - 30 - sum(gaps[:k]) for k in range(len(gaps) + 1)]
+    nu = one("hot", history=uses("hot", *times))
+    assert nu.source == "session" and nu.at_wall == pytest.approx(NOW + 90)
+    # a batch of calls that ended long ago is no session going on
+    past = uses("m", NOW - 3000, NOW - 2995, NOW - 2990, NOW - 2985)
+    assert one("m", history=past).source != "session"
+
+
 def test_a_time_of_day_window_predicts_the_next_morning() -> None:
     # the digest at 07:00 on three irregular days (no rhythm: gaps of 1 and 2 days)
     seven = 7 * 3600.0
@@ -191,6 +211,44 @@ def test_order_by_next_use_weighted_by_reload_cost(
 ) -> None:
     items = [R(m, last_used=i) for i, m in enumerate(sorted(at))]
     assert victims(items, fc_of(at, reload_s)) == first
+
+
+def test_the_score_is_per_byte_so_a_small_model_needed_sooner_stays() -> None:
+    # 2 GiB needed in 7 minutes, 3 GiB in 8, both loading at the usual speed: Belady evicts
+    # the one needed last; dividing by the reload seconds used to evict the small one
+    nxt = {
+        "q0": fs.NextUse("q0", NOW + 420, 0.9, "rhythm"),
+        "q5": fs.NextUse("q5", NOW + 480, 0.9, "rhythm"),
+    }
+    reload = {"q0": fs.ReloadCost(2.0, "size"), "q5": fs.ReloadCost(3.0, "size")}
+    fc = fs.Forecast(NOW, nxt, reload, {"q0": 2 * GiB, "q5": 3 * GiB})
+    assert victims([R("q0"), R("q5")], fc) == ["q5", "q0"]
+    # a model slower to load than its size says (a server that starts a process) stays
+    slow = fs.Forecast(NOW, nxt, {**reload, "q5": fs.ReloadCost(30.0, "measured")}, fc.bytes)
+    assert victims([R("q0"), R("q5")], slow) == ["q0", "q5"]
+
+
+def test_room_for_a_need_goes_to_the_cheapest_set_not_the_furthest_model() -> None:
+    nxt = {
+        "big": fs.NextUse("big", NOW + 1200, 0.9, "rhythm"),
+        "tiny": fs.NextUse("tiny", NOW + 900, 0.9, "rhythm"),
+        "mid": fs.NextUse("mid", NOW + 600, 0.9, "rhythm"),
+    }
+    size = {"big": 14 * GiB, "tiny": GiB, "mid": 4 * GiB}
+    fc = fs.Forecast(NOW, nxt, {m: fs.ReloadCost(b / GiB, "size") for m, b in size.items()}, size)
+    items = [R(m) for m in size]
+
+    def room(n: int) -> list[str]:
+        got = fs.order(items, model=lambda r: r.model, today=lambda r: r.last_used, forecast=fc,
+                       room_bytes=n, size=lambda r: size[r.model])  # fmt: skip
+        return [r.model for r in got]
+
+    assert victims(items, fc) == ["big", "tiny", "mid"]  # Belady, per byte
+    assert room(GiB) == ["tiny", "big", "mid"]  # 1 GiB: the 1 GiB model, not all 14 GiB
+    assert room(12 * GiB)[0] == "big"  # only the big one frees that much
+    lru = fs.order(items, model=lambda r: r.model, today=lambda r: r.last_used, forecast=fc,
+                   policy="lru", room_bytes=GiB, size=lambda r: size[r.model])  # fmt: skip
+    assert lru == items
 
 
 def test_ties_keep_todays_order_and_lru_is_todays_order() -> None:

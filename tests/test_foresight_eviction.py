@@ -112,12 +112,16 @@ def test_crontab_lines_that_call_gpulock_name_their_agents() -> None:
 
 
 def test_cron_plans_map_the_next_fire_to_the_agents_models() -> None:
-    fi._cron_cache["jobs"] = (1e18, fi.crontab_jobs(CRONTAB))  # no `crontab -l` in a test
+    fi._entries_cache["jobs"] = (1e18, fi.crontab_entries(CRONTAB))  # no `crontab -l` here
     try:
         now = time.mktime((2026, 3, 2, 6, 50, 0, 0, 0, -1))
         plans = fi.cron_plans({"digest": {"qwen"}, "tagger": {"small"}}, now)
+        lines = fi.cron_lines(now)
     finally:
-        fi._cron_cache.clear()
+        fi._entries_cache.clear()
+    assert lines["digest"] == [
+        "0 7 * * * /opt/gpulock/.venv/bin/gpulock run --name digest --need 6GiB -- python digest.py"
+    ]
     got = {(p.model, p.label): p.at_wall - now for p in plans}
     assert got == {("qwen", "digest"): 600.0, ("small", "tagger"): 600.0}
     assert {p.source for p in plans} == {"cron"}

@@ -151,5 +151,6 @@ def test_a_stream_comes_in_pieces_under_one_ticket(tmp_path: Path) -> None:
 
         (call,) = [e for e in events.read(settings.state_dir) if e["event"] == "call"]
         assert (call["tokens_in"], call["tokens_out"]) == (3, 2)
+        assert call["tenant"] == "ollama"  # the server pre-warming asks to load it ahead
     finally:
         s.stop()

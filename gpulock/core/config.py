@@ -59,7 +59,8 @@ Sizes read like ``6GiB``, ``800MiB``, ``2GB`` or ``512M``; durations like ``30s`
 
 Sections owned by the other packages (``watchdog``, ``governor``, ``routes``, ``router``,
 ``agents``, ``metrics``, ``serve``, ``cluster``) and by other modules (``prefetch``:
-``gpulock.lock.prefetch``; ``eviction``: ``gpulock.core.foresight``) are kept as read, in
+``gpulock.lock.prefetch``; ``eviction``: ``gpulock.core.foresight``; ``prewarm``:
+``gpulock.core.prewarm``) are kept as read, in
 ``Config.sections``, and validated by their owners; ``Config.error`` lets them report a bad value
 with this file's name and the value's line.
 Any other top-level key is an error, so that a typo is not silently ignored.
@@ -78,7 +79,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from gpulock.core.errors import ConfigError, StateDirError, known_hint
+from gpulock.core.errors import ConfigError, StateDirError, known_hint, show_value
 from gpulock.core.state import expand_path, home_dir
 from gpulock.core.units import gpu_size_mistake, parse_duration, parse_size
 
@@ -129,6 +130,7 @@ SECTIONS: Final[frozenset[str]] = frozenset(
     # The other packages' sections: validated by them, kept raw here with their lines.
     {"watchdog", "governor", "routes", "router", "agents", "metrics", "serve", "prefetch"}
     | {"eviction"}  # gpulock.core.foresight.policy_of
+    | {"prewarm"}  # gpulock.core.prewarm.options
     | {"cluster"}  # owned by the cluster package (docs/cluster.md)
 )
 
@@ -289,6 +291,10 @@ def load_config(explicit: str | None = None, environ: Mapping[str, str] | None =
         from gpulock.core.foresight import policy_of
 
         policy_of(config)
+    if config.section("prewarm") is not None:  # likewise, not the governor's first pass
+        from gpulock.core.prewarm import options
+
+        options(config)
     return config
 
 
@@ -563,19 +569,6 @@ class _Builder:
 
 
 # --- validating gpulock's keys ---------------------------------------------------------------
-
-
-def show_value(value: Any) -> str:
-    """A value as the user wrote it in YAML, for 'got ...' in error messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return repr(value)
 
 
 def _is_number(value: Any) -> bool:

@@ -191,3 +191,16 @@ def known_hint(name: object, known: Iterable[str], what: str = "known keys") -> 
     close = difflib.get_close_matches(str(name), names, n=1)
     guess = f"did you mean {close[0]!r}? " if close else ""
     return f"{guess}{what}: {', '.join(names)}"
+
+
+def show_value(value: Any) -> str:
+    """A value as the user wrote it in YAML, for 'got ...' in error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return repr(value)

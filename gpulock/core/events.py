@@ -42,7 +42,7 @@ KINDS: Mapping[str, str] = MappingProxyType(
         "break": "gpulock break removed a ticket or ended a holder",
         "kill": "a hung holder or a forced eviction signalled",
         "exit-wait": "a dead holder's processes are still exiting: the next one waits",
-        "exit-wait-alive": "a process the exit wait would wait for is running, not exiting: no wait",
+        "exit-wait-alive": "the process it would wait for runs on, not exiting: no wait",
         "exit-wait-timeout": "they did not exit within exit_wait: the next one goes on",
         "prefetch": "a waiter's files read into the page cache",
         # residents and tenants (gpulock.residents)

@@ -35,7 +35,7 @@ import itertools
 import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, TypeVar
 
 
@@ -154,22 +154,51 @@ class Forecast:
     now_wall: float
     next: Mapping[str, NextUse]
     reload: Mapping[str, ReloadCost]
+    bytes: Mapping[str, int | None] = field(default_factory=dict)
 
     def score(self, model: str) -> float:
-        """How good a victim: distance / confidence / reload seconds; inf when never expected."""
+        """How good a victim: the distance to its next use (over the confidence), times the
+        bytes it frees per second its reload costs; inf when never expected.
+
+        Per byte, not per model: evicting a small model frees little, and a model of
+        known size that reloads at the usual speed scores exactly its distance (Belady's
+        rule).  A model slower to load than its size says (a tenant that starts a process,
+        a slow disk) stays longer; one of unknown size counts as loading at the usual speed.
+        """
+        d = self.distance(model)
+        if d is None:
+            return math.inf
+        rc = self.reload.get(model)
+        size = self.bytes.get(model)
+        if rc is None or not size:
+            return d
+        usual = size / DISK_BYTES_PER_S  # what its size would cost at the usual speed
+        return d * usual / max(rc.seconds, MIN_RELOAD_S)
+
+    def rate(self, model: str) -> float:
+        """Reload seconds per second until its next use: what keeping it saves, per second
+        (0 when never expected)."""
+        d = self.distance(model)
+        if d is None:
+            return 0.0
+        rc = self.reload.get(model)
+        return (rc.seconds if rc is not None else DEFAULT_RELOAD_S) / max(d, 1.0)
+
+    def distance(self, model: str) -> float | None:
+        """Seconds to the next use over its confidence; None when never expected."""
         nu = self.next.get(model)
         if nu is None or nu.at_wall is None or nu.confidence <= 0:
-            return math.inf
-        distance = max(nu.at_wall - self.now_wall, 0.0) / max(nu.confidence, 0.05)
-        rc = self.reload.get(model)
-        cost = rc.seconds if rc is not None else DEFAULT_RELOAD_S
-        return distance / max(cost, MIN_RELOAD_S)
+            return None
+        return max(nu.at_wall - self.now_wall, 0.0) / max(nu.confidence, 0.05)
 
     def unneeded(self, model: str, factor: float = UNNEEDED_FACTOR) -> bool:
         """No use expected within ``factor`` times its reload time (or none at all): keeping
-        it loaded saves less than the memory it holds costs the others.  ``score`` is that
-        distance in reload times."""
-        return self.score(model) >= factor
+        it loaded saves less than the memory it holds costs the others."""
+        d = self.distance(model)
+        if d is None:
+            return True
+        rc = self.reload.get(model)
+        return d / max(rc.seconds if rc is not None else DEFAULT_RELOAD_S, MIN_RELOAD_S) >= factor
 
     def why(self, model: str) -> dict[str, Any]:
         """The evidence for an ``evict`` event: next use, its source, the reload cost."""
@@ -270,13 +299,49 @@ def sessions(times: Iterable[float]) -> list[float]:
     return out[-MAX_SESSIONS:]
 
 
+def _ongoing(model: str, past: Sequence[float], now: float, by: str = "") -> NextUse | None:
+    """The next use of a session still going: its uses (each within ``2 * BURST_S`` of the
+    last) come at a steady gap, and the last was less than two gaps ago.
+
+    A model used every two minutes, or every minute, is one endless session to ``sessions``
+    (every use is within ``BURST_S`` of the last): without this it would have no rhythm and
+    be evicted first, a minute before its next use (the alternating trace in
+    docs/foresight.md).
+    """
+    times = sorted(past)
+    if len(times) < 3:
+        return None
+    run = [times[-1]]
+    for t in reversed(times[:-1]):
+        # Twice the session gap: a job every two minutes is granted a few seconds late now
+        # and then, and a use 121 s after the last must not end the run.
+        if run[-1] - t > 2 * BURST_S:
+            break
+        run.append(t)
+        if len(run) > MAX_SESSIONS:
+            break
+    if len(run) < 3:
+        return None
+    gaps = [a - b for a, b in itertools.pairwise(run)]
+    gap = statistics.median(gaps)
+    if gap <= 0 or now - run[0] > 2 * gap:
+        return None
+    spread = statistics.median(abs(g - gap) for g in gaps) / gap
+    if spread > RHYTHM_SPREAD:
+        return None
+    return NextUse(model, max(run[0] + gap, now), 0.9 - 3 * spread, "session", by)
+
+
 def _from_history(
     model: str, past: Sequence[float], now: float, utc_offset_s: float, by: str = ""
 ) -> list[NextUse]:
+    out: list[NextUse] = []
+    going = _ongoing(model, past, now, by)
+    if going is not None:
+        out.append(going)
     starts = sessions(past)
     if len(starts) < 2:
-        return []
-    out: list[NextUse] = []
+        return out
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     last = starts[-1]
     if len(gaps) >= 2:
@@ -297,7 +362,7 @@ def _from_history(
     if tod is not None:
         out.append(NextUse(model, tod, 0.6, "time-of-day", by))
     mean_gap = (last - starts[0]) / (len(starts) - 1)
-    at = last + mean_gap
+    at = now + mean_gap
     if at < now:
         at = now + mean_gap
     out.append(NextUse(model, at, 0.2, "history", by))
@@ -392,6 +457,7 @@ def forecast(
         now_wall,
         next_uses(models, planned, history, now_wall, utc_offset_s=utc_offset_s),
         reload_costs(models, loads, cached=cached),
+        dict(models),
     )
 
 
@@ -407,14 +473,39 @@ def order(
     policy: str = DEFAULT_POLICY,
     pinned: Callable[[T], bool] = lambda _: False,
     in_use: Callable[[T], bool] = lambda _: False,
+    room_bytes: int | None = None,
+    size: Callable[[T], int | None] | None = None,
 ) -> list[T]:
     """Victims first.  ``today``: the caller's own key (cold-start first, then least recently
     used...), the whole order under ``lru`` or without a forecast, the tie-break otherwise.
-    Pinned and in-use items are never returned."""
+    Pinned and in-use items are never returned.
+
+    ``room_bytes`` (with ``size``): the bytes to free, when known.  Then, after the models
+    nobody is expected to use, the cheapest set of victims that frees the rest
+    (``gpulock.core.cover``) comes first, the others after it.
+    """
     cands = [x for x in items if not pinned(x) and not in_use(x)]
     if policy == "lru" or forecast is None:
         return sorted(cands, key=today)
-    return sorted(cands, key=lambda x: (-forecast.score(model(x)), today(x)))
+    ranked = sorted(cands, key=lambda x: (-forecast.score(model(x)), today(x)))
+    if room_bytes is None or size is None or len(ranked) < 2:
+        return ranked
+    from gpulock.core import cover
+
+    # Models nobody is expected to use go first, in today's order (cold-start first): the
+    # cheapest cover is for what they leave short.
+    never = [x for x in ranked if forecast.distance(model(x)) is None]
+    known = ranked[len(never) :]
+    short = room_bytes - sum(size(x) or 0 for x in never)
+    if short <= 0 or len(known) < 2:
+        return ranked
+    found = cover.cheapest(
+        [cover.Candidate(size(x) or 0, forecast.rate(model(x))) for x in known], short
+    )
+    if found is None:
+        return ranked
+    chosen = set(found)
+    return never + [known[i] for i in found] + [x for i, x in enumerate(known) if i not in chosen]
 
 
 def policy_of(config: ConfigLike) -> str:

@@ -4,7 +4,9 @@
   mapping (which reads nothing), through ctypes;
 * ``drop_from_cache``: evict a file (fsync, ``POSIX_FADV_DONTNEED``), for tests and benchmarks;
 * ``mem_available_bytes``: ``MemAvailable`` from ``/proc/meminfo``;
-* ``be_idle``: idle I/O class (``ioprio_set`` on the calling thread's own task) and nice 19.
+* ``be_idle``: idle I/O class (``ioprio_set`` on the calling thread's own task) and nice 19;
+* ``io_ticks_ms``: the milliseconds a disk has spent doing I/O (``/proc/diskstats``), whose
+  growth over an interval says how busy it was.
 
 ctypes is loaded on the first call, never at import.
 """
@@ -111,6 +113,24 @@ def drop_from_cache(path: str | os.PathLike[str]) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+
+
+def io_ticks_ms(dev: int, diskstats: str = "/proc/diskstats") -> int | None:
+    """Milliseconds the block device ``dev`` (a file's ``st_dev``) has spent doing I/O since
+    boot (the tenth statistic of its ``/proc/diskstats`` line); None when unknown (not a
+    block device: tmpfs, overlay; not Linux)."""
+    want = (os.major(dev), os.minor(dev))
+    try:
+        with open(diskstats, "rb") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 13 or not parts[0].isdigit() or not parts[1].isdigit():
+                    continue
+                if (int(parts[0]), int(parts[1])) == want:
+                    return int(parts[12]) if parts[12].isdigit() else None
+    except OSError:
+        return None
+    return None
 
 
 def be_idle() -> None:

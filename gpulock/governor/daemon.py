@@ -33,8 +33,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from gpulock import arbiter
 from gpulock.core import claim, level, safejson, state
 from gpulock.core.errors import GpulockError, StateDirError
+from gpulock.core.prewarm import options as prewarm_options
 from gpulock.core.settings import Settings
 from gpulock.governor.effects import Effects
 from gpulock.governor.model import LEVELS, GovernorConfig, Snapshot, State
@@ -43,6 +45,13 @@ from gpulock.governor.policy import threshold_in_force
 from gpulock.governor.probes import Probe
 
 LOCK_FILE = "governor.lock"
+DEFAULT: Any = object()  # "the real one", for constructor arguments where None means "none"
+
+
+def prewarm_wait_s(settings: Settings) -> float:
+    """How long a ``--once`` pass waits for its pre-warms: at most their lead."""
+    return prewarm_options(settings.config).lead_s
+
 
 Decide = Callable[[Snapshot, State, GovernorConfig, float], tuple[list[Any], State]]
 
@@ -78,7 +87,10 @@ class Governor:
         decide: Decide = policy_decide,
         clock: Callable[[], float] = time.time,
         after_pass: Callable[[], None] | None = None,
+        prewarm: Any = DEFAULT,
     ) -> None:
+        """``prewarm``: what warms models needed soon (``gpulock.arbiter.Prewarmer`` unless a
+        dry run; None: nothing)."""
         self.settings = settings
         self.after_pass = after_pass  # e.g. rewrite the metrics textfile (gpulock.metrics)
         self.config = config
@@ -86,6 +98,9 @@ class Governor:
         self.effects = effects or Effects(settings)
         self.decide = decide
         self.clock = clock
+        if prewarm is DEFAULT:
+            prewarm = None if self.effects.dry_run else arbiter.Prewarmer(settings, clock=clock)
+        self.prewarm = prewarm
         self.state = State(level="normal", level_since_wall=clock())
         self.last_results: list[dict[str, Any]] = []
         self.last_snapshot: Snapshot | None = None  # what the last pass measured
@@ -120,6 +135,8 @@ class Governor:
 
     def close(self) -> None:
         """Give up the claim (the published level stops counting) and then the lock."""
+        if self.prewarm is not None:
+            self.prewarm.stop()
         if self._claim_fd is not None:
             with contextlib.suppress(OSError):
                 os.unlink(level.claim_path(self.settings))  # ours: the flock guards the path
@@ -160,14 +177,37 @@ class Governor:
             now_wall=now_wall,
             memory=remember(self.state),
         )
+        self._prewarm(snapshot, now_wall)
         if self.after_pass is not None:
             self.after_pass()
         spent = self.clock() - now_wall
         return min(max(self.config.interval_s - spent, 0.0), self.config.interval_s)
 
+    def _prewarm(self, snapshot: Snapshot, now_wall: float) -> None:
+        """Warm what foresight says is needed soon (``gpulock.core.prewarm``), after this pass's
+        evictions: never a reason for the pass to fail."""
+        if self.prewarm is None:
+            return
+        free: dict[int, int | None] = {}
+        for g in snapshot.gpus:
+            if g.total_bytes is None or g.used_bytes is None:
+                free[g.index] = None
+                continue
+            reserve = self.settings.config.reserve_bytes(g.total_bytes)
+            free[g.index] = max(g.total_bytes - g.used_bytes - reserve, 0)
+        try:
+            self.prewarm.tick(now_wall, resident={r.name for r in snapshot.residents},
+                              free_bytes=free)  # fmt: skip
+        except Exception as e:  # a pre-warm is a nicety: the governor keeps watch without it
+            print(f"gpulock governor: pre-warm failed: {e!r}", file=sys.stderr, flush=True)
+            self.settings.emit("governor-error", error=f"prewarm: {e!r}"[:500])
+
     def once(self) -> list[dict[str, Any]]:
-        """One pass now; what was done."""
+        """One pass now; what was done.  What it started warming ends before it returns (a
+        pass from cron is a process that exits after)."""
         self.tick(self.clock())
+        if self.prewarm is not None:
+            self.prewarm.wait(prewarm_wait_s(self.settings))
         return self.last_results
 
     def run(self, stop: threading.Event) -> None:

@@ -211,7 +211,7 @@ def make_room(
         for r in records
         if r.gpu == gpu and (r.pid != exclude_pid or r.tenant is not None) and r.id not in keep_ids
     ]
-    victims, whys = victim_order(settings, cands, gpu)
+    victims, whys = victim_order(settings, cands, gpu, room_bytes=short)
     deadline = time.monotonic() + timeout_s  # for all of them: the waiter has a deadline
     silent: set[str] = set()  # owners that did not answer are not asked again
     results = []
@@ -256,12 +256,13 @@ def today_key(r: Record) -> tuple[bool, float]:
 
 
 def victim_order(
-    settings: Settings, records: list[Record], gpu: int
+    settings: Settings, records: list[Record], gpu: int, *, room_bytes: int | None = None
 ) -> tuple[list[Record], list[dict[str, Any]]]:
     """Idle, unpinned ``records`` in the order to evict them (``eviction.policy``: by foresight,
     ``gpulock.core.foresight``, or least recently used), each with why it is there: the
     ``evict`` event's ``policy``, ``next_use_s``, ``next_use_source``, ``reload_s`` and the
-    ``runner_up``."""
+    ``runner_up``.  ``room_bytes``: the bytes to free, when known (foresight then puts the
+    cheapest set that frees them first)."""
     from gpulock.core import foresight
 
     policy = foresight.policy_of(settings.config)
@@ -271,14 +272,28 @@ def victim_order(
         from gpulock.residents.foresight_inputs import gather, model_key
 
         fc = gather(settings, cands, [gpu])
-        order = foresight.order(cands, model=model_key, today=today_key, forecast=fc)
+        order = foresight.order(
+            cands, model=model_key, today=today_key, forecast=fc, room_bytes=room_bytes,
+            size=lambda r: r.bytes,
+        )  # fmt: skip
     else:
         order = sorted(cands, key=today_key)
+    # A model a pre-warm loaded ahead, not used since, is the first to go: a guess gives way
+    # to any real need (a ticket's own models are not candidates: make_room keeps them).
+    ahead: dict[str, float] = {}
+    if any(r.tenant is not None for r in order):
+        from gpulock.residents.prewarm_state import loaded_ahead
+
+        ahead = loaded_ahead(settings)
+    if ahead:
+        order = [r for r in order if r.id in ahead] + [r for r in order if r.id not in ahead]
     whys: list[dict[str, Any]] = []
     for i, r in enumerate(order):
         why: dict[str, Any] = {"policy": policy}
         if fc is not None:
             why.update(fc.why(r.name))
+        if r.id in ahead:
+            why["prewarm"] = "loaded ahead, not used yet: undone first"
         why["runner_up"] = order[i + 1].id if i + 1 < len(order) else None
         whys.append(why)
     return order, whys

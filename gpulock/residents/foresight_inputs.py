@@ -37,13 +37,35 @@ from gpulock.residents.registry import Record
 
 HISTORY_BYTES: Final = 4 * 1024**2  # the most of the log read at once: bounded cost
 DIGEST_NAME: Final = "foresight-past.json"
-DIGEST_FORMAT: Final = "gpulock.foresight-past/1"
+DIGEST_FORMAT: Final = "gpulock.foresight-past/2"  # /2: where each model comes from
 DIGEST_MAX_BYTES: Final = 8 * 1024**2
 KEEP_PER_USER: Final = 64  # uses kept per (model, agent): enough for a rhythm and a day's
 KEEP_LOADS: Final = 16  # load times kept per model
 CRON_D: Final = Path("/etc/cron.d")
 CRON_CACHE_S: Final = 60.0  # the crontab changes rarely; `crontab -l` is a process per read
 _cron_cache: dict[str, tuple[float, list[tuple[str, cronexpr.Cron]]]] = {}
+_entries_cache: dict[str, tuple[float, list[tuple[str, cronexpr.Cron, str]]]] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """Where a model came from the last time it was loaded or called: its file (a
+    ``model-load`` event's ``path``), the tenant that serves it (a tenant's ``resident`` event,
+    a ``call`` through a tenant), its GPU and size.  What pre-warming needs to warm it."""
+
+    path: str | None = None
+    tenant: str | None = None
+    gpu: int | None = None
+    bytes: int | None = None
+
+    def merged(self, newer: Where) -> Where:
+        """This, with what ``newer`` knows written over it."""
+        return Where(
+            newer.path if newer.path is not None else self.path,
+            newer.tenant if newer.tenant is not None else self.tenant,
+            newer.gpu if newer.gpu is not None else self.gpu,
+            newer.bytes if newer.bytes is not None else self.bytes,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +75,7 @@ class Past:
     models_of: dict[str, set[str]]  # agent or ticket name -> models it called
     # running fleets (``fleet-start`` events): pid -> fleet file; None once it stopped
     fleets: dict[int, str | None] = field(default_factory=dict)
+    where: dict[str, Where] = field(default_factory=dict)  # model -> where it comes from
 
 
 def model_key(r: Record) -> str:
@@ -138,9 +161,15 @@ def read_past(state_dir: Path, *, mode: int = 0o600) -> Past:
         a: past.models_of.get(a, set()) | new.models_of.get(a, set())
         for a in {*past.models_of, *new.models_of}
     }
+    where = dict(past.where)
+    for m, w in new.where.items():
+        where[m] = where[m].merged(w) if m in where else w
     merged = _trim(
-        Past(past.uses + new.uses, past.loads + new.loads, both, {**past.fleets, **new.fleets})
-    )
+        Past(
+            past.uses + new.uses, past.loads + new.loads, both, {**past.fleets, **new.fleets},
+            where,
+        )
+    )  # fmt: skip
     if text or digest is None:
         _save_digest(state_dir / DIGEST_NAME, merged, st.st_ino, start + done, mode)
     return merged
@@ -152,10 +181,17 @@ def past_of(events: Iterable[dict[str, Any]]) -> Past:
     loads: list[fs.Load] = []
     models_of: dict[str, set[str]] = {}
     fleets: dict[int, str | None] = {}
+    where: dict[str, Where] = {}
+
+    def at(model: str, w: Where) -> None:
+        where[model] = where[model].merged(w) if model in where else w
+
     for e in events:
         kind, ts = e.get("event"), e.get("ts")
         if not isinstance(ts, int | float):
             continue
+        gpu = e.get("gpu") if isinstance(e.get("gpu"), int) else None
+        tenant = e.get("tenant") if isinstance(e.get("tenant"), str) else None
         if kind in ("fleet-start", "fleet-stop") and isinstance(e.get("pid"), int):
             file = e.get("file") if kind == "fleet-start" else None
             fleets[e["pid"]] = file if isinstance(file, str) else None
@@ -164,15 +200,24 @@ def past_of(events: Iterable[dict[str, Any]]) -> Past:
             uses.append(fs.Use(e["model"], float(ts), by))
             if by:
                 models_of.setdefault(e["agent"], set()).add(e["model"])
+            if tenant is not None:
+                at(e["model"], Where(tenant=tenant))
         elif kind == "resident" and isinstance(e.get("name"), str):
             uses.append(fs.Use(e["name"], float(ts)))
+            if tenant is not None:
+                size = e.get("declared_bytes")
+                b = size if isinstance(size, int) and size > 0 else None
+                path = e.get("path") if isinstance(e.get("path"), str) else None
+                at(e["name"], Where(path=path, tenant=tenant, gpu=gpu, bytes=b))
         elif kind == "model-load" and isinstance(e.get("model"), str):
             uses.append(fs.Use(e["model"], float(ts)))
             load_s, size = e.get("load_s"), e.get("need_bytes")
+            b = size if isinstance(size, int) and size > 0 else None
             if isinstance(load_s, int | float) and load_s > 0:
-                b = size if isinstance(size, int) and size > 0 else None
                 loads.append(fs.Load(e["model"], float(load_s), b))
-    return Past(uses, loads, models_of, fleets)
+            path = e.get("path") if isinstance(e.get("path"), str) else None
+            at(e["model"], Where(path=path, gpu=gpu, bytes=b))
+    return Past(uses, loads, models_of, fleets, where)
 
 
 def _read_range(path: Path, start: int, end: int) -> bytes:
@@ -229,7 +274,7 @@ def _trim(past: Past) -> Past:
         by_model.setdefault(ld.model, []).append(ld)
     loads = [ld for group in by_model.values() for ld in group[-KEEP_LOADS:]]
     fleets: dict[int, str | None] = {p: f for p, f in past.fleets.items() if f is not None}
-    return Past(uses, loads, past.models_of, fleets)
+    return Past(uses, loads, past.models_of, fleets, past.where)
 
 
 def _load_digest(path: Path) -> tuple[Past, int, int] | None:
@@ -256,9 +301,16 @@ def _load_digest(path: Path) -> tuple[Past, int, int] | None:
         ]
         models_of = {str(a): {str(m) for m in ms} for a, ms in doc["models_of"].items()}
         fleets: dict[int, str | None] = {int(p): str(f) for p, f in doc["fleets"].items()}
+        where = {
+            str(m): Where(
+                None if p is None else str(p), None if t is None else str(t),
+                None if g is None else int(g), None if b is None else int(b),
+            )
+            for m, (p, t, g, b) in doc["where"].items()
+        }  # fmt: skip
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    return Past(uses, loads, models_of, fleets), inode, offset
+    return Past(uses, loads, models_of, fleets, where), inode, offset
 
 
 def _save_digest(path: Path, past: Past, inode: int, offset: int, mode: int) -> None:
@@ -275,6 +327,7 @@ def _save_digest(path: Path, past: Past, inode: int, offset: int, mode: int) -> 
         "loads": [[ld.model, ld.load_s, ld.bytes] for ld in past.loads],
         "models_of": {a: sorted(ms) for a, ms in past.models_of.items()},
         "fleets": {str(p): f for p, f in past.fleets.items() if f is not None},
+        "where": {m: [w.path, w.tenant, w.gpu, w.bytes] for m, w in past.where.items()},
     }
     try:
         state.atomic_write(path, json.dumps(doc, separators=(",", ":")).encode(), mode=mode)
@@ -381,7 +434,21 @@ def fleet_jobs(file: str, now_wall: float) -> list[tuple[str, cronexpr.Cron]]:
 
 def cron_jobs(now_wall: float) -> list[tuple[str, cronexpr.Cron]]:
     """(agent name, schedule) of the readable crontab lines that call gpulock; cached a minute."""
-    hit = _cron_cache.get("jobs")
+    return [(name, cron) for name, cron, _line in cron_entries(now_wall)]
+
+
+def cron_lines(now_wall: float) -> dict[str, list[str]]:
+    """The readable crontab lines that run each gpulock agent, as written: what ``gpulock
+    replay --target-wait`` shows beside two agents that stand in each other's way."""
+    out: dict[str, list[str]] = {}
+    for name, _cron, line in cron_entries(now_wall):
+        out.setdefault(name, []).append(line)
+    return out
+
+
+def cron_entries(now_wall: float) -> list[tuple[str, cronexpr.Cron, str]]:
+    """(agent name, schedule, the line) of ``crontab -l`` and /etc/cron.d; cached a minute."""
+    hit = _entries_cache.get("jobs")
     if hit is not None and now_wall - hit[0] < CRON_CACHE_S:
         return hit[1]
     texts: list[tuple[str, bool]] = []  # (text, has a user field)
@@ -401,13 +468,18 @@ def cron_jobs(now_wall: float) -> list[tuple[str, cronexpr.Cron]]:
                 continue
     except OSError:
         pass
-    jobs = [job for text, system in texts for job in crontab_jobs(text, system=system)]
-    _cron_cache["jobs"] = (now_wall, jobs)
+    jobs = [job for text, system in texts for job in crontab_entries(text, system=system)]
+    _entries_cache["jobs"] = (now_wall, jobs)
     return jobs
 
 
 def crontab_jobs(text: str, *, system: bool = False) -> list[tuple[str, cronexpr.Cron]]:
     """Lines of a crontab (``system``: /etc/cron.d, with a user field) that call gpulock."""
+    return [(name, cron) for name, cron, _line in crontab_entries(text, system=system)]
+
+
+def crontab_entries(text: str, *, system: bool = False) -> list[tuple[str, cronexpr.Cron, str]]:
+    """``crontab_jobs`` with each line as written."""
     out = []
     for raw in text.splitlines():
         line = raw.strip()
@@ -426,7 +498,7 @@ def crontab_jobs(text: str, *, system: bool = False) -> list[tuple[str, cronexpr
         if name is None:
             continue
         try:
-            out.append((name, cronexpr.parse(sched)))
+            out.append((name, cronexpr.parse(sched), line))
         except ValueError:
             continue
     return out

@@ -361,9 +361,10 @@ def _residency_events(
     by_id = {f"{li.tenant}/{m.name}": (li, m) for li, m in rows}
     for rid in obs.appeared:
         li, m = by_id[rid]
+        where = {"path": m.path} if m.path else {}  # its file: what a pre-warm reads ahead
         settings.emit(
             "resident", resident=rid, name=m.name, gpu=li.gpu, tenant=li.tenant,
-            declared_bytes=m.size_bytes, state=m.state,
+            declared_bytes=m.size_bytes, state=m.state, **where,
         )  # fmt: skip
     for rid in obs.vanished:
         tenant, _, name = rid.partition("/")

@@ -290,6 +290,9 @@ def call_event(
 ) -> None:
     """One ``call`` event: who called, which model, how it went, what it cost."""
     counts = {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0}
+    # The tenant that served it: foresight's pre-warm asks that server to load the model
+    # ahead of the agent's next run (gpulock.residents.prewarm).
+    served = {"tenant": c.tenant} if c.tenant else {}
     settings.emit(
         "call",
         task=task,
@@ -298,7 +301,7 @@ def call_event(
         model=c.name,
         ok=ok,
         latency_s=round(latency_s, 6),
-        **{**counts, **fields},
+        **{**counts, **served, **fields},
     )
 
 

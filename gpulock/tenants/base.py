@@ -44,6 +44,7 @@ class TenantModel:
     # Changes whenever the server served the model (Ollama's expires_at, llama-server's last
     # task ids): gpulock.tenants.usage turns a change into a last use the server never reports.
     fingerprint: str | None = None
+    path: str | None = None  # its file, where the server says (llama-server's router): pre-warm
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +77,17 @@ class Adapter:
         """Ask the server to free ``model``; returns what it answered, in words."""
         raise NotImplementedError
 
-    def load(self, model: str, *, timeout_s: float = 120.0) -> None:
-        """Ask the server to load ``model`` (TenantError when this kind cannot)."""
+    def load(
+        self, model: str, *, timeout_s: float = 120.0, keep_alive_s: float | None = None
+    ) -> None:
+        """Ask the server to load ``model`` (TenantError when this kind cannot).
+        ``keep_alive_s``: how long to keep it loaded after, where the server takes a word on
+        it (Ollama; a pre-warm asks for its predicted use and a margin)."""
         raise NotImplementedError
+
+    def warm_up(self, model: str, *, timeout_s: float = 120.0) -> None:
+        """After a load ahead: make the first real request as fast as the next ones, where the
+        server's load alone does not (nothing to do for most kinds)."""
 
     def health(self) -> str | None:
         """None when the server answers as it should; else what is wrong."""

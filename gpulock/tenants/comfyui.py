@@ -70,5 +70,7 @@ class ComfyUIAdapter(Adapter):
         )  # fmt: skip
         return "free requested (the worker frees between jobs)"
 
-    def load(self, model: str, *, timeout_s: float = 120.0) -> None:
+    def load(
+        self, model: str, *, timeout_s: float = 120.0, keep_alive_s: float | None = None
+    ) -> None:
         raise TenantHttpError("ComfyUI loads models when a workflow runs; nothing to call")

@@ -92,7 +92,9 @@ class CommandAdapter(Adapter):
         folder = ensure_subdir(self.settings.state_dir, "tenants", group=self.settings.group)
         return str(folder / f"{self.spec.name}.log")
 
-    def load(self, model: str | None = None, *, timeout_s: float | None = None) -> None:
+    def load(  # a command server loads what its command says, whatever the model
+        self, model: str | None = None, *, timeout_s: float | None = None, **_: object
+    ) -> None:
         """Start the server (unless it runs) and wait until ``health`` answers."""
         if self.ticket() is None:
             self._spawn()

@@ -12,7 +12,8 @@
 * Unload: ``POST /models/unload {"model": M}`` answers ``{"success": true}`` before the child
   exits: the caller polls ``/models`` until the model is ``unloaded``.  A generating model is
   killed by the router after its stop timeout and its request fails: never asked unless forced.
-* Load: ``POST /models/load {"model": M}``.
+* Load: ``POST /models/load {"model": M}``; a load ahead (pre-warm) then asks one token of
+  ``POST /v1/completions`` (``warm_up``): the child maps its file, and only a request reads it.
 * The router runs one child per model, on its own port (``--port`` in ``status.args``): that
   port names the child's pid (``gpulock.tenants.procs``) for NVML's per-process figure.
 """
@@ -109,9 +110,9 @@ class LlamaServerAdapter(Adapter):
                 pass  # slots off (--no-slots) or the child is busy starting: in use unknown
         if not n_ctx and isinstance(meta.get("n_ctx"), int):
             n_ctx = meta["n_ctx"]  # the child's context, when its slots could not be read
+        path = m.get("path") if isinstance(m.get("path"), str) else None
+        path = path or arg_value(args, "-m", "--model")
         if size is not None:
-            path = m.get("path") if isinstance(m.get("path"), str) else None
-            path = path or arg_value(args, "-m", "--model")
             kv = kv_estimate(path, n_ctx)
             size += kv or 0
         port = arg_value(args, "--port")
@@ -122,6 +123,7 @@ class LlamaServerAdapter(Adapter):
             in_use=in_use,
             fingerprint=fingerprint,
             detail=f"child port {port}" if port else None,
+            path=path,
         )
 
     def _slots_path(self, name: str) -> str:
@@ -145,5 +147,14 @@ class LlamaServerAdapter(Adapter):
             raise TenantHttpError(f"POST /models/unload: refused: {reply}")
         return "unload accepted (the child exits after)"
 
-    def load(self, model: str, *, timeout_s: float = 120.0) -> None:
+    def load(
+        self, model: str, *, timeout_s: float = 120.0, keep_alive_s: float | None = None
+    ) -> None:
         self.client.post("/models/load", {"model": model}, timeout_s=timeout_s)
+
+    def warm_up(self, model: str, *, timeout_s: float = 120.0) -> None:
+        # A child maps its GGUF (llama.cpp's default): the load reads little, and the first
+        # request faults every weight in, about as long again as a warm request on a 3 GiB
+        # model (bench/prewarm.py).  One token of a one-word prompt does that ahead of time.
+        body = {"model": model, "prompt": "warm", "max_tokens": 1, "cache_prompt": False}
+        self.client.post("/v1/completions", body, timeout_s=timeout_s)

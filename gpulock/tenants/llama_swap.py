@@ -36,6 +36,8 @@ class LlamaSwapAdapter(Adapter):
         self.client.request("POST", path, None, timeout_s=timeout_s, expect_json=False)
         return "stopped"
 
-    def load(self, model: str, *, timeout_s: float = 120.0) -> None:
+    def load(
+        self, model: str, *, timeout_s: float = 120.0, keep_alive_s: float | None = None
+    ) -> None:
         path = f"/upstream/{urllib.parse.quote(model, safe='')}/health"
         self.client.request("GET", path, timeout_s=timeout_s, expect_json=False)

@@ -56,7 +56,9 @@ class LocalAIAdapter(Adapter):
         )
         return "backend shut down"
 
-    def load(self, model: str, *, timeout_s: float = 120.0) -> None:
+    def load(
+        self, model: str, *, timeout_s: float = 120.0, keep_alive_s: float | None = None
+    ) -> None:
         self.client.request(
             "POST", "/backend/load", {"model": model}, timeout_s=timeout_s, expect_json=False
         )

@@ -6,7 +6,8 @@
   the model only when its in-flight requests end; meanwhile ``/api/ps`` still lists it with
   ``expires_at`` in the past.  Such an entry is ``unloading`` here, and a model that stays so
   after the verification window was busy (serving), not stuck.
-* Load: ``POST /api/generate {"model": M}`` (no prompt) loads it with the default keep_alive.
+* Load: ``POST /api/generate {"model": M}`` (no prompt) loads it with the default keep_alive,
+  or with ``keep_alive`` (seconds) when a pre-warm asks to keep it past its predicted use.
 * Last use: Ollama never reports it; ``expires_at`` moves on every request (to now +
   keep_alive), so it is the usage fingerprint.  ``/v1/*`` ignores keep_alive: never used here.
 """
@@ -75,5 +76,12 @@ class OllamaAdapter(Adapter):
             )
         return "keep_alive 0 accepted"
 
-    def load(self, model: str, *, timeout_s: float = 120.0) -> None:
-        self.client.post("/api/generate", {"model": model, "stream": False}, timeout_s=timeout_s)
+    def load(
+        self, model: str, *, timeout_s: float = 120.0, keep_alive_s: float | None = None
+    ) -> None:
+        # An empty prompt only loads the model (docs/api.md "Load a model"); keep_alive (a
+        # number is seconds) keeps it past Ollama's default 5 minutes when a pre-warm asks.
+        body: dict[str, object] = {"model": model, "stream": False}
+        if keep_alive_s is not None:
+            body["keep_alive"] = round(keep_alive_s)
+        self.client.post("/api/generate", body, timeout_s=timeout_s)

@@ -86,7 +86,9 @@ class VllmAdapter(Adapter):
         self._call("/sleep?level=1&mode=wait", timeout_s)
         return "asleep (level 1)"
 
-    def load(self, model: str, *, timeout_s: float = 120.0) -> None:
+    def load(
+        self, model: str, *, timeout_s: float = 120.0, keep_alive_s: float | None = None
+    ) -> None:
         self._call("/wake_up", timeout_s)
 
     def health(self) -> str | None:

@@ -3,10 +3,12 @@
 * ``GET /api/ps`` -> ``{"models": [{"name", "model", "size", "size_vram", "digest",
   "details", "expires_at", "context_length"}]}``; ``expires_at`` in RFC 3339 with
   nanoseconds and the local offset, as Ollama writes it.
-* ``POST /api/generate {"model": M}`` (no prompt) loads M; with ``"keep_alive": 0`` it answers
-  at once ``{"done": true, "done_reason": "unload"}`` -- the pitfall: the model leaves memory
-  only when its in-flight requests end (then ``unload_delay_s`` later), and until then
-  ``/api/ps`` keeps listing it with ``expires_at`` in the past.
+* ``POST /api/generate {"model": M}`` (no prompt) loads M, for ``keep_alive`` seconds when
+  that is a number above 0 (else 5m; duration strings are not followed here); with
+  ``"keep_alive": 0`` it answers at once ``{"done": true, "done_reason": "unload"}`` -- the
+  pitfall: the model leaves memory only when its in-flight requests end (then
+  ``unload_delay_s`` later), and until then ``/api/ps`` keeps listing it with ``expires_at`` in
+  the past.
 * ``POST /api/generate {"model": M, "prompt": P}`` (or ``/api/chat`` with ``messages``) loads
   M, generates (in flight until the test sets ``hold``), and moves ``expires_at`` to now +
   keep_alive (default 5m); with ``"keep_alive": 0`` it unloads M after answering.  Unless the
@@ -86,7 +88,9 @@ class Ollama(StandIn):
                 self._unload(name)
                 return 200, {"model": name, "created_at": now, "response": "", "done": True,
                              "done_reason": "unload"}  # fmt: skip
-            self.load(name)
+            ka = body.get("keep_alive")
+            keep = float(ka) if isinstance(ka, int | float) and ka > 0 else DEFAULT_KEEP_ALIVE_S
+            self.load(name, keep)
             if not work:
                 return 200, {"model": name, "created_at": now, "response": "", "done": True,
                              "done_reason": "load"}  # fmt: skip

@@ -272,6 +272,7 @@ class LlamaBackend:
             "model-load",
             task=c.task,
             model=c.name,
+            path=c.model,  # the GGUF: what pre-warming reads into the page cache next time
             tier=c.tier,
             gpu=self.gpu,
             n_ctx=c.n_ctx,
