@@ -21,10 +21,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 DESCRIPTION = """\
 Check the config file now: gpulock's own keys, and every other section (router, routes,
-watchdog, governor, serve, cluster, agents, metrics, prefetch, eviction) with the validator of
-the part of gpulock that reads it, so a typo in serve: shows up today, not when the service
-next starts.  Each problem is one line, file:line: key: what, with a hint ("did you mean ...?")
-under it: every wrong top-level key or value, and the first problem of each section."""
+watchdog, governor, serve, cluster, agents, metrics, prefetch, prewarm, eviction) with the
+validator of the part of gpulock that reads it, so a typo in serve: shows up today, not when
+the service next starts.  Each problem is one line, file:line: key: what, with a hint ("did
+you mean ...?") under it: every wrong top-level key or value, and the first problem of each
+section."""
 
 EPILOG = """\
 exit codes: 0 no problem (or no config file: every default applies); 1 a problem (or the file

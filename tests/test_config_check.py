@@ -129,3 +129,12 @@ def test_unknown_keys_guess_alike_in_every_section(cli: Cli, section: str) -> No
     doc = cli.run("config", "check", "--config", str(path), "--json").json()
     hints = [p["hint"] for p in doc["problems"] if p["key"] == f"{section}.{known}x"]
     assert hints and hints[0].startswith(f"did you mean {known!r}? known keys: "), doc
+
+
+def test_every_section_the_config_keeps_has_a_checker() -> None:
+    """A section added to the config (``SECTIONS``) without a ``gpulock.config`` entry point
+    would pass ``gpulock config check`` unread."""
+    from gpulock.core.config import SECTIONS
+    from gpulock.core.sections import checkers
+
+    assert set(SECTIONS) - set(checkers()) == set()

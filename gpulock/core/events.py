@@ -50,6 +50,7 @@ KINDS: Mapping[str, str] = MappingProxyType(
         "unload": "a resident model unloaded",
         "flush": "a resident's use counts written",
         "evict": "a resident asked to leave, and whether its memory came back",
+        "prewarm": "a model read into the page cache or loaded ahead of its predicted use",
         "oom": "a load ran out of GPU memory",
         # the governor (gpulock.governor)
         "escalate": "the governor climbed a level",
