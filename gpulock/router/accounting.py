@@ -40,6 +40,9 @@ from gpulock.router.routes import Candidate, RouterSettings
 
 # HTTP statuses that blame this one request (its keywords, its size), not the endpoint.
 REQUEST_FAULTS = frozenset({400, 413, 422})
+# Failures that show a peer silent, gone or broken (not busy, not the request's fault): the
+# peer is failing for every caller of this host until its heartbeat moves.
+PEER_FAILURES = frozenset({"timeout", "connection", "server"})
 
 
 def admit(
@@ -263,6 +266,8 @@ def failed(
             peers.share_cooldown(settings, cid(c), cooled, e.short)
             if c.host is not None:  # a peer that failed: no host sends it work for a while
                 peers.share_cooldown(settings, cooldowns.peer(c.host), cooled, e.short)
+                if e.kind in PEER_FAILURES:  # nor any caller here, until it beats again
+                    peers.peer_failed(settings, c.host, e.short)
     call_event(
         settings,
         c,

@@ -88,6 +88,10 @@ class Verdict:
     # Why a cloud candidate was refused when the reason is an accounting limit: "budget" (its
     # daily_budget or router.daily_budget) or "rate" (its rate_limit); None otherwise.
     limit: str | None = None
+    # A cluster peer's verdict: when it is expected to start there (its line, its load, the
+    # remote penalty), so that a peer that sends nothing by then (plus cluster.peer_timeout)
+    # is given up (gpulock.router.backends.peer).  None: not a peer's.
+    start_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -222,12 +222,18 @@ class Model:
     def _backend(self, v: Verdict) -> Any:
         c = v.candidate
         key = f"{cid(c)}|{c.n_ctx}|{v.gpu}"
-        b = self._backends.get(key)
+        b: Any = self._backends.get(key)
         if b is None:
             if c.host is not None:  # a cluster peer's gateway
+                from gpulock.router import peers
                 from gpulock.router.backends.peer import PeerBackend
 
-                b = PeerBackend(c, agent=self.agent, me=_here(self._settings))
+                b = PeerBackend(
+                    c,
+                    agent=self.agent,
+                    me=_here(self._settings),
+                    peer_timeout_s=peers.peer_timeout_s(self._settings),
+                )
             elif c.local:
                 from gpulock.router.backends import llama_cpp
 
@@ -241,6 +247,8 @@ class Model:
 
                 b = OpenAIBackend(c)
             self._backends[key] = b
+        if c.host is not None:
+            b.start_s = v.start_s  # this call's expected start there: silence past it fails
         return b
 
     def _wait_s(self, c: Candidate) -> float:
