@@ -104,7 +104,12 @@ def host(
     warm: set[str] | None = None,
     environ: Mapping[str, str] | None = None,
     now_wall: float | None = None,
+    led: ledger.Ledger | None = None,
+    level_now: str | None = None,
 ) -> Host:
+    """What this machine has now for ``candidates``.  ``led``: the ledger as the caller keeps
+    it (``gpulock.router.books``; else read from its file); ``level_now``: the governor's level
+    as the caller knows it (else read)."""
     now = time.time() if now_wall is None else now_wall
     env = os.environ if environ is None else environ
     gpus: list[GpuView] = []
@@ -126,12 +131,13 @@ def host(
         for d in report.devices:
             gpus.append(_gpu_view(settings, d.index, d.total_bytes, d.free_bytes, rs, now))
     keys = {c.api_key_env for c in candidates if c.api_key_env}
-    led = ledger.read(settings, now_wall=now)
+    if led is None:
+        led = ledger.read(settings, now_wall=now)
     vram_of = vram_estimator(tenant_sizes, settings)
     return Host(
         gpus=tuple(gpus),
         gpu_problem=problem,
-        level=level.current(settings),
+        level=level.current(settings) if level_now is None else level_now,
         warm=frozenset((warm or set()) | tenant_warm),
         env=frozenset(k for k in keys if env.get(k)),
         missing_files=frozenset(c.model for c in candidates if c.local and not _file(c.model)),

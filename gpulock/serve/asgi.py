@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from starlette.requests import ClientDisconnect, Request
@@ -68,6 +68,7 @@ class Streamed(Response):
         super().__init__(None, 200, headers, media_type)
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         self.chunks = chunks
+        self.on_close: Callable[[], None] | None = None  # called once, when the stream ends
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def pump() -> None:
@@ -98,9 +99,13 @@ class Streamed(Response):
         finally:
             state["finished"] = True
             watcher.cancel()
-            close = getattr(self.chunks, "aclose", None)
-            if close is not None:
-                await close()  # the answer's place is freed here, at once
+            try:
+                close = getattr(self.chunks, "aclose", None)
+                if close is not None:
+                    await close()  # the answer's place is freed here, at once
+            finally:
+                if self.on_close is not None:
+                    self.on_close()
 
 
 async def _until_hung_up(receive: Receive) -> None:

@@ -142,6 +142,7 @@ def _main(argv: list[str]) -> int:
         log_level="warning",
         access_log=False,  # an access log line per request; Authorization is never logged
         lifespan="on",
+        proxy_headers=False,  # nothing here reads X-Forwarded-*: not parsed per request
         timeout_graceful_shutdown=5,
         http=protocol(max_header=sc.max_header_bytes, read_timeout=sc.read_timeout_s),
     )
