@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from dataclasses import dataclass
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from starlette.requests import ClientDisconnect, Request
