@@ -411,3 +411,31 @@ def test_a_deadline_504_for_a_candidates_name_names_that_candidate(
     message = r.json()["error"]["message"]
     assert message.startswith("no model for 'tiny-gpu' (of task "), message
     holder.release()
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_stopped_server_answers_its_waiters_releases_its_tickets_and_exits_0(
+    world: World, start: Callable[..., GatewayProc], sig: str
+) -> None:
+    """SIGTERM (systemd's stop) and SIGINT (Ctrl-C): the request waiting for the GPU is
+    answered 503, its ticket leaves the line, the server says it stopped and exits 0 (it
+    died of the signal before: 143, 130)."""
+    import os
+    import signal
+
+    g = start()
+    assert g.proc is not None
+    holder = world.hold("holder")
+    bg = Background()
+    bg.send("waiter", lambda: chat(g, "waiter"))
+    ticket_of(world, "waiter")
+    os.kill(g.proc.pid, getattr(signal, sig))
+    assert g.proc.wait(WAIT_S) == 0, g.output()
+    bg.join()
+    r = bg.replies["waiter"]
+    assert isinstance(r, Reply) and r.status == 503, r
+    assert "gpulock serve is stopping" in r.json()["error"]["message"]
+    assert f"gpulock serve: stopped ({sig})" in g.output()
+    assert "Traceback" not in g.output()
+    assert [t.name for t in world.tickets().values()] == ["holder"]  # the waiter's is gone
+    holder.release()
