@@ -39,23 +39,28 @@ def test_serves_write_behind_writes_when_the_last_request_ends(tmp_path: Path) -
 
     s = load(None, str(tmp_path / "state"))
 
-    async def run() -> tuple[list[str], list[str], list[str]]:
+    async def run() -> tuple[list[str], list[str], list[str], list[str]]:
         wb = WriteBehind(s, every_s=3600)
         wb.start()
         try:
             wb.begin()
+            s.emit("alone")  # one request in flight: written at once
+            alone = lines(s.state_dir)
             wb.begin()
-            s.emit("first")
+            s.emit("first")  # two: gathered
             wb.end()  # another request still in flight: it waits
             waiting = lines(s.state_dir)
             s.emit("second")
             wb.end()  # the last one: both written now, before its answer goes out
             written = lines(s.state_dir)
-            s.emit("from a thread")  # no request in flight: written within every_s, or at close
+            wb.begin()
+            wb.begin()
+            await asyncio.to_thread(s.emit, "from a thread")  # within every_s, or at close
         finally:
             wb.close()
-        return waiting, written, lines(s.state_dir)
+        return alone, waiting, written, lines(s.state_dir)
 
-    waiting, written, closed = asyncio.run(run())
-    assert waiting == [] and written == ["first", "second"]
-    assert closed == ["first", "second", "from a thread"]
+    alone, waiting, written, closed = asyncio.run(run())
+    assert alone == ["alone"] and waiting == ["alone"]
+    assert written == ["alone", "first", "second"]
+    assert closed == ["alone", "first", "second", "from a thread"]

@@ -37,6 +37,7 @@ VERDICT_KEYS = {
     "gpu",
     "need_bytes",
     "warm",
+    "reservation",
 }
 
 

@@ -44,7 +44,7 @@ class Books:
         settings: Settings,
         rs: RouterSettings,
         *,
-        every_s: float = 0.5,
+        every_s: float = 0.05,
         look_s: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,

@@ -55,6 +55,10 @@ class GpuView:
     # estimated per newcomer need by gpulock.router.waitest; without one, ``est_wait_s`` stands.
     line: tuple[Queued, ...] = ()
     history: HoldHistory | None = None
+    # The GPU's free memory as gpulock status shows it (``free_bytes`` is that less the
+    # configured reserve), and what the lock's holders claim (an exclusive one: all of it).
+    shown_free_bytes: int | None = None
+    claimed_bytes: int | None = 0
 
 
 def _no_estimate(c: Candidate) -> int | None:

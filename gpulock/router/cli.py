@@ -65,22 +65,36 @@ def _main(argv: list[str]) -> int:
         config=args.config,
         state_dir=args.state_dir,
     )
+    settings, table = context(args.config, args.state_dir)
     if args.json:
         from gpulock.router.peers import here_name
-        from gpulock.router.select import context
 
-        settings, _table = context(args.config, args.state_dir)
-        print(json.dumps(choice_json(choice, here_name(settings)), indent=2))
+        print(json.dumps(choice_json(choice, here_name(settings), table.settings), indent=2))
     elif args.explain or choice.chosen is None:
         print(choice.explain())
+        for line in reservations(choice, table.settings):
+            print(line)
     else:
         c = choice.chosen.candidate
         print(f"{args.task}: {c.tier} {c.name} ({c.key}): {choice.chosen.reason}")
     return EX_OK if choice.chosen is not None else EX_TEMPFAIL
 
 
-def choice_json(choice: Any, here: str | None = None) -> dict[str, Any]:
-    """``here``: this host's name, for ``host`` when the chosen candidate runs here."""
+def reservations(choice: Any, rs: Any) -> list[str]:
+    """For each cloud candidate with a budget: how a call's reservation is computed."""
+    from gpulock.router import budget
+
+    return [
+        f"  {v.candidate.name}: {budget.explain(v.candidate)}"
+        for v in choice.verdicts
+        if budget.needed(v.candidate, rs)
+    ]
+
+
+def choice_json(choice: Any, here: str | None = None, rs: Any = None) -> dict[str, Any]:
+    """``here``: this host's name, for ``host`` when the chosen candidate runs here;
+    ``rs``: the router's settings, for each budgeted candidate's ``reservation``."""
+    from gpulock.router import budget
 
     def verdict(v: Any) -> dict[str, Any]:
         c = v.candidate
@@ -98,6 +112,7 @@ def choice_json(choice: Any, here: str | None = None) -> dict[str, Any]:
             "gpu": v.gpu,
             "need_bytes": v.need_bytes,
             "warm": v.warm,
+            "reservation": (budget.explain(c) if rs is not None and budget.needed(c, rs) else None),
         }
 
     chosen = choice.chosen

@@ -62,6 +62,8 @@ CANDIDATE_KEYS = (
     "tenant",
     "keep_alive",
     "parallel",
+    "tokenizer",
+    "bytes_per_token",
 )
 TASK_KEYS = ("candidates", "inherit", *CANDIDATE_KEYS)
 ROUTER_KEYS = ("defaults", "cooldown", "daily_budget", "hold_estimate")
@@ -107,6 +109,11 @@ class Candidate:
     parallel: int = 1  # requests `gpulock serve` runs at once under one ticket of this model
     # The cluster peer that runs it (gpulock.router.peers: its gateway is ``base_url``); None: here.
     host: str | None = None
+    # How a call's prompt is counted for its budget reservation (gpulock.router.tokens): a
+    # tiktoken encoding used when its data is on this machine, and/or the UTF-8 bytes a token
+    # covers at least; neither: a token a byte.
+    tokenizer: str | None = None
+    bytes_per_token: float | None = None
 
     @property
     def local(self) -> bool:
@@ -324,7 +331,35 @@ def _candidate(
         ),
         gpu=_opt_int(cfg, at("gpu"), f.get("gpu"), low=0) if tenant is None else tenant.gpu,
         parallel=_int(cfg, at("parallel"), f.get("parallel", 1), low=1),
+        tokenizer=_tokenizer(cfg, at("tokenizer"), f.get("tokenizer")),
+        bytes_per_token=_ratio(cfg, at("bytes_per_token"), f.get("bytes_per_token")),
     )
+
+
+def _tokenizer(cfg: Config, key: str, value: Any) -> str | None:
+    from gpulock.router.tokens import ENCODINGS
+
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in ENCODINGS:
+        raise cfg.error(
+            key,
+            f"expected a tiktoken encoding, got {value!r}",
+            hint=known_hint(str(value), ENCODINGS, "encodings"),
+        )
+    return value
+
+
+def _ratio(cfg: Config, key: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= 64:
+        raise cfg.error(
+            key,
+            f"expected the UTF-8 bytes a token covers at least (1 to 64, like 3.5), got {value!r}",
+            hint="English is about 4 bytes a token, code 3, CJK text 1.5 to 3, emoji 1 to 2",
+        )
+    return float(value)
 
 
 def tenant_candidate(cfg: Config, tenant: str, model: str) -> Candidate:

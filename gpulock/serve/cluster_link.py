@@ -108,11 +108,12 @@ class ClusterLink:
                 GpuLine(
                     g.index,
                     g.total_bytes,
-                    g.free_bytes,
+                    g.shown_free_bytes,  # as gpulock status shows it (the lock's claims count)
                     holding,
                     max(0, ahead - holding),
                     wait,
                     hold,
+                    claimed_bytes=g.claimed_bytes,
                 )
             )
         runs = []

@@ -289,7 +289,7 @@ class Dispatcher:
             payload, limit = ask.inputs, 0  # an embedding has no output tokens
         elif not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             limit = c.max_tokens  # what _try will ask for
-        bound = budget.bound_usd(c, payload, limit)
+        bound = budget.bound_usd(c, payload, limit, ask.params)
         taking = asyncio.ensure_future(self._off_loop(budget.reserve, self.settings, rs, c, bound))
         try:
             r = await asyncio.shield(taking)

@@ -2,12 +2,12 @@
 
 Each request writes two events (``call`` and ``gateway-request``), and an open, a write and a
 close per event was a large part of the gateway's CPU under load.  While the server runs, its
-events go to a ``gpulock.core.events.Batch``.  When the last request in flight ends, what was
-gathered is written at once, before that response is sent (so a client that reads the event
-log after its answer finds the answer's events, as before); while other requests are in
-flight, it waits at most ``every_s`` and is written in one ``write()`` with theirs.  An event
-from a thread (the cluster's heartbeat, a fallback run off the loop) is written within
-``every_s`` too.  ``close()`` writes what is left, when the server stops.
+events go to a ``gpulock.core.events.Batch``.  With one request in flight (or none) an event is
+written at once, as before: a client that reads the event log after its answer finds the
+answer's events.  With several, it waits at most ``every_s`` and is written in one
+``write()`` with theirs, or when the last request in flight ends, before that response is sent.
+An event from a thread (the cluster's heartbeat, a fallback run off the loop) is written
+within ``every_s``.  ``close()`` writes what is left, when the server stops.
 """
 
 from __future__ import annotations
@@ -51,10 +51,12 @@ class WriteBehind:
         loop = self._loop
         if loop is None:
             return
-        if threading.get_ident() == self._loop_thread:
-            self._arm()
-        else:
+        if threading.get_ident() != self._loop_thread:
             loop.call_soon_threadsafe(self._arm)
+        elif self.active <= 1:
+            self.batch.flush()  # one request at a time: nothing to gather it with
+        else:
+            self._arm()
 
     def _arm(self) -> None:
         if self._timer is None and self._loop is not None:
