@@ -117,6 +117,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/serve_abuse.py
 	$(BIN)/python bench/prefetch.py
 	$(BIN)/python bench/cluster.py
+	$(BIN)/python bench/budget.py
 
 clean:
 	rm -rf $(VENV) site build .pytest_cache .mypy_cache .ruff_cache *.egg-info
