@@ -17,8 +17,8 @@ and its answer re-rendered.  The gateways, each a column:
 * ``gpulock serve, limits``: the same with a ``rate_limit`` and a ``daily_budget`` on the route
   (none refuses: every request is admitted, reserved and settled under the ledger's lock);
 * ``before (REV)`` and ``before (REV), limits``: the code of ``--before`` (default ``ea3e100``,
-  before issue 31's work on the request path), exported from this checkout's history, run as it
-  was installed then (without uvloop);
+  before issue 31's work on the request path), exported from this checkout's history, on
+  asyncio's own loop as this code runs (uvicorn would take uvloop where it is installed);
 * ``LiteLLM``: its proxy (``litellm[proxy]``, no database), installed by this benchmark into its
   own virtual environment under ``~/.cache/gpulock-bench/litellm`` (``$XDG_CACHE_HOME``
   respected; never a dependency of gpulock), skipped with a message where it cannot be
@@ -387,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     urls = {"direct": f"{up_url}/chat/completions"}
     by_name: dict[str, subprocess.Popen[bytes]] = {"direct": procs[0]}
-    # The code before ran as it was installed then: without uvloop (its serve extra had none).
+    # Both on asyncio's own loop: this code asks uvicorn for it, the code before would take
+    # uvloop where it is installed.
     no_uvloop = tmp / "no-uvloop" / "uvloop"
     no_uvloop.mkdir(parents=True)
     (no_uvloop / "__init__.py").write_text("raise ImportError('not in this extra')\n")
