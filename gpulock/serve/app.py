@@ -356,6 +356,9 @@ def build_app(
                 log.exception("internal error on %s", request.url.path)
                 msg = f"internal error ({type(e).__name__}); see the gpulock serve log"
                 response = error_response(ApiError(500, msg, type="server_error"), request.url.path)
+            except BaseException:  # cancelled (the server stopping): no longer in flight
+                wb.end()
+                raise
             if measured:
                 g.measured(request, response, time.monotonic() - started)
             if isinstance(response, Streamed):
