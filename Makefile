@@ -121,8 +121,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/prewarm.py
 	$(BIN)/python bench/cluster.py
 	$(BIN)/python bench/pool.py
-	$(BIN)/python bench/replay.py
 	$(BIN)/python bench/governor.py
+	$(BIN)/python bench/budget.py
 
 clean:
 	rm -rf $(VENV) site build .pytest_cache .mypy_cache .ruff_cache *.egg-info

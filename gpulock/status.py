@@ -169,11 +169,7 @@ def gpu_snapshot(
     reserve = settings.config.reserve_bytes(total) if total is not None else None
     claimed = claimed_bytes([e for e in holders if e["state"] in ("holding", "hung")], total)
     used = dev.used_bytes if dev else None
-    free = None
-    if total is not None and (used is not None or claimed is not None):
-        free = max(total - max(used or 0, claimed or 0), 0)
-        if dev is not None and dev.free_bytes is not None:
-            free = min(free, dev.free_bytes)
+    free = free_bytes(total, used, claimed, dev.free_bytes if dev else None)
     return {
         "gpu": gpu,
         "name": dev.name if dev else None,
@@ -188,6 +184,18 @@ def gpu_snapshot(
         "ignored": ignored,
         "orphan_fifos": [qdir.fifo_path(s).name for s in qdir.orphan_fifos()],
     }
+
+
+def free_bytes(
+    total: int | None, used: int | None, claimed: int | None, device_free: int | None
+) -> int | None:
+    """A GPU's free memory as ``gpulock status`` shows it (and the cluster publishes it, and
+    the router reads it): the GPU less the larger of what is in use and what the lock's holders
+    claim (an exclusive holder claims it all), never more than the device says is free."""
+    if total is None or (used is None and claimed is None):
+        return None
+    free = max(total - max(used or 0, claimed or 0), 0)
+    return free if device_free is None else min(free, device_free)
 
 
 def claimed_bytes(holders: Sequence[dict[str, Any]], total: int | None) -> int | None:

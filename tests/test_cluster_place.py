@@ -195,3 +195,38 @@ def test_the_call_counter_says_which_host_ran_the_call() -> None:
     calls = t.counters["gpulock_router_calls"]
     assert calls[("chat", "gpu", "m", "ok", "b")] == 2
     assert calls[("chat", "gpu", "m", "ok", "a")] == 1
+
+
+# --- a peer that failed: skipped until it beats again; how long a peer may stay silent ---------
+
+
+def test_a_failing_peer_is_skipped_until_its_heartbeat_moves(tmp_path: Path) -> None:
+    from gpulock.cluster import failing
+    from gpulock.core.settings import load
+
+    s = load(None, str(tmp_path / "state"))
+    assert failing.failing_now(s, [("b", 100.0)]) == frozenset()
+    failing.mark(s, "b", 100.0, "timeout", now_wall=103.0)
+    assert failing.failing_now(s, [("b", 100.0), ("c", 100.0)]) == {"b"}  # its report unmoved
+    assert failing.failing_now(s, [("b", 102.0)]) == frozenset()  # it beat since: back
+    failing.mark(s, "b", 90.0, "timeout", now_wall=104.0)  # an older report cannot undo it
+    assert failing.read(s)["b"].beat_wall == 100.0
+    (tmp_path / "state" / failing.FILE).write_text("{not json")
+    assert failing.failing_now(s, [("b", 100.0)]) == frozenset()  # damaged: nobody marked
+
+
+@pytest.mark.parametrize(
+    ("start_s", "wait_s", "timeout_s", "silent_s"),
+    [
+        (1.5, None, 600.0, 6.5),  # peer_timeout (5 s) past the expected start
+        (1.5, 0.5, 600.0, 5.5),  # never past the deadline by more than peer_timeout
+        (None, 20.0, 600.0, 5.0),  # no estimate: peer_timeout from now
+        (30.0, None, 10.0, 10.0),  # never past the candidate's own timeout
+    ],
+)
+def test_a_peer_may_stay_silent_peer_timeout_past_its_start_within_the_deadline(
+    start_s: float | None, wait_s: float | None, timeout_s: float, silent_s: float
+) -> None:
+    from gpulock.router.backends.peer import silence_s
+
+    assert silence_s(5.0, start_s, wait_s, timeout_s) == pytest.approx(silent_s)

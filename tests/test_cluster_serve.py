@@ -200,6 +200,11 @@ def test_a_busy_local_gpu_sends_work_to_an_idle_peer(pool: Pool) -> None:
             x for x in fleet(b)["hosts"] if x["name"] == "a"
         )["gpus"][0]["holding"]
         wait_until(busy, WAIT_S, "a's report to show its GPU held")
+        # Held exclusively: free 0 B in the fleet, as gpulock status says on a itself.
+        row = next(x for x in fleet(b)["hosts"] if x["name"] == "a")["gpus"][0]
+        shown = json.loads(a.gpulock("status", "--json").stdout)["gpus"][0]["free_bytes"]
+        assert row["free_bytes"] == shown == 0, (row, shown)
+        assert row["claimed_bytes"] == row["total_bytes"]
         r = a.chat("agent-busy")
         assert r.status == 200, r.body
         assert r.headers["x-gpulock-host"] == "b"

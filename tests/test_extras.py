@@ -91,3 +91,20 @@ def test_the_tiny_model_writer_into_an_unwritable_place_is_a_clean_error(cli: Cl
     r = cli.run("-m", "gpulock.router.tiny_model", str(out), argv0=[sys.executable], cwd=REPO)
     assert_clean_error(r, 1)
     assert f"cannot write {out}" in error_lines(r.stderr)[0], r.describe()
+
+
+def test_a_cluster_without_its_extra_names_the_checkout_form(cli: Cli, tmp_path: Path) -> None:
+    config = tmp_path / "gpulock.yaml"
+    config.write_text("cluster:\n  redis: redis://127.0.0.1:6379/0\n  host: a\n")
+    code = (
+        "import sys\n"
+        "sys.modules['redis'] = None  # as if the cluster extra were not installed\n"
+        "from gpulock.cluster.cli import main\n"
+        f"sys.exit(main(['--config', {str(config)!r}, '--state-dir', {str(tmp_path / 's')!r}]))\n"
+    )
+    r = cli.run("-c", code, argv0=[sys.executable], cwd=REPO)
+    assert_clean_error(r, 1)
+    assert "needs the redis client" in error_lines(r.stderr)[0], r.describe()
+    (hint,) = [line for line in r.stderr.splitlines() if line.startswith("hint:")]
+    assert hint.endswith(" install -e '.[cluster]'"), r.describe()
+    assert "'gpulock[cluster]'" not in r.stderr

@@ -16,6 +16,7 @@ import pytest
 from procs import World
 
 from gpulock.router import accounting, ledger
+from gpulock.router.books import Books
 from gpulock.router.choose import Choice, Host, Verdict, choose, cid
 from gpulock.router.routes import Candidate, Table, load_table
 
@@ -170,7 +171,7 @@ def _host_over_rate(c: Candidate, now: float) -> Host:
     return Host(env=frozenset({KEY_ENV}), requests_last_min={cid(c): 5}, now_wall=now)
 
 
-def record_burst(rec: accounting.Recorder, c: Candidate, n: int) -> None:
+def record_burst(rec: Books, c: Candidate, n: int) -> None:
     for _ in range(n):
         rec.record(c, task="t", agent="a", tokens_in=1, tokens_out=1, latency_s=0.0, via="serve")
 
@@ -180,51 +181,76 @@ def calls_in_ledger(world: World) -> int:
     return int(usage.get("task", {}).get("t", {}).get("calls", 0))
 
 
-def test_serves_recorder_gathers_a_burst_into_few_ledger_writes_and_loses_none(
-    world: World,
-) -> None:
+def test_serves_books_gather_a_burst_into_one_ledger_write_and_lose_none(world: World) -> None:
     t = table(world, "")
     s, c = world.settings(), cloud(t)
 
-    async def burst() -> int:
+    async def burst() -> tuple[int, int]:
         # A window far longer than the burst takes, even on a loaded machine: only the
-        # loop's timer (not a slow burst outliving the window) writes the other 49.
-        rec = accounting.Recorder(s, t.settings, every_s=1.0)
-        record_burst(rec, c, 50)
-        written_at_once = calls_in_ledger(world)  # the first; the rest wait for one change
+        # loop's timer writes them, in one locked change.
+        books = Books(s, t.settings, every_s=1.0)
+        record_burst(books, c, 50)
+        written_at_once = calls_in_ledger(world)
+        seen = books.view().usage["task"]["t"]["calls"]  # this process counts them at once
         deadline = time.monotonic() + 30
         while calls_in_ledger(world) < 50 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)  # the loop's timer writes them
-        return written_at_once
+        assert books.writes == 2
+        return written_at_once, int(seen)
 
-    assert asyncio.run(burst()) == 1
+    assert asyncio.run(burst()) == (1, 50)  # the first at once, the other 49 in one change
     assert calls_in_ledger(world) == 50
-    assert len(world.events("call")) == 50  # every call event at once
+    assert len(world.events("call")) == 50  # every call event
 
 
-def test_serves_recorder_flushes_what_waits_and_spends_a_budget_at_once(world: World) -> None:
+def test_serves_books_flush_what_waits_and_spend_a_budget_at_once(world: World) -> None:
     t = table(world, "")
     s, c = world.settings(), cloud(t)
-    rec = accounting.Recorder(s, t.settings, every_s=3600)
+    books = Books(s, t.settings, every_s=3600)
 
     async def burst() -> int:
-        record_burst(rec, c, 5)
+        record_burst(books, c, 5)
         return calls_in_ledger(world)
 
-    assert asyncio.run(burst()) == 1  # the rest wait on the loop's timer (an hour)
-    rec.flush()  # as serve does when it stops
+    assert asyncio.run(burst()) == 1  # the first at once; the rest wait on the timer (an hour)
+    books.flush()  # as serve does when it stops
     assert calls_in_ledger(world) == 5
-    record_burst(rec, c, 1)  # outside an event loop: nothing to wait on, written at once
+    record_burst(books, c, 1)  # outside an event loop: nothing to wait on, written at once
     assert calls_in_ledger(world) == 6
     t = table(world, ", daily_budget: 5")
-    rec = accounting.Recorder(s, t.settings, every_s=3600)
+    books = Books(s, t.settings, every_s=3600)
     budgeted = cloud(t)
 
     async def spend() -> int:
-        record_burst(rec, budgeted, 3)  # a budget is judged from the ledger: no waiting
+        record_burst(books, budgeted, 3)  # a budget is judged from the file: no waiting
         return calls_in_ledger(world)
 
     assert asyncio.run(spend()) == 9
+
+
+def test_serves_books_see_what_other_processes_write(world: World) -> None:
+    """A cooldown an agent writes to the file shows in serve's view once the view looks again
+    (``look_s``); the calls serve has not written yet stay counted in it meanwhile."""
+    t = table(world, "")
+    s, c = world.settings(), cloud(t)
+    now = [0.0]
+    books = Books(s, t.settings, every_s=3600, look_s=1.0, clock=lambda: now[0])
+
+    async def run() -> None:
+        record_burst(books, c, 1)  # the first, written at once
+        record_burst(books, c, 1)  # the second waits
+        assert books.view().cooldown_until() == {}
+        ledger.record_failure(s, cid(c), reason="HTTP 429", base_s=60, max_s=600)
+        assert books.view().cooldown_until() == {}  # not looked at again yet
+        now[0] += 1.0
+        view = books.view()
+        assert cid(c) in view.cooldown_until()
+        assert view.usage["task"]["t"]["calls"] == 2  # its own, one not yet written, both there
+        assert calls_in_ledger(world) == 1
+        books.flush()
+
+    asyncio.run(run())
+    assert calls_in_ledger(world) == 2
 
 
 def test_peek_reads_the_ledger_again_only_when_it_changed(world: World) -> None:

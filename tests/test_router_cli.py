@@ -38,6 +38,7 @@ VERDICT_KEYS = {
     "need_bytes",
     "warm",
     "tools",  # {"ok", "how"}: whether it can call tools (gpulock.router.tools)
+    "reservation",
 }
 
 

@@ -131,6 +131,25 @@ def test_cpu_tier_generates_counts_tokens_and_takes_no_lock(world: World, tiny: 
     assert loaded["path"] == str(tiny)  # the file pre-warming reads into the page cache
 
 
+def test_streamed_usage_is_the_unstreamed_usage(world: World, tiny: Path) -> None:
+    """The tokens the model processed and generated, the same streamed or not: the chat
+    template's prompt (21 tokens, not the 4 of the message text), and tokens, not pieces."""
+    configure(world, f"t:\n  - {{tier: cpu, backend: llama_cpp, model: {tiny}, n_ctx: 256}}\n")
+    m = router.get_model("t", agent=AGENT)
+    chat = [{"role": "user", "content": "hi"}]
+    m.chat(chat, max_tokens=5)
+    "".join(m.chat(chat, max_tokens=5, stream=True))
+    m.complete("hello there", max_tokens=7)
+    "".join(m.complete("hello there", max_tokens=7, stream=True))
+    pieces = m.chat(chat, max_tokens=9, stream=True)
+    next(pieces)
+    pieces.close()  # a stream stopped early is counted with what it got
+    calls = [(c["tokens_in"], c["tokens_out"]) for c in world.events("call", task="t")]
+    assert calls[0] == calls[1] == (21, 5), calls
+    assert calls[2] == calls[3] and calls[2][1] == 7, calls
+    assert calls[4][0] == 21 and 1 <= calls[4][1] < 9, calls
+
+
 def test_cpu_cold_start_loads_every_call(
     world: World, tiny: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -181,6 +181,28 @@ def test_a_body_over_max_body_gets_a_413_the_client_reads(
         assert r.json()["error"]["code"] == "body_too_large"
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/api/generate"])
+def test_a_body_announced_over_max_body_is_answered_413_while_the_client_waits(
+    gateway: GatewayProc, path: str
+) -> None:
+    """9 MiB announced, 64 KiB sent, then the client waits (for a 100 Continue it did not ask
+    for, say): it hears the 413 at once, not a 408 at the read timeout; and one that goes on
+    sending after all still reads it (the rest is drained behind the answer)."""
+    raw = request_bytes("POST", path, NINE_MIB)
+    head_end = raw.index(b"\r\n\r\n") + 4
+    with connect(gateway.port) as s:
+        s.sendall(raw[: head_end + (64 << 10)])
+        f = s.makefile("rb")
+        status = f.readline()
+        assert status.startswith(b"HTTP/1.1 413 "), status
+        s.sendall(raw[head_end + (64 << 10) :])  # the rest after all: no reset, no loss
+        assert closed_by_peer(s)
+    with connect(gateway.port) as s:
+        s.sendall(raw[: head_end + (64 << 10)])
+        (r,) = responses(s)  # the whole answer, body included, while the client sends no more
+        assert r.status == 413 and "serve.max_body" in r.body.decode(), r.body
+
+
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])
 def test_expect_100_continue(gateway: GatewayProc, path: str) -> None:
     body = json.dumps(OK).encode()

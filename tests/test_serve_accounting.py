@@ -109,7 +109,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             stalled=cloud("stalled", stalling.base_url, "m-stall", ", daily_budget: 0.10"),
             limited=cloud("capped", u, "m-rate", ", rate_limit: 2"),
             ollama_limited=cloud("capped-ollama", u, "m-rate-ollama", ", rate_limit: 2"),
-            spills=cloud("small-budget", u, "m-spill", ", daily_budget: 0.05"),
+            spills=cloud("small-budget", u, "m-spill", ", daily_budget: 0.04"),
             local=local,
         )
     )
@@ -184,31 +184,32 @@ def at_once(g: GatewayProc, model: str, n: int) -> list[int]:
 
 def test_a_daily_budget_holds_for_serve_and_the_refusal_is_openais_429(setup: Setup) -> None:
     served, refused = calls(setup.gateway, "budgeted", 6)
-    # Each call first reserves its most cost: its prompt (38 characters, a token each at most)
-    # and max_tokens: 8 of output, $0.046 at price 1.0; it then costs $0.014.  The fifth call
-    # starts at $0.056 spent: $0.056 + $0.046 > $0.10, so it is refused before it runs, as
+    # Each call first reserves its most cost: its prompt (9 bytes of role and text, a token
+    # each at most, + 8 for the message's template + 8 for the reply's start: 25 tokens) and
+    # max_tokens: 8 of output, $0.033 at price 1.0; it then costs $0.014.  The sixth call
+    # starts at $0.070 spent: $0.070 + $0.033 > $0.10, so it is refused before it runs, as
     # router.get_model's would be, and no call can take the spend past the budget.
-    assert served == 4 and len(refused) == 2
-    assert hits(setup.upstream, "m-budget") == 4
+    assert served == 5 and len(refused) == 1
+    assert hits(setup.upstream, "m-budget") == 5
     for e in refused:
         assert e.status_code == 429
         assert (e.type, e.code) == ("insufficient_quota", "insufficient_quota")
-        assert "daily budget: $0.0560 spent on this host today + up to $0.0460" in e.message
+        assert "daily budget: $0.0700 spent on this host today + up to $0.0330" in e.message
         assert "> $0.10" in e.message
         assert e.response.headers["x-should-retry"] == "false"  # no use retrying until tomorrow
         assert e.response.headers["x-gpulock-refused"] == "budget"
         assert SECRET not in e.message
     # The gateway's request histogram says why, not "queue-full".
-    assert gateway_count(setup.gateway, "over-budget") == 2
+    assert gateway_count(setup.gateway, "over-budget") == 1
     settings = load(str(setup.config), str(setup.state))
     assert ledger.read(settings).spend_usd[f"openai:{setup.upstream.base_url}:m-budget"] == (
-        pytest.approx(4 * CALL_USD)
+        pytest.approx(5 * CALL_USD)
     )
 
 
 def test_requests_at_once_never_spend_past_a_budget(setup: Setup) -> None:
     # Eight requests in flight at once against $0.10: a check of what was spent before each
-    # call lets all eight through ($0.112); reserving each call's most cost ($0.046) lets at
+    # call lets all eight through ($0.112); reserving each call's most cost ($0.033) lets at
     # least two through and never a call that could pass the budget.
     codes = at_once(setup.gateway, "crowd", 8)
     served = codes.count(200)
@@ -245,7 +246,7 @@ def test_a_stream_the_client_leaves_settles_its_reservation_at_what_it_got(
     setup: Setup,
 ) -> None:
     # The upstream sends a first piece and then nothing: the client reads it and hangs up.
-    # The call's reservation ($0.046) must not stay counted as spent all day: it is settled at
+    # The call's reservation ($0.033) must not stay counted as spent all day: it is settled at
     # what the client got (a token a piece relayed, the upstream's usage never came), as
     # router.get_model counts a stream its caller stopped reading.
     c = oa(setup.gateway)
@@ -270,7 +271,7 @@ def test_a_stream_the_client_leaves_settles_its_reservation_at_what_it_got(
     key = f"openai:{setup.stalling.base_url}:m-stall"
     spent = ledger.read(settings).spend_usd.get(key, 0.0)
     assert spent == pytest.approx(e["cost_usd"])  # settled: no reservation left over
-    assert 0 < spent < 0.046
+    assert 0 < spent < 0.033
 
 
 def test_a_streamed_answer_is_counted_with_the_upstreams_usage(setup: Setup) -> None:
@@ -315,8 +316,8 @@ def test_over_budget_serve_falls_back_to_the_local_candidate_as_get_model_does(
     monkeypatch.setenv(KEY_ENV, SECRET)  # what serve has: get_model must see the same
     c = oa(setup.gateway)
     first = c.chat.completions.with_raw_response.create(model="spills", messages=MSG)  # type: ignore[arg-type]
-    assert first.headers["x-gpulock-tier"] == "cloud"  # $0.046 reserved of its $0.05; $0.014 spent
-    # get_model, calling now, cannot reserve another $0.046 and falls back to the local
+    assert first.headers["x-gpulock-tier"] == "cloud"  # $0.033 reserved of its $0.04; $0.014 spent
+    # get_model, calling now, cannot reserve another $0.033 and falls back to the local
     # candidate...
     m = router.get_model("spills", config=str(setup.config), state_dir=str(setup.state))
     try:

@@ -173,7 +173,9 @@ def test_a_stream_of_requests_lets_a_waiting_job_in_after_the_running_one(
             t.join(WAIT_S)
     assert set(done) == {200}
     assert waited, "no job ever had to wait behind the stream"
-    events = world.events()
+    # In the order they happened: a busy gateway writes its events in batches (a few ms
+    # late), so the log's order across processes is not theirs; their times are.
+    events = sorted(world.events(), key=lambda e: e["ts"])
     for name in waited:
         i_wait = next(i for i, e in enumerate(events) if e["event"] == "wait" and e["name"] == name)
         i_acq = next(
@@ -437,4 +439,32 @@ def test_a_deadline_504_for_a_candidates_name_names_that_candidate(
     assert r.status == 504, r.body
     message = r.json()["error"]["message"]
     assert message.startswith("no model for 'tiny-gpu' (of task "), message
+    holder.release()
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_stopped_server_answers_its_waiters_releases_its_tickets_and_exits_0(
+    world: World, start: Callable[..., GatewayProc], sig: str
+) -> None:
+    """SIGTERM (systemd's stop) and SIGINT (Ctrl-C): the request waiting for the GPU is
+    answered 503, its ticket leaves the line, the server says it stopped and exits 0 (it
+    died of the signal before: 143, 130)."""
+    import os
+    import signal
+
+    g = start()
+    assert g.proc is not None
+    holder = world.hold("holder")
+    bg = Background()
+    bg.send("waiter", lambda: chat(g, "waiter"))
+    ticket_of(world, "waiter")
+    os.kill(g.proc.pid, getattr(signal, sig))
+    assert g.proc.wait(WAIT_S) == 0, g.output()
+    bg.join()
+    r = bg.replies["waiter"]
+    assert isinstance(r, Reply) and r.status == 503, r
+    assert "gpulock serve is stopping" in r.json()["error"]["message"]
+    assert f"gpulock serve: stopped ({sig})" in g.output()
+    assert "Traceback" not in g.output()
+    assert [t.name for t in world.tickets().values()] == ["holder"]  # the waiter's is gone
     holder.release()

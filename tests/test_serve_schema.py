@@ -141,3 +141,64 @@ def test_loads_refuses_without_recursing(data: bytes, needle: str) -> None:
 def test_a_non_object_body_is_refused() -> None:
     with pytest.raises(schema.Invalid, match="JSON object"):
         schema.validate([1, 2], schema.OPENAI_CHAT)
+
+
+SHAPES = [
+    schema.OPENAI_CHAT,
+    schema.OPENAI_COMPLETION,
+    schema.OPENAI_EMBEDDINGS,
+    schema.OLLAMA_CHAT,
+    schema.OLLAMA_GENERATE,
+    schema.OLLAMA_EMBED,
+    schema.OLLAMA_EMBEDDINGS,
+    schema.OLLAMA_SHOW,
+]
+
+
+def _walk_values(s: Any, rng: Any, depth: int = 0) -> Any:
+    """A value near what ``s`` describes: mostly fitting, sometimes not (a wrong type, a
+    missing required key, a number out of range), so both answers are met."""
+    pick = rng.random()
+    if depth > 4 or pick < 0.08:
+        return rng.choice([None, True, 0, -1, 1.5, 10**6, "", "x", [], {}, [1], {"a": 1}])
+    if "anyOf" in s:
+        return _walk_values(rng.choice(s["anyOf"]), rng, depth + 1)
+    t = s.get("type")
+    if "enum" in s and pick < 0.8:
+        return rng.choice(s["enum"])
+    if t == "object":
+        out = {}
+        for k, sub in s.get("properties", {}).items():
+            if (k in s.get("required", ()) and rng.random() < 0.95) or rng.random() < 0.5:
+                out[k] = _walk_values(sub, rng, depth + 1)
+        return out
+    if t == "array":
+        return [_walk_values(s.get("items", {}), rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    if t == "string":
+        return rng.choice(["", "m", "hello"])
+    if t in ("integer", "number"):
+        lo, hi = s.get("minimum", -5), s.get("maximum", 5)
+        return rng.choice([lo - 1, lo, hi, hi + 1, 2.5 if t == "number" else 2])
+    if t == "boolean":
+        return rng.random() < 0.5
+    return None
+
+
+def test_the_compiled_validator_answers_as_the_walk_does() -> None:
+    """validate() accepts a body by the schema compiled into closures and walks it with
+    _check only to say what is wrong: the two must never disagree."""
+    import random
+
+    rng = random.Random(31)
+    seen = {True: 0, False: 0}
+    for _ in range(4000):
+        shape = rng.choice(SHAPES)
+        body = _walk_values(shape, rng)
+        try:
+            schema._check(body, shape, "", None)
+            walked = True
+        except schema.Invalid:
+            walked = False
+        assert schema._compile(shape)[0](body) is walked, (body, shape)
+        seen[walked] += 1
+    assert min(seen.values()) > 400, seen  # both answers were met, many times

@@ -6,7 +6,8 @@
      "hosts": [{"name": "a", "gateway": "http://10.0.0.6:11435", "heartbeat_age_s": 0.4,
                 "level": "normal", "in_flight": 0, "warm": ["tiny-gpu"],
                 "candidates": ["tiny-gpu"],
-                "gpus": [{"index": 0, "total_bytes": ..., "free_bytes": ..., "holding": 1,
+                "gpus": [{"index": 0, "total_bytes": ..., "claimed_bytes": ...,
+                          "free_bytes": ..., "holding": 1,
                           "waiting": 2, "est_wait_s": 41.0}]}]}
 """
 
@@ -33,6 +34,7 @@ def host_row(r: HostReport, now_wall: float, cooling: bool = False) -> dict[str,
             {
                 "index": g.index,
                 "total_bytes": g.total_bytes,
+                "claimed_bytes": g.claimed_bytes,
                 "free_bytes": g.free_bytes,
                 "holding": g.holding,
                 "waiting": g.waiting,

@@ -5,7 +5,8 @@ Format ``gpulock.cluster.host/1``, one JSON object::
     {"format": "gpulock.cluster.host/1", "host": "b", "gateway": "http://10.0.0.7:11435",
      "at_wall": 1764110000.0, "heartbeat_s": 2.0, "pid": 4711, "level": "normal",
      "in_flight": 1,
-     "gpus": [{"index": 0, "total_bytes": 25769803776, "free_bytes": 20000000000,
+     "gpus": [{"index": 0, "total_bytes": 25769803776, "claimed_bytes": 0,
+               "free_bytes": 20000000000,
                "holding": 1, "waiting": 0, "est_wait_s": 3.5, "hold_s": 4.0}],
      "candidates": [{"name": "tiny-gpu", "load_s": 1.0, "gpus": [0], "waits": [3.5]}],
      "warm": ["tiny-gpu"]}
@@ -39,11 +40,15 @@ class GpuLine:
     waiting: int
     est_wait_s: float | None  # a newcomer's wait in this GPU's line; None: cannot tell
     hold_s: float  # a typical hold on this GPU: what one more request adds to the wait
+    # What the lock's holders claim (an exclusive one: the whole GPU); ``free_bytes`` counts it,
+    # as gpulock status does.  None: unknown (a report from an older host).
+    claimed_bytes: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "index": self.index,
             "total_bytes": self.total_bytes,
+            "claimed_bytes": self.claimed_bytes,
             "free_bytes": self.free_bytes,
             "holding": self.holding,
             "waiting": self.waiting,
@@ -181,6 +186,7 @@ def _gpu(g: Any) -> GpuLine:
         waiting=int(_num(g.get("waiting", 0))),
         est_wait_s=None if est is None else _num(est),
         hold_s=_num(g.get("hold_s", 30.0)),
+        claimed_bytes=_opt_int(g.get("claimed_bytes")),
     )
 
 

@@ -36,8 +36,10 @@ def _client_module() -> Any:
     try:
         import redis
     except ImportError:
+        from gpulock.core.extras import install_hint
+
         raise GpulockError(
-            "the cluster: section needs the redis client", hint="pip install 'gpulock[cluster]'"
+            "the cluster: section needs the redis client", hint=install_hint("cluster")
         ) from None
     return redis
 

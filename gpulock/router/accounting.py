@@ -24,8 +24,6 @@ a budget is finished and counted, and so are calls already under way at that mom
 
 from __future__ import annotations
 
-import asyncio
-import math
 import os
 import time
 from collections.abc import Mapping
@@ -40,6 +38,9 @@ from gpulock.router.routes import Candidate, RouterSettings
 
 # HTTP statuses that blame this one request (its keywords, its size), not the endpoint.
 REQUEST_FAULTS = frozenset({400, 413, 422})
+# Failures that show a peer silent, gone or broken (not busy, not the request's fault): the
+# peer is failing for every caller of this host until its heartbeat moves.
+PEER_FAILURES = frozenset({"timeout", "connection", "server"})
 
 
 def admit(
@@ -57,7 +58,7 @@ def admit(
         return Verdict(c, True, "local")
     now = time.time() if now_wall is None else now_wall
     env = os.environ if environ is None else environ
-    if c.rate_limit_per_min is None and c.daily_budget_usd is None and rs.daily_budget_usd is None:
+    if not limited(c, rs):
         # Nothing to take under the lock: only cooldowns and the key are judged, from a read.
         # (Counting every request of an endpoint without a rate limit grew the ledger by a
         # time stamp a request, read and written whole each time: serve's throughput fell
@@ -68,6 +69,16 @@ def admit(
         if v.ok and c.rate_limit_per_min is not None:
             led.requests.setdefault(cid(c), []).append(now)
     return v
+
+
+def limited(c: Candidate, rs: RouterSettings) -> bool:
+    """Whether a cloud candidate has an accounting limit (a rate limit, its own or the router's
+    daily budget): what ``admit`` must take under the ledger's lock."""
+    return c.tier == "cloud" and (
+        c.rate_limit_per_min is not None
+        or c.daily_budget_usd is not None
+        or rs.daily_budget_usd is not None
+    )
 
 
 def _judge(
@@ -109,13 +120,13 @@ def record(
     go into the event as they are (``gpu``, serve's ``via``, ``ticket``, ``host``...).
     ``reserved_usd``: what ``gpulock.router.budget.reserve`` counted before the call (settled here).
     Returns its cost."""
-    k = _answered(c, task, agent, tokens_in, tokens_out, reserved_usd, fields)
+    k = answered(c, task, agent, tokens_in, tokens_out, reserved_usd, fields)
     ledger.record_calls(settings, [k])
-    _answered_event(settings, c, k, latency_s, fields)
+    answered_event(settings, c, k, latency_s, fields)
     return k.cost_usd
 
 
-def _answered(
+def answered(
     c: Candidate,
     task: str,
     agent: str,
@@ -139,7 +150,7 @@ def _answered(
     )
 
 
-def _answered_event(
+def answered_event(
     settings: Settings, c: Candidate, k: ledger.Call, latency_s: float, fields: Mapping[str, Any]
 ) -> None:
     call_event(
@@ -154,69 +165,6 @@ def _answered_event(
         cost_usd=round(k.cost_usd, 8),
         **fields,
     )
-
-
-class Recorder:
-    """``record`` for a process that answers many calls on one event loop (``gpulock serve``).
-
-    The ``call`` event is written at once.  The ledger's part is written at once too when the
-    last write is older than ``every_s``; otherwise it waits, with any others that come, for one
-    locked change at most ``every_s`` later.  The ledger is read and written whole, so at
-    hundreds of calls a second one change a call was most of the gateway's CPU.  A call whose
-    candidate has a budget is always spent at once, its reservation settled, as ``record``
-    does.  ``flush()`` at exit.
-    """
-
-    def __init__(self, settings: Settings, rs: RouterSettings, every_s: float = 0.05) -> None:
-        self.settings = settings
-        self.rs = rs
-        self.every_s = every_s
-        self._pending: list[ledger.Call] = []
-        self._last = -math.inf
-        self._timer: asyncio.TimerHandle | None = None
-
-    def record(
-        self,
-        c: Candidate,
-        *,
-        task: str,
-        agent: str,
-        tokens_in: int,
-        tokens_out: int,
-        latency_s: float,
-        reserved_usd: float = 0.0,
-        **fields: Any,
-    ) -> float:
-        k = _answered(c, task, agent, tokens_in, tokens_out, reserved_usd, fields)
-        if reserved_usd or c.daily_budget_usd is not None or self.rs.daily_budget_usd is not None:
-            ledger.record_calls(self.settings, [k])  # budgets are judged on it: spent at once
-        else:
-            self._gather(k)
-        _answered_event(self.settings, c, k, latency_s, fields)
-        return k.cost_usd
-
-    def _gather(self, k: ledger.Call) -> None:
-        self._pending.append(k)
-        now = time.monotonic()
-        if now - self._last >= self.every_s:
-            self.flush()
-        elif self._timer is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                self.flush()
-            else:
-                self._timer = loop.call_later(self._last + self.every_s - now, self.flush)
-
-    def flush(self) -> None:
-        """Write what waits, in one change."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        batch, self._pending = self._pending, []
-        self._last = time.monotonic()
-        if batch:
-            ledger.record_calls(self.settings, batch)
 
 
 def cools_down(e: BackendError) -> bool:
@@ -263,6 +211,8 @@ def failed(
             peers.share_cooldown(settings, cid(c), cooled, e.short)
             if c.host is not None:  # a peer that failed: no host sends it work for a while
                 peers.share_cooldown(settings, cooldowns.peer(c.host), cooled, e.short)
+                if e.kind in PEER_FAILURES:  # nor any caller here, until it beats again
+                    peers.peer_failed(settings, c.host, e.short)
     call_event(
         settings,
         c,

@@ -1,11 +1,13 @@
 """Cloud budgets held under concurrency: reserve a call's most cost before it, settle after.
 
-A call's cost is bounded before it runs: its prompt (at most a token per character) at the
-input price plus ``max_tokens`` at the output price.  ``reserve`` counts that bound against the
-model's ``daily_budget`` and ``router.daily_budget`` atomically (the ledger file's lock on one
-host; a Lua script in Redis across a cluster, ``gpulock.cluster.spend``), so ten agents making calls
-at once never spend past a budget; ``settle`` replaces it by what the call cost, ``release`` gives
-it back when the call failed.
+A call's cost is bounded before it runs: its prompt (counted as ``gpulock.router.tokens``
+says: the provider's tokenizer where this machine has it, else a per-endpoint ratio or a bound
+of a token a byte) at the input price plus ``max_tokens`` at the output price.  ``reserve``
+counts that bound against the model's ``daily_budget`` and ``router.daily_budget`` atomically
+(the ledger file's lock on one host; a Lua script in Redis across a cluster,
+``gpulock.cluster.spend``), so ten agents making calls at once never spend past a budget;
+``settle`` replaces it by what the call cost (what it did not use is given back at once),
+``release`` gives it back when the call failed.
 
 In a cluster whose Redis cannot be used (down, partitioned, a wrong password), each budget is
 capped at this host's share (the budget divided by the hosts last seen), so a partition cannot
@@ -15,14 +17,14 @@ it to the shared total (and refills a Redis that came back empty).
 
 from __future__ import annotations
 
-import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gpulock.core.settings import Settings
 from gpulock.core.units import format_usd
-from gpulock.router import ledger
+from gpulock.router import ledger, tokens
 from gpulock.router.choose import cid
 from gpulock.router.routes import Candidate, RouterSettings
 
@@ -34,10 +36,40 @@ class Reservation:
     clustered: bool  # also counted in the cluster's Redis
 
 
-def bound_usd(c: Candidate, payload: Any, max_tokens: int) -> float:
-    """The most a call can cost: every prompt character a token, every output token used."""
-    chars = len(payload) if isinstance(payload, str) else len(json.dumps(payload, default=str))
-    return (chars * c.price_in_per_1k + max_tokens * c.price_out_per_1k) / 1000
+def bound_usd(
+    c: Candidate, payload: Any, max_tokens: int, extra: Mapping[str, Any] | None = None
+) -> float:
+    """What a call reserves: its prompt counted as ``gpulock.router.tokens`` counts it for this
+    candidate, at the input price, plus ``max_tokens`` at the output price."""
+    return reserving(c, payload, max_tokens, extra)[0]
+
+
+def reserving(
+    c: Candidate, payload: Any, max_tokens: int, extra: Mapping[str, Any] | None = None
+) -> tuple[float, str]:
+    """(what a call reserves, in USD; how that was counted, for ``route --explain``)."""
+    n = tokens.count_prompt(
+        payload, tokenizer=c.tokenizer, bytes_per_token=c.bytes_per_token, extra=extra
+    )
+    usd = (n.tokens * c.price_in_per_1k + max_tokens * c.price_out_per_1k) / 1000
+    return usd, f"{n.tokens} prompt tokens ({n.how}) + max_tokens {max_tokens}"
+
+
+def explain(c: Candidate) -> str:
+    """How this candidate's calls are reserved against their budget (``route --explain``)."""
+    if c.tokenizer and tokens.available(c.tokenizer):
+        how = f"counted with tiktoken {c.tokenizer} (as the provider counts)"
+    elif c.bytes_per_token:
+        how = f"its UTF-8 bytes / {c.bytes_per_token:g} (bytes_per_token)"
+    else:
+        how = "its UTF-8 bytes (a token is at least one byte: an upper bound)"
+    if c.tokenizer and not tokens.available(c.tokenizer):
+        how += f"; {c.tokenizer}'s data is not on this machine (install the tokens extra)"
+    return (
+        f"reserves per call: the prompt {how}, plus the chat format's tokens, at "
+        f"${c.price_in_per_1k:g}/1k, + max_tokens ({c.max_tokens} unless the call says) at "
+        f"${c.price_out_per_1k:g}/1k; settled to the provider's count when it answers"
+    )
 
 
 def take_request(settings: Settings, c: Candidate) -> str | None:

@@ -56,6 +56,10 @@ class GpuView:
     # estimated per newcomer need by gpulock.router.waitest; without one, ``est_wait_s`` stands.
     line: tuple[Queued, ...] = ()
     history: HoldHistory | None = None
+    # The GPU's free memory as gpulock status shows it (``free_bytes`` is that less the
+    # configured reserve), and what the lock's holders claim (an exclusive one: all of it).
+    shown_free_bytes: int | None = None
+    claimed_bytes: int | None = 0
 
 
 def _no_estimate(c: Candidate) -> int | None:
@@ -98,6 +102,10 @@ class Verdict:
     limit: str | None = None
     # A request with tools, on a llama_cpp candidate: llama-cpp-python's chat handler to call.
     tool_handler: str | None = None
+    # A cluster peer's verdict: when it is expected to start there (its line, its load, the
+    # remote penalty), so that a peer that sends nothing by then (plus cluster.peer_timeout)
+    # is given up (gpulock.router.backends.peer).  None: not a peer's.
+    start_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,33 +74,50 @@ def _main(argv: list[str]) -> int:
         state_dir=args.state_dir,
         tools=args.tools,
     )
+    settings, table = context(args.config, args.state_dir)
+    can: dict[int, Any] = {}
     if args.json or args.explain:
         from gpulock.router.probe import tools_prober
 
-        settings, _table = context(args.config, args.state_dir)
-        can = {id(v): tools_prober(settings)(v.candidate) for v in choice.verdicts}
+        prober = tools_prober(settings)
+        can = {id(v): prober(v.candidate) for v in choice.verdicts}
     if args.json:
         from gpulock.router.peers import here_name
 
-        print(json.dumps(choice_json(choice, here_name(settings), can), indent=2))
-    elif args.explain:
-        from gpulock.router.tools import summary
+        doc = choice_json(choice, here_name(settings), can, table.settings)
+        print(json.dumps(doc, indent=2))
+    elif args.explain or choice.chosen is None:
+        print(choice.explain())
+        for line in reservations(choice, table.settings):
+            print(line)
+        if args.explain:
+            from gpulock.router.tools import summary
 
-        print(choice.explain())
-        print(summary([(v.candidate.name, can[id(v)]) for v in choice.verdicts]))
-    elif choice.chosen is None:
-        print(choice.explain())
+            print(summary([(v.candidate.name, can[id(v)]) for v in choice.verdicts]))
     else:
         c = choice.chosen.candidate
         print(f"{args.task}: {c.tier} {c.name} ({c.key}): {choice.chosen.reason}")
     return EX_OK if choice.chosen is not None else EX_TEMPFAIL
 
 
+def reservations(choice: Any, rs: Any) -> list[str]:
+    """For each cloud candidate with a budget: how a call's reservation is computed."""
+    from gpulock.router import budget
+
+    return [
+        f"  {v.candidate.name}: {budget.explain(v.candidate)}"
+        for v in choice.verdicts
+        if budget.needed(v.candidate, rs)
+    ]
+
+
 def choice_json(
-    choice: Any, here: str | None = None, tools: dict[int, Any] | None = None
+    choice: Any, here: str | None = None, tools: dict[int, Any] | None = None, rs: Any = None
 ) -> dict[str, Any]:
     """``here``: this host's name, for ``host`` when the chosen candidate runs here;
-    ``tools``: each verdict's tool support (by ``id``), for its ``tools`` entry."""
+    ``tools``: each verdict's tool support (by ``id``), for its ``tools`` entry; ``rs``: the
+    router's settings, for each budgeted candidate's ``reservation``."""
+    from gpulock.router import budget
 
     def verdict(v: Any) -> dict[str, Any]:
         c = v.candidate
@@ -120,6 +137,7 @@ def choice_json(
             "need_bytes": v.need_bytes,
             "warm": v.warm,
             **({"tools": {"ok": can.ok, "how": can.how}} if can is not None else {}),
+            "reservation": (budget.explain(c) if rs is not None and budget.needed(c, rs) else None),
         }
 
     chosen = choice.chosen

@@ -259,10 +259,11 @@ def record_calls(
     now = time.time() if now_wall is None else now_wall
     with change(settings, now_wall=now) as led:
         for k in calls:
-            _count(led, k, now)
+            count(led, k, now)
 
 
-def _count(led: Ledger, k: Call, now: float) -> None:
+def count(led: Ledger, k: Call, now: float) -> None:
+    """Add one answered call to ``led`` (in memory)."""
     for axis, name in zip(USAGE_AXES, (k.agent, k.task, k.tier, k.host), strict=True):
         if axis == "host" and not name:
             continue

@@ -139,7 +139,7 @@ class Model:
             v = self._still_fits()
             # Each attempt its own keywords: the next candidate's default max_tokens is its own.
             args = {"max_tokens": v.candidate.max_tokens, **kw}
-            if not self._reserve(v, payload, args["max_tokens"]):
+            if not self._reserve(v, payload, args):
                 continue
             backend = self._backend(v)
             start = time.monotonic()
@@ -156,7 +156,7 @@ class Model:
         while True:
             v = self._still_fits()
             args = {"max_tokens": v.candidate.max_tokens, **kw}
-            if not self._reserve(v, payload, args["max_tokens"]):
+            if not self._reserve(v, payload, args):
                 continue
             backend = self._backend(v)
             usage: dict[str, int] = {}
@@ -222,12 +222,18 @@ class Model:
     def _backend(self, v: Verdict) -> Any:
         c = v.candidate
         key = f"{cid(c)}|{c.n_ctx}|{v.gpu}"
-        b = self._backends.get(key)
+        b: Any = self._backends.get(key)
         if b is None:
             if c.host is not None:  # a cluster peer's gateway
+                from gpulock.router import peers
                 from gpulock.router.backends.peer import PeerBackend
 
-                b = PeerBackend(c, agent=self.agent, me=_here(self._settings))
+                b = PeerBackend(
+                    c,
+                    agent=self.agent,
+                    me=_here(self._settings),
+                    peer_timeout_s=peers.peer_timeout_s(self._settings),
+                )
             elif c.local:
                 from gpulock.router.backends import llama_cpp
 
@@ -241,6 +247,8 @@ class Model:
 
                 b = OpenAIBackend(c)
             self._backends[key] = b
+        if c.host is not None:
+            b.start_s = v.start_s  # this call's expected start there: silence past it fails
         return b
 
     def _wait_s(self, c: Candidate) -> float:
@@ -257,7 +265,7 @@ class Model:
             return {}
         return {"host": c.host or _here(self._settings)}
 
-    def _reserve(self, v: Verdict, payload: Any, max_tokens: Any) -> bool:
+    def _reserve(self, v: Verdict, payload: Any, args: dict[str, Any]) -> bool:
         """Take a cloud call's request slot (a cluster's shared ``rate_limit``) and reserve its
         most cost against its budgets (gpulock.router.budget); False: a limit or a budget would be
         passed, and the call has moved on to the next candidate."""
@@ -272,8 +280,11 @@ class Model:
             return False
         if not budget.needed(c, rs):
             return True
-        limit = max_tokens if isinstance(max_tokens, int) else c.max_tokens
-        r = budget.reserve(self._settings, rs, c, budget.bound_usd(c, payload, limit))
+        limit = args.get("max_tokens")
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            limit = c.max_tokens
+        bound = budget.bound_usd(c, payload, limit, args)  # tools and the like count as prompt
+        r = budget.reserve(self._settings, rs, c, bound)
         if isinstance(r, str):
             self._failed[cid(c)] = r
             self.fallbacks.append(f"{c.name}: {r}")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -172,7 +172,7 @@ def _place(
         load_s = load_estimate_s(v.need_bytes)
         local = place.here(cc.host, wait, ahead, warm=cid(c) in host.warm, load_s=load_s, gpu=v.gpu)
     sent = _sends().counts(reports)
-    cooling = cooldowns.cooling_peers(shared_cooldowns(settings))
+    cooling = cooldowns.cooling_peers(shared_cooldowns(settings)) | failing_peers(settings, reports)
     locs = place.locations(
         c.name,
         local,
@@ -211,9 +211,33 @@ def _place(
             gpu=best.gpu,
             need_bytes=v.need_bytes,
             warm=c.name in report.warm,
+            start_s=best.start_s,
         )
     verdicts = tuple(moved if x is v else x for x in choice.verdicts)
     return replace(choice, chosen=moved, verdicts=verdicts)
+
+
+def failing_peers(settings: Settings, reports: Sequence[HostReport]) -> frozenset[str]:
+    """The peers a caller of this host found failing, whose heartbeat has not moved since
+    (``gpulock.cluster.failing``): no caller here sends them work meanwhile."""
+    from gpulock.cluster import failing
+
+    return failing.failing_now(settings, ((r.host, r.at_wall) for r in reports))
+
+
+def peer_failed(settings: Settings, peer: str, reason: str) -> None:
+    """``peer`` failed a call of this process: every caller of this host skips it until its
+    heartbeat moves (its report as this process last read it is the one in force)."""
+    from gpulock.cluster import failing
+
+    _cc, reports = peers(settings)
+    beat = next((r.at_wall for r in reports if r.host == peer), time.time())
+    failing.mark(settings, peer, beat, reason)
+
+
+def peer_timeout_s(settings: Settings) -> float:
+    """``cluster.peer_timeout``: how long past its expected start a peer may stay silent."""
+    return _view(settings).cc.peer_timeout_s
 
 
 def count_sent(settings: Settings, peer: str) -> None:

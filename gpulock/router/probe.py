@@ -105,7 +105,12 @@ def host(
     warm: set[str] | None = None,
     environ: Mapping[str, str] | None = None,
     now_wall: float | None = None,
+    led: ledger.Ledger | None = None,
+    level_now: str | None = None,
 ) -> Host:
+    """What this machine has now for ``candidates``.  ``led``: the ledger as the caller keeps
+    it (``gpulock.router.books``; else read from its file); ``level_now``: the governor's level
+    as the caller knows it (else read)."""
     now = time.time() if now_wall is None else now_wall
     env = os.environ if environ is None else environ
     gpus: list[GpuView] = []
@@ -125,14 +130,17 @@ def host(
         report = registry.probe_devices(settings, tenants=trecs)
         problem = report.problem
         for d in report.devices:
-            gpus.append(_gpu_view(settings, d.index, d.total_bytes, d.free_bytes, rs, now))
+            gpus.append(
+                _gpu_view(settings, d.index, d.total_bytes, d.free_bytes, rs, now, d.used_bytes)
+            )
     keys = {c.api_key_env for c in candidates if c.api_key_env}
-    led = ledger.read(settings, now_wall=now)
+    if led is None:
+        led = ledger.read(settings, now_wall=now)
     vram_of = vram_estimator(tenant_sizes, settings)
     return Host(
         gpus=tuple(gpus),
         gpu_problem=problem,
-        level=level.current(settings),
+        level=level.current(settings) if level_now is None else level_now,
         warm=frozenset((warm or set()) | tenant_warm),
         env=frozenset(k for k in keys if env.get(k)),
         missing_files=frozenset(c.model for c in candidates if c.local and not _file(c.model)),
@@ -184,14 +192,27 @@ def _gpu_view(
     free: int | None,
     rs: RouterSettings,
     now: float,
+    used: int | None = None,
 ) -> GpuView:
+    """One GPU as the router sees it: its line, and its free memory as ``gpulock status``
+    shows it (``status.free_bytes``: what the holders claim counts, an exclusive holder's
+    whole GPU), less the configured reserve for a newcomer's fit."""
     reserve = settings.config.reserve_bytes(total) if total is not None else None
     budget = total - reserve if total is not None and reserve is not None else None
+    tickets = status.line(settings, index)
+    holding = [t for t in tickets if t.holding]
+    claimed: int | None = sum(t.need_bytes or 0 for t in holding)
+    if any(t.need_bytes is None for t in holding):
+        claimed = total  # an exclusive holder claims the whole GPU
+    if used is None and free is not None and total is not None:
+        used = total - free
+    shown = status.free_bytes(total, used, claimed, free)
+    free = shown
     if free is not None and reserve is not None:
         free = max(0, free - reserve)
     line: list[Queued] = []
     shared: int | None = 0  # the holders' needs, while a newcomer could share (queue.decide)
-    for t in status.line(settings, index):
+    for t in tickets:
         if t.holding and t.granted_wall is not None:
             line.append(Queued(t.name, t.need_bytes, max(0.0, now - t.granted_wall)))
             if shared is not None and t.need_bytes is not None:
@@ -204,10 +225,13 @@ def _gpu_view(
     # Holders first, as the lock plays them: scan() is in ticket order, holders are oldest.
     line.sort(key=lambda q: q.held_s is None)
     if not line:
-        return GpuView(index, total, budget, free, 0, 0.0, shared)
+        return GpuView(index, total, budget, free, 0, 0.0, shared, shown_free_bytes=shown)
     history = hold_history(settings.state_dir, index, rs.hold_estimate_s)
     wait = estimate_wait(line, history, budget_bytes=budget)  # an exclusive newcomer's
-    return GpuView(index, total, budget, free, len(line), wait, shared, tuple(line), history)
+    return GpuView(
+        index, total, budget, free, len(line), wait, shared, tuple(line), history,
+        shown_free_bytes=shown, claimed_bytes=claimed,
+    )  # fmt: skip
 
 
 def warm_models() -> set[str]:

@@ -63,6 +63,8 @@ CANDIDATE_KEYS = (
     "keep_alive",
     "parallel",
     "tools",
+    "tokenizer",
+    "bytes_per_token",
 )
 # llama-cpp-python's chat handlers that parse tool calls out of a model's text (a llama_cpp
 # candidate's ``tools:``; see gpulock.router.tools).
@@ -114,6 +116,11 @@ class Candidate:
     # Calls tools? None: as its kind does (gpulock.router.tools); False: never; True: its
     # server takes them; a llama_cpp candidate's text: the llama-cpp-python handler to use.
     tools: bool | str | None = None
+    # How a call's prompt is counted for its budget reservation (gpulock.router.tokens): a
+    # tiktoken encoding used when its data is on this machine, and/or the UTF-8 bytes a token
+    # covers at least; neither: a token a byte.
+    tokenizer: str | None = None
+    bytes_per_token: float | None = None
 
     @property
     def local(self) -> bool:
@@ -332,6 +339,8 @@ def _candidate(
         gpu=_opt_int(cfg, at("gpu"), f.get("gpu"), low=0) if tenant is None else tenant.gpu,
         parallel=_int(cfg, at("parallel"), f.get("parallel", 1), low=1),
         tools=_tools(cfg, at("tools"), f.get("tools"), backend),
+        tokenizer=_tokenizer(cfg, at("tokenizer"), f.get("tokenizer")),
+        bytes_per_token=_ratio(cfg, at("bytes_per_token"), f.get("bytes_per_token")),
     )
 
 
@@ -348,6 +357,32 @@ def _tools(cfg: Config, key: str, value: Any, backend: str) -> bool | str | None
             hint=known_hint(str(value), TOOL_HANDLERS, "handlers"),
         )
     raise cfg.error(key, f"expected true or false, got {value!r}")
+
+
+def _tokenizer(cfg: Config, key: str, value: Any) -> str | None:
+    from gpulock.router.tokens import ENCODINGS
+
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in ENCODINGS:
+        raise cfg.error(
+            key,
+            f"expected a tiktoken encoding, got {value!r}",
+            hint=known_hint(str(value), ENCODINGS, "encodings"),
+        )
+    return value
+
+
+def _ratio(cfg: Config, key: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= 64:
+        raise cfg.error(
+            key,
+            f"expected the UTF-8 bytes a token covers at least (1 to 64, like 3.5), got {value!r}",
+            hint="English is about 4 bytes a token, code 3, CJK text 1.5 to 3, emoji 1 to 2",
+        )
+    return float(value)
 
 
 def tenant_candidate(cfg: Config, tenant: str, model: str) -> Candidate:

@@ -38,6 +38,7 @@ from gpulock.serve.dispatch import Dispatcher, Opened
 from gpulock.serve.engines import Answer, Ask, Usage
 from gpulock.serve.errors import ApiError, bad_request
 from gpulock.serve.line import QueueFull
+from gpulock.serve.writebehind import WriteBehind
 
 log = logging.getLogger("gpulock.serve")
 AGENT_MAX = 64
@@ -407,12 +408,14 @@ def build_app(
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
 ) -> ASGIApp:
     g = Gateway(settings, dispatcher, max_body, read_timeout)
+    wb = WriteBehind(settings)
 
     def guarded(fn: Callable[[Request], Awaitable[Response]], *, measured: bool = False) -> Any:
         """``measured``: a generation endpoint, counted in a ``gateway-request`` event."""
 
         async def endpoint(request: Request) -> Response:
             started = time.monotonic()
+            wb.begin()
             try:
                 response = await fn(request)
             except ApiError as e:
@@ -424,8 +427,15 @@ def build_app(
                 log.exception("internal error on %s", request.url.path)
                 msg = f"internal error ({type(e).__name__}); see the gpulock serve log"
                 response = error_response(ApiError(500, msg, type="server_error"), request.url.path)
+            except BaseException:  # cancelled (the server stopping): no longer in flight
+                wb.end()
+                raise
             if measured:
                 g.measured(request, response, time.monotonic() - started)
+            if isinstance(response, Streamed):
+                response.on_close = wb.end  # in flight until its end
+            else:
+                wb.end()  # the last one in flight: its events are written before it is sent
             return response
 
         return endpoint
@@ -466,9 +476,13 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
-        if on_shutdown is not None:
-            await on_shutdown()
+        wb.start()
+        try:
+            yield
+            if on_shutdown is not None:
+                await on_shutdown()
+        finally:
+            wb.close()
 
     app = Starlette(
         routes=routes,

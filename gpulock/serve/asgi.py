@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from starlette.requests import ClientDisconnect, Request
@@ -25,7 +26,54 @@ T = TypeVar("T")
 
 
 def error_response(e: ApiError, path: str) -> JSONResponse:
+    if isinstance(e, TooLarge) and e.drain_s is not None:
+        return AnswerThenDrain(e.body(path), e.status, e.headers, e.drain_s)
     return JSONResponse(e.body(path), status_code=e.status, headers=e.headers)
+
+
+@dataclass(frozen=True, slots=True)
+class TooLarge(ApiError):
+    """A body over ``max_body``: ``drain_s`` (None: answer and close) is how long to go on
+    reading what the client still sends once it has the answer (``AnswerThenDrain``)."""
+
+    drain_s: float | None = None
+
+
+class AnswerThenDrain(JSONResponse):
+    """An answer sent whole at once, then the rest of the request read and dropped (up to
+    ``DRAIN_MAX``, for at most ``drain_s``) before the connection closes.
+
+    A server that closes a connection with a request body still arriving resets it, and the
+    client loses the answer; one that reads the whole body first keeps a client that sent
+    part of it and waits (for a ``100 Continue`` it did not ask for, say) waiting until the
+    read timeout.  The answer goes out with its ``Content-Length`` while the response stays
+    open (``more_body``), so the client can read it whatever it does next, and the drain
+    happens behind it (a lingering close, as web servers do)."""
+
+    def __init__(
+        self, content: object, status: int, headers: dict[str, str], drain_s: float
+    ) -> None:
+        super().__init__(content, status_code=status, headers=headers)
+        self.drain_s = drain_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        await send({"type": "http.response.body", "body": self.body, "more_body": True})
+        dropped = 0
+        try:
+            async with asyncio.timeout(self.drain_s):
+                while dropped <= DRAIN_MAX:
+                    msg = await receive()
+                    if msg["type"] == "http.disconnect":
+                        break
+                    dropped += len(msg.get("body", b""))
+                    if not msg.get("more_body"):
+                        break
+        except TimeoutError:
+            pass
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class KeyCheck:
@@ -71,6 +119,7 @@ class Streamed(Response):
         super().__init__(None, 200, headers, media_type)
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         self.chunks = chunks
+        self.on_close: Callable[[], None] | None = None  # called once, when the stream ends
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def pump() -> None:
@@ -101,9 +150,13 @@ class Streamed(Response):
         finally:
             state["finished"] = True
             watcher.cancel()
-            close = getattr(self.chunks, "aclose", None)
-            if close is not None:
-                await close()  # the answer's place is freed here, at once
+            try:
+                close = getattr(self.chunks, "aclose", None)
+                if close is not None:
+                    await close()  # the answer's place is freed here, at once
+            finally:
+                if self.on_close is not None:
+                    self.on_close()
 
 
 async def _until_hung_up(receive: Receive) -> None:
@@ -147,34 +200,31 @@ DRAIN_MAX = 64 << 20  # past max_body, read and drop up to this much more, then 
 async def read_body(request: Request, max_body: int, read_timeout: float) -> bytes:
     """The request's body: at most ``max_body`` bytes, all of it within ``read_timeout``.
 
-    A body over ``max_body`` is answered 413 only after the rest of it is read and dropped (up
-    to ``DRAIN_MAX``, within the same time): a server that answers and closes with the body
-    unread resets the connection, and the client never reads the 413.  Past the bound the
-    connection closes all the same (``Connection: close`` on every such answer).
+    A body over ``max_body`` is answered 413 as soon as that is known: at once when its
+    ``Content-Length`` says so, else when the bytes read pass it.  The answer is sent whole,
+    then what the client still sends is read and dropped (``AnswerThenDrain``: up to
+    ``DRAIN_MAX``, within ``read_timeout``), so the client reads the 413 whether it goes on
+    sending or waits; then the connection closes (``Connection: close`` on every such answer).
+    A client that asked for ``100 Continue`` has sent nothing more: answered, closed.
     """
-    over = ApiError(
+    expects = request.headers.get("expect", "").lower() == "100-continue"
+    over = TooLarge(
         413,
         f"request body over serve.max_body ({max_body} bytes)",
         code="body_too_large",
         headers={"Connection": "close"},
+        drain_s=None if expects else read_timeout,
     )
     length = request.headers.get("content-length")
     declared = int(length) if length is not None and length.isdigit() else None
-    expects = request.headers.get("expect", "").lower() == "100-continue"
-    if declared is not None and declared > max_body and (expects or declared > DRAIN_MAX):
-        raise over  # nothing sent yet (100-continue), or too much to drain: answer, close
+    if declared is not None and declared > max_body:
+        raise over
     data = bytearray()
     stream = request.stream()
     try:
         async with asyncio.timeout(read_timeout):
             async for chunk in stream:
                 if len(data) + len(chunk) > max_body:
-                    dropped = len(data) + len(chunk)
-                    data = bytearray()
-                    async for more in stream:
-                        dropped += len(more)
-                        if dropped > DRAIN_MAX:
-                            break
                     raise over
                 data += chunk
     except TimeoutError:

@@ -7,14 +7,18 @@ and aiohttp (the ``serve`` extra) are imported only here, when the server starts
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import errno
 import logging
 import os
+import signal
 import socket
 import sys
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from gpulock.cli import Parser, run_command
 from gpulock.core.errors import GpulockError
@@ -37,9 +41,11 @@ GET /openapi.json (the OpenAPI 3.1 document of all of these)."""
 EPILOG = """\
 Listening on anything but loopback needs API keys: serve.api_keys_env names the environment
 variable that holds them (comma- or whitespace-separated); every request then sends
-Authorization: Bearer KEY.  exit codes: 0 stopped; 1 error (bad config: file, line and key are
-named; or the address is already in use); 2 usage (bad --listen or --port, or a non-loopback
-address without keys)."""
+Authorization: Bearer KEY.  SIGTERM or Ctrl-C stops it cleanly: requests waiting for a GPU are
+answered 503, running ones finish (5 s at most), tickets are released, the host leaves its
+cluster, and it prints "gpulock serve: stopped (SIGTERM)".  exit codes: 0 stopped; 1 error
+(bad config: file, line and key are named; or the address is already in use); 2 usage (bad
+--listen or --port, or a non-loopback address without keys)."""
 
 
 def build_parser(prog: str = "gpulock serve") -> argparse.ArgumentParser:
@@ -155,11 +161,59 @@ def _main(argv: list[str]) -> int:
         log_level="warning",
         access_log=False,  # an access log line per request; Authorization is never logged
         lifespan="on",
+        proxy_headers=False,  # nothing here reads X-Forwarded-*: not parsed per request
+        # asyncio's own loop, whatever else is installed: uvicorn would take uvloop where it
+        # finds it, and with it a cluster host kept a request it should have sent to an idle
+        # peer (tests/test_cluster_serve.py, reproduced with the code before issue 31 too).
+        # It saved about 5 % of the gateway's CPU: not worth an untested loop.
+        loop="asyncio",
         timeout_graceful_shutdown=5,
         http=protocol(max_header=sc.max_header_bytes, read_timeout=sc.read_timeout_s),
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    server = stopping_server(uvicorn, config, dispatcher.line.stop)
+    server.run(sockets=[sock])
+    if server.stopped_by is not None:
+        print(f"gpulock serve: stopped ({server.stopped_by})", file=sys.stderr, flush=True)
     return 0
+
+
+def stopping_server(uvicorn: Any, config: Any, stop_line: Callable[[], None]) -> Any:
+    """A uvicorn server that stops cleanly on SIGINT and SIGTERM, and says so.
+
+    uvicorn re-raises the signal it stopped on once it has shut down, so the process dies of
+    it (exit 130, 143) after all.  Here a stop asked for is a stop done: the requests waiting
+    for a place in the line are answered (503, ``gpulock.serve.line.Stopping``), those running
+    may finish (``timeout_graceful_shutdown``), then the app's shutdown releases what it holds
+    and withdraws this host from its cluster, and ``gpulock serve`` exits 0, having printed
+    ``gpulock serve: stopped (SIGTERM)``.  A second Ctrl-C forces the exit, as uvicorn's does.
+    """
+
+    class Server(uvicorn.Server):  # type: ignore[misc]
+        stopped_by: str | None = None
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            handled = (signal.SIGINT, signal.SIGTERM)
+            before = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in before.items():
+                    signal.signal(sig, handler)
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self.stopped_by is None:
+                self.stopped_by = signal.Signals(sig).name
+            super().handle_exit(sig, frame)
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            stop_line()
+            await super().shutdown(sockets)
+
+    return Server(config)
 
 
 def _join_cluster(settings: Settings, dispatcher: Dispatcher) -> Callable[[], None] | None:

@@ -18,7 +18,7 @@ from contextlib import AsyncExitStack
 from dataclasses import replace
 from typing import Any
 
-from gpulock.cluster import cooldowns, spend
+from gpulock.cluster import cooldowns, failing, spend
 from gpulock.cluster.config import ClusterConfig
 from gpulock.cluster.fleet import fleet_object, spend_entry
 from gpulock.cluster.heartbeat import Heartbeat
@@ -27,13 +27,14 @@ from gpulock.cluster.report import GpuLine, HostReport, Runs, load_estimate_s
 from gpulock.cluster.store import Unavailable
 from gpulock.core.settings import Settings
 from gpulock.router import ledger, probe
+from gpulock.router.accounting import PEER_FAILURES
 from gpulock.router.backends import BackendError
-from gpulock.router.backends.peer import FROM_HEADER
+from gpulock.router.backends.peer import FROM_HEADER, silence_s
 from gpulock.router.choose import Choice, Host, Verdict, cid, line_wait
 from gpulock.router.routes import Candidate
 from gpulock.router.waitest import quantile
 from gpulock.serve.dispatch import Dispatcher, Meta, Opened
-from gpulock.serve.engines import Ask, RemoteEngine
+from gpulock.serve.engines import Answer, Ask, RemoteEngine, Usage
 
 
 class PeerEngine(RemoteEngine):
@@ -71,6 +72,13 @@ class PeerEngine(RemoteEngine):
             sock_read=self.header_timeout_s,
         )
 
+    async def answer(self, ask: Ask) -> Answer:
+        """A whole answer, asked of the peer as a stream: its headers come with the first
+        piece (the call has started there), so a long answer is not taken for silence."""
+        usage = Usage()
+        text = "".join([piece async for piece in self.stream(ask, usage)])
+        return Answer(text, usage)
+
 
 class ClusterLink:
     def __init__(self, settings: Settings, cc: ClusterConfig, dispatcher: Dispatcher) -> None:
@@ -100,11 +108,12 @@ class ClusterLink:
                 GpuLine(
                     g.index,
                     g.total_bytes,
-                    g.free_bytes,
+                    g.shown_free_bytes,  # as gpulock status shows it (the lock's claims count)
                     holding,
                     max(0, ahead - holding),
                     wait,
                     hold,
+                    claimed_bytes=g.claimed_bytes,
                 )
             )
         runs = []
@@ -163,6 +172,8 @@ class ClusterLink:
         fleet = self.heartbeat.fleet
         if not fleet.redis_ok:
             return [local] if local is not None else []
+        beats = ((r.host, r.at_wall) for r in fleet.reports)
+        failing_here = failing.failing_now(self.settings, beats)
         return locations(
             c.name,
             local,
@@ -171,7 +182,7 @@ class ClusterLink:
             now_wall=time.time(),
             penalty_s=self.cc.remote_penalty_s,
             sent=self.heartbeat.sent(),
-            exclude=set(exclude) | fleet.cooling,
+            exclude=set(exclude) | fleet.cooling | failing_here,
             deadline_s=deadline_s,
         )
 
@@ -233,7 +244,7 @@ class ClusterLink:
                     raise  # the request's fault: another host would refuse it too
                 failed.add(loc.host)
                 self.peer_failed(loc, e, v.candidate.task, agent)
-                await asyncio.to_thread(self.cool_peer, loc.host, e.short)
+                await asyncio.to_thread(self.cool_peer, loc.host, e.short, e.kind)
 
     async def forward(
         self,
@@ -260,7 +271,7 @@ class ClusterLink:
             left_s=left,
             me=self.cc.host,
             key_env=self.cc.api_key_env,
-            header_timeout_s=self.cc.peer_timeout_s + loc.start_s,
+            header_timeout_s=silence_s(self.cc.peer_timeout_s, loc.start_s, left, c.timeout_s),
         )
         if ask.kind != "embed" and "max_tokens" not in ask.params:
             ask = replace(ask, params={**ask.params, "max_tokens": c.max_tokens})
@@ -316,8 +327,13 @@ class ClusterLink:
         own = n * self._request_s(gpu)
         return (own if wait is None else max(wait, own)), max(ahead, n)
 
-    def cool_peer(self, host: str, why: str) -> None:
-        """The peer cools down for every host (Redis; off the event loop)."""
+    def cool_peer(self, host: str, why: str, kind: str = "server") -> None:
+        """The peer cools down for every host (Redis; off the event loop), and one that was
+        silent, gone or broken is failing for every caller of this host until it beats again
+        (``gpulock.cluster.failing``)."""
+        if kind in PEER_FAILURES:
+            beat = next((r.at_wall for r in self.heartbeat.fleet.reports if r.host == host), None)
+            failing.mark(self.settings, host, time.time() if beat is None else beat, why)
         until = time.time() + self.d.table.settings.cooldown_s
         try:
             cooldowns.share(self.heartbeat.store, cooldowns.peer(host), until, why, self.cc.host)

@@ -22,6 +22,7 @@ from gpulock.core.settings import Settings
 from gpulock.router import accounting, budget, probe
 from gpulock.router.backends import BackendError
 from gpulock.router.backends.tenant import TenantBackend
+from gpulock.router.books import Books
 from gpulock.router.choose import Choice, Host, Verdict, choose, cid
 from gpulock.router.routes import Candidate, Table, tenant_candidate
 from gpulock.serve.engines import (
@@ -130,8 +131,8 @@ class Dispatcher:
         self._local: dict[tuple[Any, ...], _HeldLlama] = {}
         self._tenants: dict[tuple[Any, ...], TenantBackend] = {}
         self.cluster: Elsewhere | None = None  # set by `gpulock serve` with a cluster: section
-        # The router's accounting, with the ledger's writes gathered under load.
-        self.recorder = accounting.Recorder(settings, table.settings)
+        # The router's ledger, kept in memory and written behind (gpulock.router.books).
+        self.books = Books(settings, table.settings)
 
     def http(self) -> Any:
         """The one client session for OpenAI-compatible servers (made inside the event loop)."""
@@ -213,8 +214,13 @@ class Dispatcher:
             if v is None:
                 raise self._none_left(task, choice, deadline_s, refused, ask.model)
             c = v.candidate
-            # Budgets and rate limits: judged and spent where router.get_model's are.
-            admitted = accounting.admit(self.settings, self.table.settings, task, c)
+            # Budgets and rate limits: judged and spent where router.get_model's are.  A
+            # candidate without limits was judged by the choice just made, from the same view
+            # of the ledger (its cooldowns, its key): nothing to take under a lock.
+            if accounting.limited(c, self.table.settings):
+                admitted = accounting.admit(self.settings, self.table.settings, task, c)
+            else:
+                admitted = v
             if not admitted.ok:
                 if cid(c) in refused:  # refused twice: the chooser and the ledger disagree
                     failed[cid(c)] = admitted.reason
@@ -244,7 +250,7 @@ class Dispatcher:
                     raise ApiError(400, f"{c.name}: {e}", code="invalid_request") from None
                 failed[cid(c)] = e.short
                 await self._off_loop(
-                    accounting.failed,
+                    self._failed,
                     self.settings,
                     self.table.settings,
                     c,
@@ -285,7 +291,7 @@ class Dispatcher:
             payload, limit = ask.inputs, 0  # an embedding has no output tokens
         elif not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             limit = c.max_tokens  # what _try will ask for
-        bound = budget.bound_usd(c, payload, limit)
+        bound = budget.bound_usd(c, payload, limit, ask.params)
         taking = asyncio.ensure_future(self._off_loop(budget.reserve, self.settings, rs, c, bound))
         try:
             r = await asyncio.shield(taking)
@@ -379,7 +385,13 @@ class Dispatcher:
     ) -> tuple[Choice, Host]:
         """``tools``: the request has tools: only candidates that can call them."""
         warm = probe.warm_models() | {cid(b.candidate) for b in self._local.values() if b.loaded}
-        host = probe.host(self.settings, cands, self.table.settings, warm=warm)
+        # The governor's level is read for GPU work only: it changes nothing else (and a
+        # request for a cloud or CPU model then costs no file read).
+        lvl = None if any(c.tier == "gpu" for c in cands) else "normal"
+        led = self.books.view()
+        host = probe.host(
+            self.settings, cands, self.table.settings, warm=warm, led=led, level_now=lvl
+        )
         return choose(task, cands, host, deadline_s=left, exclude=failed, tools=tools), host
 
     def _none_left(
@@ -470,7 +482,7 @@ class Dispatcher:
             self._later(budget.release, self.settings, r)
         c = opened.candidate
         self._later(
-            accounting.failed,
+            self._failed,
             self.settings,
             self.table.settings,
             c,
@@ -494,6 +506,11 @@ class Dispatcher:
         else:
             loop.run_in_executor(None, lambda: fn(*args, **kw))
 
+    def _failed(self, *args: Any, **kw: Any) -> None:
+        """``accounting.failed`` (a cooldown in the ledger file), then read the file again."""
+        accounting.failed(*args, **kw)
+        self.books.changed()
+
     def _fallback(self, task: str, agent: str, c: Candidate, why: str) -> None:
         self.settings.emit(
             "fallback", task=task, agent=agent, from_model=c.name, from_tier=c.tier, error=why
@@ -509,7 +526,7 @@ class Dispatcher:
         opened.accounted = True
         r, opened.reservation = opened.reservation, None
         m = opened.meta
-        cost = self.recorder.record(
+        cost = self.books.record(
             opened.candidate,
             task=m.task,
             agent=agent,
@@ -534,7 +551,7 @@ class Dispatcher:
         self.account(opened, agent, u.tokens_in, u.tokens_out or opened.sent, client_gone=True)
 
     async def shutdown(self) -> None:
-        self.recorder.flush()
+        self.books.flush()
         if self._http is not None:
             await self._http.close()
         for b in list(self._local.values()):

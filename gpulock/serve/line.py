@@ -37,6 +37,13 @@ class QueueFull(GpulockError):
     """``serve.max_queue`` requests wait already."""
 
 
+STOPPING = "gpulock serve is stopping"
+
+
+class Stopping(GpulockError):
+    """The server is stopping: a request waiting for its place is answered, not left hanging."""
+
+
 @dataclass(frozen=True, slots=True)
 class Slot:
     """What a request got: the GPU and ticket it runs under and how long it waited."""
@@ -73,6 +80,15 @@ class Line:
         self._busy_since: dict[int, float] = {}
         self._last_end: dict[int, float] = {}
         self._request_s: dict[int, float] = {}
+        self.stopping = False
+        self._waiters: set[asyncio.Task[object]] = set()
+
+    def stop(self) -> None:
+        """Take no more requests, and answer those waiting for a place (``Stopping``); those
+        running keep theirs until they end."""
+        self.stopping = True
+        for t in list(self._waiters):
+            t.cancel(STOPPING)
 
     @asynccontextmanager
     async def slot(
@@ -87,19 +103,33 @@ class Line:
         command: Sequence[str] = (),
     ) -> AsyncIterator[Slot]:
         """Hold a place on ``gpu`` for one request to model ``key`` (see the module doc)."""
+        if self.stopping:
+            raise Stopping("gpulock serve is stopping", hint="send it again to another server")
         if self.waiting >= self.max_queue:
             raise QueueFull(f"{self.waiting} requests wait already (serve.max_queue)")
         start = time.monotonic()
         self._began(gpu, start)
         served = False
+        me = asyncio.current_task()
         try:
             self.waiting += 1
+            if me is not None:
+                self._waiters.add(me)
             try:
                 group, shared = await self._enter(
                     key, gpu, need, parallel, name, timeout_s, command
                 )
+            except asyncio.CancelledError:
+                if me is None or not self.stopping or me.cancelling() != 1:
+                    raise
+                me.uncancel()  # cancelled by stop() only: answered, the task goes on
+                raise Stopping(
+                    "gpulock serve is stopping", hint="send it again to another server"
+                ) from None
             finally:
                 self.waiting -= 1
+                if me is not None:
+                    self._waiters.discard(me)
             try:
                 yield Slot(gpu, group.lease.ticket, time.monotonic() - start, shared)
                 served = True

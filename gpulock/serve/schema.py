@@ -15,6 +15,7 @@ can recurse, as the state folder's readers do.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 from gpulock.core import safejson
@@ -571,10 +572,18 @@ def loads(data: bytes) -> Any:
 
 
 def validate(obj: Any, schema: Schema) -> None:
-    """Raise ``Invalid`` naming the first part of ``obj`` that does not fit ``schema``."""
+    """Raise ``Invalid`` naming the first part of ``obj`` that does not fit ``schema``.
+
+    A body that fits is accepted by the schema compiled once into closures (``_compiled``:
+    no exceptions, no paths built, every lookup done at compile time): it was a tenth of the
+    gateway's CPU.  One that does not is walked again by ``_check``, which says where."""
     if not isinstance(obj, dict):
         raise Invalid("the request body must be a JSON object")
-    _check(obj, schema, "", None)
+    fast = _COMPILED.get(id(schema))
+    if fast is None or fast[0] is not schema:
+        fast = _COMPILED[id(schema)] = (schema, _compile(schema)[0])
+    if not fast[1](obj):
+        _check(obj, schema, "", None)
 
 
 _TYPES: Final = {
@@ -655,3 +664,72 @@ def _say(s: Schema) -> str:
     if "anyOf" in s:
         return " or ".join(_say(a) for a in s["anyOf"])
     return str(s.get("type", "a value"))
+
+
+# --- the same rules, compiled: a yes/no answer that ``_check`` would give by not raising ---------
+
+Test = Callable[[Any], bool]
+_COMPILED: dict[int, tuple[Schema, Test]] = {}
+
+
+def _compile(s: Schema) -> tuple[Test, Test]:
+    """(ok, fits) for ``s``: ``ok(v)`` is ``_check(v, s)`` not raising; ``fits(v)`` is
+    ``_fits(v, s)``.  Rule for rule the same walk, so they cannot disagree."""
+    t = s.get("type")
+    type_ok = _TYPES[t] if t is not None else None
+    if type_ok is not None and all(k == "type" or k[:2] == "x-" for k in s):
+        return type_ok, type_ok  # a bare type (most leaves): its test is the whole rule
+    required = tuple(s.get("required", ())) if t == "object" else ()
+    enum: Any = s.get("enum")
+    has_enum = "enum" in s
+    lo: Any = s.get("minimum")
+    hi: Any = s.get("maximum")
+    has_lo, has_hi = "minimum" in s, "maximum" in s
+    min_items: int = s.get("minItems", 0)
+    min_len: int = s.get("minLength", 0)
+    max_items: Any = s.get("maxItems")
+    has_max_items = "maxItems" in s
+    alts = [_compile(a) for a in s.get("anyOf", ())]
+    has_alts = "anyOf" in s
+    props = [(k, _compile(sub)[0]) for k, sub in s.get("properties", {}).items()]
+    items = _compile(s["items"])[0] if s.get("items") is not None else None
+
+    def fits(v: Any) -> bool:
+        if type_ok is not None and not type_ok(v):
+            return False
+        if has_enum and v not in enum:
+            return False
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            if has_lo and v < lo:
+                return False
+            if has_hi and v > hi:
+                return False
+        if isinstance(v, list | str):
+            least = min_items if isinstance(v, list) else min_len
+            if len(v) < least or (has_max_items and len(v) > max_items):
+                return False
+        if has_alts:
+            return any(ok_alt(v) for ok_alt, _ in alts)
+        return True
+
+    def ok(v: Any) -> bool:
+        if required and isinstance(v, dict):
+            for k in required:
+                if k not in v:
+                    return False
+        if not fits(v):
+            return False
+        if props and isinstance(v, dict):
+            for k, ok_sub in props:
+                if k in v and not ok_sub(v[k]):
+                    return False
+        if items is not None and isinstance(v, list):
+            for x in v:
+                if not items(x):
+                    return False
+        for ok_alt, fits_alt in alts:
+            if fits_alt(v):
+                return ok_alt(v)
+        return True
+
+    return ok, fits

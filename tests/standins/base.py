@@ -19,6 +19,11 @@ class NdJson(list[Any]):
     """A streamed answer: one JSON object per line (Ollama's ``stream: true``)."""
 
 
+class Sse(list[Any]):
+    """A streamed answer as server-sent events (OpenAI's ``stream: true``): ``data: {json}`` a
+    chunk, then ``data: [DONE]``."""
+
+
 class StandIn:
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -48,6 +53,10 @@ class StandIn:
                 if isinstance(payload, NdJson):
                     data = "".join(json.dumps(x) + "\n" for x in payload).encode()
                     ctype = "application/x-ndjson"
+                elif isinstance(payload, Sse):
+                    data = "".join(f"data: {json.dumps(x)}\n\n" for x in payload).encode()
+                    data += b"data: [DONE]\n\n"
+                    ctype = "text/event-stream"
                 elif isinstance(payload, bytes | str):
                     data = payload.encode() if isinstance(payload, str) else payload
                     ctype = "text/plain"

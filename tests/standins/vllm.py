@@ -1,7 +1,8 @@
 """vLLM stand-in, following the API of vLLM v0.11 (``vllm/entrypoints/openai/api_server.py``
 and ``vllm/entrypoints/serve/sleep/api_router.py``).
 
-One served model (``GET /v1/models``).  With ``dev_mode`` (the server ran with
+One served model (``GET /v1/models``); ``POST /v1/completions`` answers "hi", whole or, with
+``stream: true``, as server-sent events.  With ``dev_mode`` (the server ran with
 ``VLLM_SERVER_DEV_MODE=1 --enable-sleep-mode``): ``POST /sleep?level=N&mode=abort|wait``
 (``abort``, the default, aborts the requests in flight -- counted in ``aborted`` -- ``wait``
 lets them finish first), ``POST /wake_up``, ``GET /is_sleeping`` -> ``{"is_sleeping": b}``.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from standins.base import StandIn
+from standins.base import Sse, StandIn
 
 
 class Vllm(StandIn):
@@ -52,6 +53,19 @@ class Vllm(StandIn):
                 with self.lock:
                     self.inflight -= 1
                     self.served += 1
+            if isinstance(body, dict) and body.get("stream"):
+                # As vLLM's OpenAI server streams a completion: a chunk a piece, the last one
+                # with its finish_reason, then usage when stream_options.include_usage says so.
+                chunks = [
+                    {"object": "text_completion", "model": self.model,
+                     "choices": [{"index": 0, "text": "hi", "finish_reason": None}]},
+                    {"object": "text_completion", "model": self.model,
+                     "choices": [{"index": 0, "text": "", "finish_reason": "stop"}]},
+                ]  # fmt: skip
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+                    chunks.append({"object": "text_completion", "choices": [], "usage": usage})
+                return 200, Sse(chunks)
             return 200, {"choices": [{"text": "hi"}]}
         if not self.dev_mode or path not in ("/sleep", "/wake_up", "/is_sleeping"):
             return 404, {"detail": "Not Found"}

@@ -159,10 +159,12 @@ class LlamaBackend:
         usage: dict[str, int],
         **kw: Any,
     ) -> Iterator[str]:
-        """Yield text pieces as they are generated; ``usage`` gets the token counts at the end."""
-        with self._session(wait_s, label) as llm:
+        """Yield text pieces as they are generated; ``usage`` gets the token counts, as the
+        same call unstreamed reports them: the tokens the model processed (the prompt after
+        the chat template) and generated (``tallied``), counted as they go, so a stream the
+        caller stops early is counted with what it got."""
+        with self._session(wait_s, label) as llm, tallied(llm, usage):
             mark = _log_mark()
-            n = 0
             try:
                 if kind == "chat":
                     chunks = llm.create_chat_completion(messages=payload, stream=True, **kw)
@@ -174,15 +176,11 @@ class LlamaBackend:
                     if piece is None:
                         piece = (choice.get("delta") or {}).get("content")
                     if piece:
-                        n += 1
                         yield piece
             except (RuntimeError, ValueError, OSError) as e:
                 # A prompt longer than the context (a context halved at governor level reduce,
                 # say) is a failure of this candidate, to fall back from, as in _run.
                 self._failed(e, "server", _log_since(mark))
-            text = payload if kind != "chat" else " ".join(m.get("content", "") for m in payload)
-            usage["tokens_in"] = len(llm.tokenize(str(text).encode(), add_bos=True))
-            usage["tokens_out"] = n
 
     def _run(
         self, call: Callable[[Any], Any], kind: str, wait_s: float | None, label: str
@@ -363,6 +361,51 @@ class LlamaBackend:
             after_bytes=now_bytes,
             freed=now_bytes < before,
         )
+
+
+@contextlib.contextmanager
+def tallied(llm: Any, usage: dict[str, int]) -> Iterator[None]:
+    """Count one call's tokens into ``usage`` (``tokens_in``, ``tokens_out``) as llama.cpp
+    processes them.
+
+    A stream's chunks are not tokens (a multi-byte character or a possible stop sequence is
+    held back and sent with the next ones), and the prompt the model reads is the chat
+    template's, not the messages' text: llama-cpp-python counts both only for an unstreamed
+    call.  Both kinds of call run through ``Llama.generate(prompt_tokens)``, which yields each
+    token it samples; the completion loop keeps every one but an end-of-generation token.
+    So the generator is wrapped for this call (the backend's lock keeps calls one at a time):
+    the prompt is what it is given, the output what it yields less the end token.
+    """
+    usage["tokens_in"] = usage["tokens_out"] = 0
+    inner = llm.generate  # the bound method (an instance attribute shadows it for this call)
+    eog = _eog_test(llm)
+
+    def generate(tokens: Sequence[int], *args: Any, **kw: Any) -> Iterator[int]:
+        usage["tokens_in"] = len(tokens)
+        for token in inner(tokens, *args, **kw):
+            if not eog(token):
+                usage["tokens_out"] += 1
+            yield token
+
+    llm.generate = generate
+    try:
+        yield
+    finally:
+        with contextlib.suppress(AttributeError):
+            del llm.generate
+
+
+def _eog_test(llm: Any) -> Callable[[int], bool]:
+    """Whether a token ends generation (end of sequence, end of turn), as llama.cpp decides."""
+    try:
+        import llama_cpp
+
+        vocab = llm._model.vocab
+        test = llama_cpp.llama_vocab_is_eog
+        return lambda t: bool(test(vocab, t))
+    except (ImportError, AttributeError):
+        eos = llm.token_eos()
+        return lambda t: t == eos
 
 
 _cache: dict[tuple[Any, ...], LlamaBackend] = {}
