@@ -35,8 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +45,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _shared import free_port, start_redis
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -56,34 +56,6 @@ TARGET_MS = 2.0
 TARGET_GAIN = 2.5
 TENANT_MODEL = "qwen2.5:32b"
 TENANT_BYTES = 20 << 30  # on a 24 GiB GPU: one request at a time, as one model's compute is
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_redis(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        sys.exit("redis-server not found: apt-get install redis-server (make test does)")
-    port = free_port()
-    argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen(
-        [*argv, "--dir", str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
-                    return proc, f"redis://127.0.0.1:{port}/0"
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    sys.exit("redis-server did not start")
 
 
 # --- (1) decision cost --------------------------------------------------------------------------

