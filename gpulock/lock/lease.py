@@ -47,9 +47,8 @@ from gpulock.core.state import atomic_write
 from gpulock.core.units import parse_duration, parse_size
 from gpulock.lock import prefetch as prefetch_mod
 from gpulock.lock.exitwait import Poller
-from gpulock.lock.queuedir import QueueDir, owner_fds, unlink_quietly
+from gpulock.lock.queuedir import QueueDir, owner_fds, pause, unlink_quietly
 from gpulock.lock.room import Room, require
-from gpulock.lock.steps import pause
 from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
 from gpulock.lock.waiter import Waiter
 

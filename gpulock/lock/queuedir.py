@@ -29,7 +29,6 @@ from gpulock.core import claim
 from gpulock.core.errors import LockTimeout, StateDirError
 from gpulock.core.settings import Settings
 from gpulock.core.state import atomic_write, open_regular
-from gpulock.lock.steps import pause
 from gpulock.lock.ticket import (
     Ticket,
     TicketFormatError,
@@ -41,6 +40,15 @@ from gpulock.lock.ticket import (
 )
 
 RING_PROBES = 64  # successors probed by number before the folder is listed
+
+# The test knob that stops a release or a look between its steps (gpulock.lock.steps): loaded
+# only when GPULOCK_TEST_PAUSE is set, so that the lock's path loads no module for it.
+if os.environ.get("GPULOCK_TEST_PAUSE"):
+    from gpulock.lock.steps import pause as pause
+else:
+
+    def pause(step: str) -> None:
+        """Off: ``GPULOCK_TEST_PAUSE`` is unset (see ``gpulock.lock.steps``)."""
 
 
 @dataclass(frozen=True, slots=True)
