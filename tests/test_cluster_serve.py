@@ -211,9 +211,19 @@ def test_a_busy_local_gpu_sends_work_to_an_idle_peer(pool: Pool) -> None:
         # It waited in b's line under the agent's name, and b's status shows it ran there.
         grants = [e for e in b.events("acquire") if e.get("name") == "agent-busy"]
         assert grants, b.events("acquire")
-        calls = [e for e in b.events("call") if e.get("agent") == "agent-busy"]
-        assert calls and calls[0]["host"] == "b"
-        assert [e["host"] for e in a.events("call") if e.get("agent") == "agent-busy"] == ["b"]
+        # Call events are written behind the answer (serve batches them): wait for them.
+        calls = wait_until(
+            lambda: [e for e in b.events("call") if e.get("agent") == "agent-busy"],
+            WAIT_S,
+            "b's call event",
+        )
+        assert calls[0]["host"] == "b"
+        on_a = wait_until(
+            lambda: [e["host"] for e in a.events("call") if e.get("agent") == "agent-busy"],
+            WAIT_S,
+            "a's call event",
+        )
+        assert on_a == ["b"]
         st = json.loads(b.gpulock("status", "--json").stdout)
         assert any("tiny" in json.dumps(rec) for rec in st["residents"]), st["residents"]
         # Both ledgers count it under the host that ran it (serve's gathered ledger writes).
@@ -328,13 +338,22 @@ def test_agents_on_a_busy_host_get_models_on_the_idle_peer(pool: Pool) -> None:
             assert agent.returncode == 0, err
             got = json.loads(out)
             assert got["host"] == "b" and got["tier"] == "gpu", got
-            calls = [e for e in a.events("call") if e.get("agent") == f"agent-{i}"]
-            assert calls and calls[0]["host"] == "b" and calls[0]["ok"], calls
+            name = f"agent-{i}"
+            calls = wait_until(
+                lambda: [e for e in a.events("call") if e.get("agent") == name],  # noqa: B023
+                WAIT_S,
+                f"a's call event of {name}",
+            )
+            assert calls[0]["host"] == "b" and calls[0]["ok"], calls
             # It ran in b's line, on a GPU ticket, counted under the agent's name there.
             # (Not "an acquire under its name": requests that reach b together share one
             # ticket, named after the first of them.)
-            ran = [e for e in b.events("call") if e.get("agent") == f"agent-{i}"]
-            assert ran and ran[0]["via"] == "serve" and ran[0]["ticket"] is not None, ran
+            ran = wait_until(
+                lambda: [e for e in b.events("call") if e.get("agent") == name],  # noqa: B023
+                WAIT_S,
+                f"b's call event of {name}",
+            )
+            assert ran[0]["via"] == "serve" and ran[0]["ticket"] is not None, ran
     finally:
         kill_group(blocker)
 

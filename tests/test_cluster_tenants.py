@@ -181,9 +181,19 @@ def test_a_busy_local_line_sends_a_tenant_request_to_the_idle_peer(pool: Pool) -
         # It ran through b's own tenant, in b's line under the agent's name.
         assert chats(pool.ob) == before_b + 1 and chats(pool.oa) == before_a
         assert [e for e in b.events("acquire") if e.get("name") == "agent-busy"]
-        calls = [e for e in b.events("call") if e.get("agent") == "agent-busy"]
-        assert calls and calls[0]["host"] == "b" and calls[0]["model"] == "qwen-gpu", calls
-        assert [e["host"] for e in a.events("call") if e.get("agent") == "agent-busy"] == ["b"]
+        # Call events are written behind the answer (serve batches them): wait for them.
+        calls = wait_until(
+            lambda: [e for e in b.events("call") if e.get("agent") == "agent-busy"],
+            WAIT_S,
+            "b's call event",
+        )
+        assert calls[0]["host"] == "b" and calls[0]["model"] == "qwen-gpu", calls
+        on_a = wait_until(
+            lambda: [e["host"] for e in a.events("call") if e.get("agent") == "agent-busy"],
+            WAIT_S,
+            "a's call event",
+        )
+        assert on_a == ["b"]
         st = json.loads(b.gpulock("status", "--json").stdout)
         held = json.dumps(st["residents"])
         assert f"ollama/{MODEL}" in held, st["residents"]  # b's tenant holds it now
@@ -395,8 +405,12 @@ def test_a_command_tenant_moves_to_the_peer_which_starts_its_own_server(
         done = time.time()
         assert tenant_state(b) == ["loaded"]  # b started its own server for the call
         assert tenant_state(a) == []  # a's was never started
-        calls = [e for e in b.events("call") if e.get("agent") == "agent-cmd"]
-        assert calls and calls[0]["host"] == "cb" and calls[0]["model"] == "cmd-gpu", calls
+        calls = wait_until(
+            lambda: [e for e in b.events("call") if e.get("agent") == "agent-cmd"],
+            WAIT_S,
+            "b's call event",
+        )
+        assert calls[0]["host"] == "cb" and calls[0]["model"] == "cmd-gpu", calls
         # b's server holds its own ticket now; b's report says the candidate's calls wait for
         # none of it (they take no ticket), and that it is warm: b takes the next call too.
         store = Store(ClusterConfig(redis_url=redis.url, host="test"))
@@ -417,7 +431,11 @@ def test_a_command_tenant_moves_to_the_peer_which_starts_its_own_server(
         wait_until(a_sees_it_done, WAIT_S, "a's view of cb: a report made after the call")
         r = a.request("POST", "/v1/completions", body, {"X-Gpulock-Agent": "agent-cmd-2"})
         assert r.status == 200 and r.headers["x-gpulock-host"] == "cb", r.body
-        assert [e for e in b.events("call") if e.get("agent") == "agent-cmd-2"]
+        wait_until(
+            lambda: [e for e in b.events("call") if e.get("agent") == "agent-cmd-2"],
+            WAIT_S,
+            "b's call event of the second call",
+        )
         store.close()
     finally:
         kill_group(blocker)

@@ -258,8 +258,12 @@ def test_a_client_that_hangs_up_mid_stream_frees_the_gpu_at_once(
     world.wait_event("release", WAIT_S, name="quitter")
     assert world.tickets() == {}
     # The answer did not run to its end: its call is counted with what the client got, as
-    # router.get_model counts a stream its caller stopped reading.
-    [call] = [e for e in world.events("call") if e.get("agent") == "quitter"]
+    # router.get_model counts a stream its caller stopped reading (its event written behind).
+    [call] = wait_until(
+        lambda: [e for e in world.events("call") if e.get("agent") == "quitter"],
+        WAIT_S,
+        "the call event of the client that hung up",
+    )
     assert call["client_gone"] is True and 1 <= call["tokens_out"] < 1800
     assert chat(g, "after").status == 200
 
