@@ -182,12 +182,17 @@ async def latency(urls: dict[str, str], n: int, stream: bool) -> dict[str, list[
     return out
 
 
-async def throughput(url: str, clients: int, seconds: float) -> tuple[int, float]:
-    """Requests answered in ``seconds`` by ``clients`` at once, and the seconds it took."""
+async def throughput(
+    url: str, clients: int, seconds: float, cpu: Any = None
+) -> tuple[int, float, float]:
+    """Requests answered in ``seconds`` by ``clients`` at once, the seconds it took, and the
+    CPU seconds ``cpu()`` (a process tree's CPU so far) grew by meanwhile: the warm-up (a
+    request per client, one after another: each opens its connection) is left out of it."""
     done = 0
     async with session(clients) as c:
         for _ in range(clients):
             await one(c, url, False)
+        cpu0 = cpu() if cpu is not None else 0.0
         stop = time.perf_counter() + seconds
 
         async def worker() -> None:
@@ -198,7 +203,8 @@ async def throughput(url: str, clients: int, seconds: float) -> tuple[int, float
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
-        return done, time.perf_counter() - start
+        took = time.perf_counter() - start
+        return done, took, (cpu() - cpu0) if cpu is not None else 0.0
 
 
 def cpu_s(pid: int) -> float:
@@ -598,9 +604,13 @@ def main(argv: list[str] | None = None) -> int:
             served = dict.fromkeys(names, 0)
             for _ in range(slices):
                 for name in names:
-                    c0 = tree_cpu_s(by_name[name].pid)
-                    done, took = asyncio.run(throughput(urls[name], n, args.seconds / slices))
-                    spent[name] += tree_cpu_s(by_name[name].pid) - c0
+                    pid = by_name[name].pid
+                    done, took, used = asyncio.run(
+                        throughput(
+                            urls[name], n, args.seconds / slices, lambda p=pid: tree_cpu_s(p)
+                        )
+                    )
+                    spent[name] += used
                     served[name] += done
                     got[name].append(done / took)
             tput[n] = {name: statistics.mean(v) for name, v in got.items()}
