@@ -129,7 +129,7 @@ class Dispatcher:
         self.settings = settings
         self.table = table
         self.line = line
-        self._http: Any = None  # aiohttp.ClientSession for remote candidates, made on first use
+        self._http: Any = None  # the upstream client (gpulock.serve.upstream), made on first use
         self._local: dict[tuple[Any, ...], _HeldLlama] = {}
         self._tenants: dict[tuple[Any, ...], TenantBackend] = {}
         self.cluster: Elsewhere | None = None  # set by `gpulock serve` with a cluster: section
@@ -139,12 +139,9 @@ class Dispatcher:
     def http(self) -> Any:
         """The one client session for OpenAI-compatible servers (made inside the event loop)."""
         if self._http is None:
-            import aiohttp
+            from gpulock.serve.upstream import Client
 
-            self._http = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
-                timeout=aiohttp.ClientTimeout(total=None, connect=10.0),
-            )
+            self._http = Client(keepalive_s=30.0)
         return self._http
 
     # --- names -------------------------------------------------------------------------------
