@@ -10,6 +10,7 @@ test moves it), and read back by this process as another process would (``ledger
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import pytest
@@ -258,3 +259,44 @@ def test_a_burst_never_passes_a_rate_limit_shared_with_an_agent(world: World) ->
     books.idle()
     assert admitted == 30
     assert ledger.read(s).requests_last_min(time.time())[cid(c)] == 30
+
+
+def test_with_the_clusters_redis_unreachable_blocks_keep_to_this_hosts_share(
+    world: World,
+) -> None:
+    from gpulock.core import clusterview
+
+    nothing = socket.socket()
+    nothing.bind(("127.0.0.1", 0))
+    port = nothing.getsockname()[1]
+    nothing.close()  # no Redis there: every call is refused at once
+    world.config.write_text(
+        f"cluster: {{redis: 'redis://127.0.0.1:{port}', host: a}}\n"
+        "routes:\n  t:\n"
+        "    - {backend: openai, name: remote, model: m, base_url: 'http://127.0.0.1:9/v1',"
+        f" api_key_env: {KEY_ENV}, price: {PRICE}, rate_limit: 4}}\n"
+        "  u:\n"
+        "    - {backend: openai, name: paid, model: p, base_url: 'http://127.0.0.1:9/v1',"
+        f" api_key_env: {KEY_ENV}, price: {PRICE}, daily_budget: 0.10}}\n"
+    )
+    t = load_table(world.settings().config)
+    s = world.settings()
+    # The last time this host's serve saw the cluster, it had two hosts.
+    clusterview.write(s, clusterview.View("a", 2, "down", "refused", 1.0, time.time(), 1))
+    rated, paid = t.tasks["t"][0], t.tasks["u"][0]
+    books = Books(s, t.settings, wall=Clock())
+    served = 0
+    while one_call(books, rated, None):
+        served += 1
+    assert served == 2  # half of the 4 a minute
+    v, _r = books.admit("t", rated, Verdict(rated, True, "chosen"), None)
+    assert v.reason == (
+        "rate limit: 2 requests in the last minute on this host "
+        "(its share of 4 while the cluster's Redis is unavailable)"
+    )
+    served = 0
+    while one_call(books, paid, NEED_USD):
+        served += 1
+    # Half of $0.10; each call reserves $0.01 and costs $0.005: the tenth would pass $0.05.
+    assert served == 9
+    assert ledger.read(s).spend_usd[cid(paid)] == pytest.approx(0.045)
