@@ -57,7 +57,10 @@ def bound_usd(
 ) -> float:
     """What a call reserves: its prompt counted as ``gpulock.router.tokens`` counts it for this
     candidate, at the input price, plus ``max_tokens`` at the output price."""
-    return reserving(c, payload, max_tokens, extra)[0]
+    n, _exact = tokens.prompt_tokens(
+        payload, tokenizer=c.tokenizer, bytes_per_token=c.bytes_per_token, extra=extra
+    )
+    return (n * c.price_in_per_1k + max_tokens * c.price_out_per_1k) / 1000
 
 
 def reserving(
