@@ -133,10 +133,10 @@ class Blocks:
         taken = self.from_hold(c, need_usd)
         if taken is not None:
             return v, taken[0]
-        wall = self.wall()
         key = cid(c)
         with self._meeting:
-            taken = self._from_hold(key, c, need_usd, wall)  # another meeting took enough
+            wall = self.wall()  # now: another meeting may have run meanwhile
+            taken = self._from_hold(key, c, need_usd, wall)  # ... and taken enough
             if taken is not None:
                 return v, taken[0]
             return self._meet(task, key, c, v, need_usd, wall)

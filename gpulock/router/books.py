@@ -77,7 +77,7 @@ class Books:
         self.blocks = Blocks(
             settings,
             rs,
-            pending=self._take_pending,
+            pending=self._handed_over,
             unpend=self._unpend,
             changed=self.changed,
             wall=wall,
@@ -191,6 +191,14 @@ class Books:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
+            batch, self._pending = self._pending, []
+            self._written_at = self.clock()
+        return batch
+
+    def _handed_over(self) -> list[ledger.Call]:
+        """What waits, for a meeting to write in its change (maybe in a thread: the loop's
+        timer is left to fire, and finds nothing)."""
+        with self._lock:
             batch, self._pending = self._pending, []
             self._written_at = self.clock()
         return batch

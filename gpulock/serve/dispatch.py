@@ -563,7 +563,8 @@ class Dispatcher:
             log.exception("could not give back what the accounting holds ahead")
 
     async def shutdown(self) -> None:
-        await self._off_loop(self.books.close)
+        await self._off_loop(self.books.idle)  # what the blocks hold goes back (Redis too)
+        self.books.flush()
         if self._http is not None:
             await self._http.close()
         for b in list(self._local.values()):
