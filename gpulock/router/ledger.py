@@ -69,6 +69,9 @@ class Ledger:
     # Today's calls, tokens and cost by "agent", "task", "tier" and, in a cluster, "host" (what
     # gpulock status sums).
     usage: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    # requests_last_min's answer for one whole second (it changes only when a second begins,
+    # or with take_requests / give_back_requests): serve asks it on every request.
+    _counted: tuple[int, dict[str, int]] | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,12 +91,20 @@ class Ledger:
         return out
 
     def requests_last_min(self, now_wall: float) -> dict[str, int]:
-        return {k: window_count(w, now_wall) for k, w in self.requests.items()}
+        """Requests of the last minute by cid (never changed by the caller)."""
+        second = int(now_wall // 1)
+        got = self._counted
+        if got is not None and got[0] == second:
+            return got[1]
+        counts = {k: window_count(w, now_wall) for k, w in self.requests.items()}
+        self._counted = (second, counts)
+        return counts
 
     def take_requests(self, key: str, now_wall: float, n: int = 1) -> None:
         """Count ``n`` requests of ``key`` as started now (in this second)."""
         if n <= 0:
             return
+        self._counted = None
         w = self.requests.setdefault(key, {})
         second = int(now_wall // 1)
         w[second] = w.get(second, 0) + n
@@ -107,6 +118,7 @@ class Ledger:
         w = self.requests.get(key)
         if w is None or n <= 0 or second not in w:
             return
+        self._counted = None
         left = w[second] - n
         if left > 0:
             w[second] = left

@@ -119,7 +119,10 @@ def prompt_tokens(
         size, messages = len(payload.encode()), 0
     else:
         ms = _messages(payload)
-        size = sum(len(_text(v).encode()) for m in ms for v in m.values())
+        size = 0
+        for m in ms:
+            for v in m.values():
+                size += len((v if type(v) is str else _text(v)).encode())
         messages = len(ms)  # counted below
     if fields:
         size += sum(len(_text(f).encode()) for f in fields)
