@@ -309,3 +309,13 @@ def test_tls_with_the_systems_authorities_and_a_stranger_refused(
     (e,) = on_loop(lambda c: post(c, w.url("https")))
     assert kind(e) == "connection" and "CERTIFICATE_VERIFY_FAILED" in str(e)
     wait_until(lambda: w.connections == 2, 10.0, "the refused handshake")
+
+
+def test_an_answer_larger_than_the_buffer_is_read_whole_and_the_connection_kept(
+    wires: list[Wire],
+) -> None:
+    # Many of the socket's reads (and past 1 MiB unread, the socket paused until taken).
+    body = bytes(range(256)) * (3 << 12)  # 3 MiB
+    w = serve(wires, kept_alive(body))
+    assert on_loop(lambda c: post(c, w.url()), lambda c: post(c, w.url())) == [(200, body)] * 2
+    assert w.connections == 1
