@@ -393,7 +393,8 @@ def test_help(cli: Cli) -> None:
 HEAVY = ("torch", "pynvml", "llama_cpp", "openai", "apscheduler", "yaml", "psutil")
 HEAVY += ("prometheus_client",)  # the metrics extra: only `gpulock metrics` and daemons load it
 # `gpulock serve`'s HTTP stack, and asyncio (only acquire_async needs it): none on these paths.
-HEAVY += ("starlette", "uvicorn", "aiohttp", "httpx", "anyio", "asyncio", "gpulock.serve")
+HEAVY += ("starlette", "uvicorn", "httptools", "aiohttp", "httpx", "anyio", "asyncio")
+HEAVY += ("gpulock.serve",)
 # A name counts with its submodules: 'gpulock.serve' catches gpulock.serve.app too.
 LOADED = "sorted(m for m in sys.modules if any(m == h or m.startswith(h + '.') for h in {heavy!r}))"
 

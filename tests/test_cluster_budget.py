@@ -14,12 +14,13 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 from redis_server import RedisServer
 from router_servers import FaultServer
 
-from gpulock.cluster import spend
+from gpulock.cluster import ratelimit, spend
 from gpulock.cluster.config import ClusterConfig
 from gpulock.cluster.heartbeat import Heartbeat
 from gpulock.cluster.report import HostReport
@@ -189,6 +190,45 @@ def test_the_reservation_script_refills_and_checks_in_one_step(redis: RedisServe
     assert (ok, model) == (False, 3.5)  # 2.5 (a) + 1.0 (b) + 1.0 > 3.0: refused
     spend.settle(a, "cloud:x", -0.25)  # a's call cost less than its bound
     assert spend.spent(a) == {"cloud:x": 3.25, "cloud:y": 0.5}
+
+
+def test_a_block_is_reserved_ahead_in_whole_calls_never_past_a_share_of_what_is_left(
+    redis: RedisServer,
+) -> None:
+    a = Store(ClusterConfig(redis_url=redis.url, host="a"))
+    b = Store(ClusterConfig(redis_url=redis.url, host="b"))
+
+    def block(s: Store, amount: float, ahead: float) -> tuple[bool, float, float | None]:
+        ok, _model, _total, granted, left = spend.reserve_block(
+            s, "cloud:x", amount, ahead_usd=ahead, share=0.125, unit_usd=amount,
+            model_budget_usd=None, total_budget_usd=100.0, local_spend_usd={},
+        )  # fmt: skip
+        return ok, granted, left
+
+    # $100 left: a call of $1 and 20 more wanted; an eighth of the 99 after it is 12 calls.
+    assert block(a, 1.0, 20.0) == (True, 13.0, 100.0)
+    assert block(b, 1.0, 5.0) == (True, 6.0, 87.0)  # 5 wanted: within 80/8
+    assert block(b, 1.0, 0.5) == (True, 1.0, 81.0)  # half a call is no call: none ahead
+    assert spend.spent(a) == {"cloud:x": 20.0}
+    spend.settle(a, "cloud:x", -12.0)  # a gives back its block unused
+    assert block(b, 70.0, 100.0) == (True, 70.0, 92.0)  # 22 left after: not a whole call's 8th
+    assert block(a, 30.0, 0.0)[0] is False  # 78 + 30 > 100
+
+
+def test_rate_slots_are_taken_by_second_in_blocks_and_given_back(redis: RedisServer) -> None:
+    a = Store(ClusterConfig(redis_url=redis.url, host="a"))
+    b = Store(ClusterConfig(redis_url=redis.url, host="b"))
+    now = float(int(time.time()))
+    assert ratelimit.take_block(a, "cloud:x", 80, 50, share=0.125, now_wall=now) == (True, 0, 10)
+    assert ratelimit.take_block(b, "cloud:x", 80, 3, share=0.125, now_wall=now) == (True, 10, 3)
+    assert ratelimit.take(b, "cloud:x", 80, now_wall=now + 30) == (True, 13)
+    ratelimit.give_back(a, "cloud:x", int(now), 9)  # a used one of its ten
+    assert ratelimit.take(a, "cloud:x", 80, now_wall=now + 60.5) == (True, 5)
+    # The second a request began in counts until 61 s after that second's start.
+    assert ratelimit.take(a, "cloud:x", 80, now_wall=now + 61) == (True, 2)
+    assert ratelimit.take_block(a, "cloud:x", 3, 9, share=0.125, now_wall=now + 61) == (
+        False, 3, 0,
+    )  # fmt: skip
 
 
 def test_a_429_on_one_host_cools_the_endpoint_on_another(

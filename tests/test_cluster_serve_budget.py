@@ -153,4 +153,4 @@ def test_three_gateways_share_one_rate_limit_window(trio: Trio) -> None:
     for r in (r for rs in replies.values() for r in rs if r.status == 429):
         assert r.json()["error"]["code"] == "rate_limit_exceeded"
         assert r.headers["x-gpulock-refused"] == "rate"
-        assert 1 <= int(r.headers["retry-after"]) <= 60
+        assert 1 <= int(r.headers["retry-after"]) <= 61  # kept by whole second: up to 61

@@ -15,6 +15,7 @@ import time
 import pytest
 from procs import World
 
+from gpulock.core.settings import Settings
 from gpulock.router import accounting, ledger
 from gpulock.router.books import Books
 from gpulock.router.choose import Choice, Host, Verdict, choose, cid
@@ -50,7 +51,19 @@ def test_admit_counts_the_request_and_refuses_past_the_rate_limit(world: World) 
     assert [v.ok for v in verdicts] == [True, True, False]
     assert verdicts[2].limit == "rate"
     assert verdicts[2].reason == "rate limit: 2 requests in the last minute (of 2)"
-    assert len(ledger.read(s).requests[cid(c)]) == 2  # the refused one is not counted
+    assert in_window(s, c) == 2  # the refused one is not counted
+
+
+def test_the_rate_window_is_kept_by_second_so_the_ledger_does_not_grow(world: World) -> None:
+    # A request's time stamp each: 2,000 requests a minute grew the file (read and written
+    # whole at each) to tens of kilobytes.  Counts by second keep it at one entry a second.
+    t = table(world, ", rate_limit: 100000")
+    s, c = world.settings(), cloud(t)
+    start = time.time() - 30
+    for i in range(2000):  # over the last 30 seconds
+        assert accounting.admit(s, t.settings, "t", c, now_wall=start + i * 30 / 2000).ok
+    assert ledger.path(s).stat().st_size < 2000
+    assert ledger.read(s, now_wall=start + 30).requests_last_min(start + 30)[cid(c)] == 2000
 
 
 def test_threads_racing_for_the_last_requests_get_exactly_the_limit(world: World) -> None:
@@ -99,7 +112,7 @@ def test_a_spent_budget_is_refused_and_record_spends_it(world: World) -> None:
     assert v.reason == "daily budget spent: $0.0200 of $0.02 today"
     led = ledger.read(s)
     assert led.spend_usd[cid(c)] == pytest.approx(0.02)
-    assert len(led.requests[cid(c)]) == 1  # counted once, by admit, not again by record
+    assert led.requests_last_min(time.time())[cid(c)] == 1  # by admit, not again by record
     (e,) = world.events("call")
     assert (e["task"], e["agent"], e["tier"], e["model"], e["ok"], e["via"]) == (
         "t",
@@ -121,7 +134,7 @@ def test_without_a_rate_limit_no_request_is_kept(world: World) -> None:
         assert accounting.admit(s, t.settings, "t", c).ok
         accounting.record(s, c, task="t", agent="a", tokens_in=1, tokens_out=1, latency_s=0.0)
     led = ledger.read(s)
-    assert led.requests.get(cid(c), []) == []
+    assert cid(c) not in led.requests
     assert led.usage["task"]["t"]["calls"] == 3
 
 
@@ -142,6 +155,11 @@ def test_local_candidates_are_admitted_without_the_ledger(world: World) -> None:
     assert not ledger.path(s).exists()
 
 
+def in_window(s: Settings, c: Candidate) -> int:
+    """Requests of ``c`` the ledger counts in the last minute."""
+    return ledger.read(s).requests_last_min(time.time()).get(cid(c), 0)
+
+
 def none_left(t: Table, v_cloud_reason: str, limit: str | None) -> Choice:
     c, local = t.tasks["t"]
     verdicts = (Verdict(c, False, v_cloud_reason, limit=limit), Verdict(local, False, "no file"))
@@ -153,10 +171,15 @@ def test_refusal_says_budget_or_rate_and_when_to_retry(world: World) -> None:
     s, c = world.settings(), cloud(t)
     now = time.time()
     with ledger.change(s, now_wall=now) as led:
-        led.requests[cid(c)] = [now - 50, now - 20]
+        led.take_requests(cid(c), now - 50)
+        led.take_requests(cid(c), now - 20)
     r = accounting.refusal(s, none_left(t, "rate limit: ...", "rate"), now_wall=now)
     assert r is not None and r.kind == "rate"
-    assert r.retry_after_s == pytest.approx(10.0)  # the request 50 s ago leaves the window first
+    # The request 50 s ago leaves the window first: at the end of the 61st second from the
+    # start of the second it began in (a request is kept by whole second, never for less than
+    # a minute).
+    assert r.retry_after_s == pytest.approx((now - 50) // 1 + 61 - now, abs=1e-3)
+    assert 10.0 < r.retry_after_s <= 11.0
     assert r.message.startswith("no model available for 't': remote: rate limit")
     r = accounting.refusal(s, none_left(t, "daily budget spent", "budget"), now_wall=now)
     assert r is not None and (r.kind, r.retry_after_s) == ("budget", None)

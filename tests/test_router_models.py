@@ -610,7 +610,18 @@ def test_damaged_ledger_entries_are_dropped_not_kept_for_ever(world: World) -> N
         "day": day,
         "spend_usd": {"k": math.nan, "j": math.inf},
         "usage": {"agent": {"a": {"calls": "many", "tokens_in": math.inf, "tokens_out": 7}}},
-        "requests": {"k": [math.inf, 1e300, "x", now - 1]},
+        "requests": {
+            "k": [math.inf, 1e300, "x", now - 1],  # an older file: a wall time a request
+            "n": {  # counts by second
+                "x": 1,
+                "1e300": 2,
+                "nan": 1,
+                str(int(now)): "many",
+                str(int(now) - 1): 3,
+                str(int(now) - 2): -4,
+                str(int(now) + 3600): 1,
+            },
+        },
         "cooldowns": {
             "k": {"until_wall": math.inf},
             "j": {"until_wall": now + 30, "failures": "x"},
@@ -622,7 +633,10 @@ def test_damaged_ledger_entries_are_dropped_not_kept_for_ever(world: World) -> N
     assert led.usage["agent"]["a"] == {
         "calls": 0.0, "tokens_in": 0.0, "tokens_out": 7.0, "cost_usd": 0.0
     }  # fmt: skip
-    assert led.requests == {"k": [now - 1]}  # an infinite time would count for ever
+    assert led.requests == {  # an infinite time, or one an hour ahead, would count for ever
+        "k": {int((now - 1) // 1): 1},
+        "n": {int(now) - 1: 3},
+    }
     assert list(led.cooldowns) == ["j"]  # an endless cooldown would reject "k" for ever
     ledger.record_call(s, "k", cost_usd=2.0, tier="cloud", now_wall=now)
     assert ledger.read(s, now_wall=now).spend_usd == {"k": 2.0}

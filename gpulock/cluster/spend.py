@@ -27,14 +27,17 @@ SEP: Final = "\t"  # never in a host name (printable) nor in a cid
 KEEP_S: Final = 3 * 86400  # a day's hash outlives the day (late settlements, reading it)
 
 # KEYS[1]: the day's hash.  ARGV: host, cid, amount, model budget ("" none), total budget
-# ("" none), keep seconds, hosts expected, then pairs cid, this host's ledger spend (the refill).
-# Each host also keeps a field HOST<TAB> (0): who has reported today.  Until every expected
-# host has (a Redis that came back empty, a new day), a host spends only its own share.
+# ("" none), keep seconds, hosts expected, ahead, share, unit, then pairs cid, this host's
+# ledger spend (the refill).  Each host also keeps a field HOST<TAB> (0): who has reported today.
+# Until every expected host has (a Redis that came back empty, a new day), a host spends only
+# its own share.  ``ahead``: reserved beyond ``amount`` when it fits, never more than ``share``
+# of what would be left after ``amount``, in whole ``unit``s (a block of whole calls:
+# gpulock.router.allowance).
 RESERVE: Final = """
 local host, cid, amount = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local expected = tonumber(ARGV[7])
 redis.call('HSETNX', KEYS[1], host .. '\\t', '0')
-for i = 8, #ARGV, 2 do
+for i = 11, #ARGV, 2 do
   local field = host .. '\\t' .. ARGV[i]
   local mine = tonumber(ARGV[i + 1])
   local cur = tonumber(redis.call('HGET', KEYS[1], field) or '0')
@@ -61,14 +64,31 @@ local share = 1
 if n < expected then
   share, model, total = expected, own_model, own_total
 end
-local ok = 1
-if ARGV[4] ~= '' and model + amount > tonumber(ARGV[4]) / share + 1e-9 then ok = 0 end
-if ARGV[5] ~= '' and total + amount > tonumber(ARGV[5]) / share + 1e-9 then ok = 0 end
-if ok == 1 and amount > 0 then
-  redis.call('HINCRBYFLOAT', KEYS[1], host .. '\\t' .. cid, tostring(amount))
+local ok, left = 1, nil
+if ARGV[4] ~= '' then
+  local budget = tonumber(ARGV[4]) / share
+  if model + amount > budget + 1e-9 then ok = 0 end
+  left = budget - model
+end
+if ARGV[5] ~= '' then
+  local budget = tonumber(ARGV[5]) / share
+  if total + amount > budget + 1e-9 then ok = 0 end
+  if left == nil or budget - total < left then left = budget - total end
+end
+local grant = 0
+if ok == 1 then
+  local ahead, unit = tonumber(ARGV[8]), tonumber(ARGV[10])
+  if left ~= nil then ahead = math.min(ahead, math.max(0, (left - amount) * tonumber(ARGV[9]))) end
+  if unit > 0 then ahead = math.floor(ahead / unit + 1e-9) * unit else ahead = 0 end
+  grant = amount + ahead
+  if grant > 0 then
+    redis.call('HINCRBYFLOAT', KEYS[1], host .. '\\t' .. cid, tostring(grant))
+  end
 end
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[6]))
-return {ok, tostring(model), tostring(total)}
+local room = ''
+if left ~= nil then room = tostring(left) end
+return {ok, tostring(model), tostring(total), tostring(grant), room}
 """
 
 
@@ -97,14 +117,49 @@ def reserve(
     ``hosts_expected``: the hosts last seen; until that many have reported today, this host's
     own spend is held to its share.  ``Unavailable`` when Redis cannot be used: the caller
     falls back to its share."""
+    ok, model, total, _granted, _left = reserve_block(
+        store,
+        cid,
+        amount_usd,
+        ahead_usd=0.0,
+        share=0.0,
+        model_budget_usd=model_budget_usd,
+        total_budget_usd=total_budget_usd,
+        local_spend_usd=local_spend_usd,
+        hosts_expected=hosts_expected,
+        now_wall=now_wall,
+    )
+    return ok, model, total
+
+
+def reserve_block(
+    store: Store,
+    cid: str,
+    amount_usd: float,
+    *,
+    ahead_usd: float,
+    share: float,
+    unit_usd: float = 0.0,
+    model_budget_usd: float | None,
+    total_budget_usd: float | None,
+    local_spend_usd: Mapping[str, float],
+    hosts_expected: int = 1,
+    now_wall: float | None = None,
+) -> tuple[bool, float, float, float, float | None]:
+    """``reserve``, and up to ``ahead_usd`` more when it fits, never more than ``share`` of what
+    would be left after ``amount_usd``, in whole ``unit_usd`` (0: nothing ahead): (reserved?,
+    the model's spend, the cluster's spend (before this), what was reserved in all, what was
+    left of the tightest budget before it (None: no budget))."""
     now = time.time() if now_wall is None else now_wall
     key = day_key(store.cc.prefix, now)
     argv: list[Any] = [store.cc.host, cid, repr(float(amount_usd))]
     argv += [_opt(model_budget_usd), _opt(total_budget_usd), KEEP_S, max(1, hosts_expected)]
+    argv += [repr(float(max(0.0, ahead_usd))), repr(float(share)), repr(float(unit_usd))]
     for k, v in sorted(local_spend_usd.items()):
         argv += [k, repr(float(v))]
     out = store.call(lambda r: r.eval(RESERVE, 1, key, *argv))
-    return bool(int(out[0])), float(out[1]), float(out[2])
+    left = float(out[4]) if len(out) > 4 and out[4] not in ("", b"") else None
+    return bool(int(out[0])), float(out[1]), float(out[2]), float(out[3]), left
 
 
 def refill(store: Store, local_spend_usd: Mapping[str, float]) -> None:

@@ -302,6 +302,15 @@ def calendar_day(now_wall: float, *, utc: bool = False) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(now_wall) if utc else time.localtime(now_wall))
 
 
+def day_ends_at(now_wall: float, *, utc: bool = False) -> float:
+    """The wall time the day of ``now_wall`` (as ``calendar_day`` counts it) ends."""
+    if utc:
+        return (now_wall // 86400 + 1) * 86400
+    t = time.localtime(now_wall)
+    # mktime carries a 32nd into the next month, and -1 lets it find whether DST is in force.
+    return time.mktime((t.tm_year, t.tm_mon, t.tm_mday + 1, 0, 0, 0, 0, 0, -1))
+
+
 def format_usd(amount: float) -> str:
     """``$5.00``, ``$0.005``: cents at least, and every digit a small amount has (to 1e-6);
     rounding a $0.005 budget to "$0.01" would misstate it by half."""

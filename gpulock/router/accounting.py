@@ -67,7 +67,7 @@ def admit(
     with ledger.change(settings, now_wall=now) as led:
         v = _judge(task, c, rs, led, env, now)
         if v.ok and c.rate_limit_per_min is not None:
-            led.requests.setdefault(cid(c), []).append(now)
+            led.take_requests(cid(c), now)
     return v
 
 
@@ -294,10 +294,8 @@ def refusal(
     led = ledger.read(settings, now_wall=now)
     waits = []
     for c in rated:
-        times = sorted(t for t in led.requests.get(cid(c), []) if now - t < ledger.RATE_WINDOW_S)
-        limit = c.rate_limit_per_min or 0
-        over = len(times) - limit  # this many must leave the window before one more may start
-        if 0 <= over < len(times):
-            waits.append(times[over] + ledger.RATE_WINDOW_S - now)
+        wait = led.first_leaves_in(cid(c), c.rate_limit_per_min or 0, now)
+        if wait is not None:
+            waits.append(wait)
     retry = max(1.0, min(waits)) if waits else ledger.RATE_WINDOW_S
     return Refusal("rate", message, round(retry, 3))

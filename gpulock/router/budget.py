@@ -34,6 +34,22 @@ class Reservation:
     key: str
     amount_usd: float
     clustered: bool  # also counted in the cluster's Redis
+    # Taken from a block this process holds (``gpulock.router.allowance``), on this day: it is
+    # settled into that block, in memory (``gpulock.router.books``).  None: reserved in the
+    # ledger for this call alone, settled there.
+    block_day: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """What the cluster's Redis granted a block: slots, or USD (``clustered``), or nothing
+    because Redis cannot be used (``share``: this host then keeps to its share of each limit:
+    the limit divided by the hosts last seen)."""
+
+    amount: float
+    clustered: bool
+    share: int = 1
+    tight: bool = False  # the budget is near its end (gpulock.router.allowance.tight)
 
 
 def bound_usd(
@@ -41,7 +57,10 @@ def bound_usd(
 ) -> float:
     """What a call reserves: its prompt counted as ``gpulock.router.tokens`` counts it for this
     candidate, at the input price, plus ``max_tokens`` at the output price."""
-    return reserving(c, payload, max_tokens, extra)[0]
+    n, _exact = tokens.prompt_tokens(
+        payload, tokenizer=c.tokenizer, bytes_per_token=c.bytes_per_token, extra=extra
+    )
+    return (n * c.price_in_per_1k + max_tokens * c.price_out_per_1k) / 1000
 
 
 def reserving(
@@ -98,6 +117,107 @@ def take_request(settings: Settings, c: Candidate) -> str | None:
     if not ok:
         return f"rate limit: {used} requests in the last minute across the cluster (of {limit})"
     return None
+
+
+def take_slots(settings: Settings, c: Candidate, wanted: int, share: float) -> Granted | str:
+    """In a cluster, take up to ``wanted`` of the endpoint's ``rate_limit`` slots for this
+    second across every host, atomically (never more than ``share`` of those left, at least
+    one): Granted, or why not.  Granted(0, clustered=False, share=N) when Redis cannot be
+    used: the caller keeps this host to its share of the limit."""
+    from gpulock.cluster import ratelimit
+    from gpulock.cluster.store import Unavailable
+    from gpulock.router import peers
+
+    limit = c.rate_limit_per_min or 0
+    try:
+        store = peers.store(settings)
+        ok, used, n = ratelimit.take_block(store, cid(c), limit, wanted, share=share)
+    except Unavailable:
+        return Granted(0, False, max(1, peers.hosts_last_seen(settings)))
+    if not ok:
+        return f"rate limit: {used} requests in the last minute across the cluster (of {limit})"
+    return Granted(n, True)
+
+
+def give_back_slots(settings: Settings, key: str, second: int, n: int) -> None:
+    """In a cluster, uncount slots of ``second`` never used (a Redis that cannot be used keeps
+    them counted: too many, never too few)."""
+    from gpulock.cluster import ratelimit
+    from gpulock.cluster.store import Unavailable
+    from gpulock.router import peers
+
+    try:
+        ratelimit.give_back(peers.store(settings), key, second, n)
+    except Unavailable:
+        pass
+
+
+def reserve_ahead(
+    settings: Settings,
+    rs: RouterSettings,
+    c: Candidate,
+    amount_usd: float,
+    ahead_usd: float,
+    share: float,
+    held_usd: float,
+    unit_usd: float,
+) -> Granted | str:
+    """In a cluster, reserve ``amount_usd`` against the endpoint's budgets across every host
+    and up to ``ahead_usd`` more (never more than ``share`` of what would be left, in whole
+    ``unit_usd``: calls like this one): Granted (the whole amount reserved), or why not.
+    ``held_usd``: what this host holds unused (in the shared spend, folded into this block):
+    said apart in a refusal.  Granted(0, clustered=False, share=N) when Redis cannot be used."""
+    from gpulock.cluster import spend
+    from gpulock.cluster.store import Unavailable
+    from gpulock.router import peers
+
+    try:
+        ok, model, total, granted, left = spend.reserve_block(
+            peers.store(settings),
+            cid(c),
+            amount_usd,
+            ahead_usd=ahead_usd,
+            share=share,
+            unit_usd=unit_usd,
+            model_budget_usd=c.daily_budget_usd,
+            total_budget_usd=rs.daily_budget_usd,
+            local_spend_usd=ledger.read(settings).spend_usd,
+            hosts_expected=peers.hosts_last_seen(settings),
+        )
+    except Unavailable:
+        return Granted(0.0, False, max(1, peers.hosts_last_seen(settings)))
+    if not ok:
+        return _why(
+            c, rs, model - held_usd, total - held_usd, amount_usd + held_usd, "across the cluster"
+        )
+    return Granted(granted, True, tight=left is not None and (left - amount_usd) * share < unit_usd)
+
+
+def give_back_usd(settings: Settings, key: str, usd: float) -> None:
+    """In a cluster, give back budget held and never used."""
+    _settle_cluster(settings, key, -usd)
+
+
+def over_budget(
+    c: Candidate,
+    rs: RouterSettings,
+    model_usd: float,
+    total_usd: float,
+    need_usd: float,
+    share: int,
+    where: str,
+) -> tuple[str | None, float | None]:
+    """Would ``need_usd`` pass the candidate's or the router's budget (each divided by
+    ``share``), with ``model_usd`` and ``total_usd`` spent?  (Why, or None; what is left of
+    the tightest budget before this call, None: no budget.)"""
+    left = None
+    for budget, spent in ((c.daily_budget_usd, model_usd), (rs.daily_budget_usd, total_usd)):
+        if budget is not None:
+            room = budget / share - spent
+            left = room if left is None else min(left, room)
+    if left is not None and need_usd > left + 1e-9:
+        return _why(c, rs, model_usd, total_usd, need_usd, where), left
+    return None, left
 
 
 def needed(c: Candidate, rs: RouterSettings) -> bool:

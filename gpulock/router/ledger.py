@@ -8,8 +8,10 @@ one must not walk into the same wall.  So the memory is a small JSON file,
 
 Spend is kept per calendar day and forgotten the next day: the local day on a host alone, the UTC
 day in a cluster (a ``cluster:`` section), the day the cluster's Redis keeps, so hosts in other
-time zones count the same day and the refill from this ledger matches it.  Request times are
-kept only for the last minute; a cooldown until it ends.  A damaged file is read as empty, and a
+time zones count the same day and the refill from this ledger matches it.  Requests are kept
+as counts per whole second (a rate limit's window: ``requests_last_min``), and only for the
+last minute, so the file stays the same size however busy the endpoint; a cooldown until it
+ends.  A damaged file is read as empty, and a
 damaged entry (a number that is text, NaN or infinite) is dropped: losing a cooldown costs one
 failed request, never a crash, and a garbage number must not switch a budget or a rate limit off,
 or on for ever.  A lock or ledger that is not a regular file (a symlink, a folder, a FIFO) is a
@@ -40,6 +42,12 @@ FILE = "ledger.json"
 LOCK_FILE = "ledger.lock"
 _HINT = "move it away, or check the router folder's owner and mode (ls -la)"
 RATE_WINDOW_S = 60.0
+# A request is kept in the count of the whole second it started in (the wall clock's second).
+# That second counts while ``now - second < RATE_WINDOW_S + 1``: a request that started at its
+# very end is still counted a full minute later, never less (the window errs one second long,
+# never short: a limit is never passed, and a Retry-After may say 61 s).
+WINDOW_SPAN_S = RATE_WINDOW_S + 1
+MAX_COUNT = 1 << 40  # more requests than any second holds: a damaged count, dropped
 # "host": the cluster host that ran the call (a peer's name for a call sent there); counted only
 # for calls that name one (in a cluster), and absent from older files, which still load.
 USAGE_AXES = ("agent", "task", "tier", "host")
@@ -55,18 +63,22 @@ def utc_day(settings: Settings) -> bool:
 class Ledger:
     day: str
     spend_usd: dict[str, float] = field(default_factory=dict)  # by cid, today
-    requests: dict[str, list[float]] = field(default_factory=dict)  # by cid, wall times
+    # by cid: requests started in each whole second of the last minute (wall clock)
+    requests: dict[str, dict[int, int]] = field(default_factory=dict)
     cooldowns: dict[str, dict[str, Any]] = field(default_factory=dict)  # cid -> until/reason/n
     # Today's calls, tokens and cost by "agent", "task", "tier" and, in a cluster, "host" (what
     # gpulock status sums).
     usage: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    # requests_last_min's answer for one whole second (it changes only when a second begins,
+    # or with take_requests / give_back_requests): serve asks it on every request.
+    _counted: tuple[int, dict[str, int]] | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "day": self.day,
             "spend_usd": self.spend_usd,
-            "requests": self.requests,
+            "requests": {k: {str(s): n for s, n in w.items()} for k, w in self.requests.items()},
             "cooldowns": self.cooldowns,
             "usage": self.usage,
         }
@@ -79,9 +91,64 @@ class Ledger:
         return out
 
     def requests_last_min(self, now_wall: float) -> dict[str, int]:
-        return {
-            k: sum(1 for t in ts if now_wall - t < RATE_WINDOW_S) for k, ts in self.requests.items()
-        }
+        """Requests of the last minute by cid (never changed by the caller)."""
+        second = int(now_wall // 1)
+        got = self._counted
+        if got is not None and got[0] == second:
+            return got[1]
+        counts = {k: window_count(w, now_wall) for k, w in self.requests.items()}
+        self._counted = (second, counts)
+        return counts
+
+    def take_requests(self, key: str, now_wall: float, n: int = 1) -> None:
+        """Count ``n`` requests of ``key`` as started now (in this second)."""
+        if n <= 0:
+            return
+        self._counted = None
+        w = self.requests.setdefault(key, {})
+        second = int(now_wall // 1)
+        w[second] = w.get(second, 0) + n
+        if len(w) > 2 * WINDOW_SPAN_S:  # a long-lived view (serve's) drops what left
+            for old in [s for s in w if now_wall - s >= WINDOW_SPAN_S]:
+                del w[old]
+
+    def give_back_requests(self, key: str, second: int, n: int) -> None:
+        """Uncount ``n`` requests counted in ``second`` that were never made (a block's unused
+        part, ``gpulock.router.allowance``)."""
+        w = self.requests.get(key)
+        if w is None or n <= 0 or second not in w:
+            return
+        self._counted = None
+        left = w[second] - n
+        if left > 0:
+            w[second] = left
+        else:
+            del w[second]
+            if not w:
+                del self.requests[key]
+
+    def first_leaves_in(self, key: str, limit: int, now_wall: float) -> float | None:
+        """Seconds until one more request of ``key`` fits under ``limit`` (None: one fits now,
+        or none of those counted leaves)."""
+        w = sorted((s, n) for s, n in self.requests.get(key, {}).items() if in_window(s, now_wall))
+        over = sum(n for _, n in w) - limit  # this many must leave before one more may start
+        if over < 0:
+            return None
+        gone = 0
+        for s, n in w:
+            gone += n
+            if gone > over:
+                return s + WINDOW_SPAN_S - now_wall
+        return None
+
+
+def in_window(second: int, now_wall: float) -> bool:
+    return now_wall - second < WINDOW_SPAN_S
+
+
+def window_count(w: dict[int, int], now_wall: float) -> int:
+    """Requests of the last minute in one endpoint's counts by second."""
+    return sum(n for s, n in w.items() if now_wall - s < WINDOW_SPAN_S)
 
 
 def _num(v: Any) -> float | None:
@@ -93,6 +160,33 @@ def _num(v: Any) -> float | None:
     except OverflowError:
         return None
     return f if math.isfinite(f) else None
+
+
+def _window(counts: Any, now_wall: float) -> dict[int, int] | None:
+    """One endpoint's requests by second from the file (``{"1764158400": 3}``; a list of wall
+    times from an older file counts a request each), only the seconds of the window on either
+    side of now (a time far in the future would count for ever), else None."""
+    pairs: list[tuple[Any, Any]]
+    if isinstance(counts, dict):
+        pairs = list(counts.items())
+    elif isinstance(counts, list):
+        pairs = [(t, 1) for t in counts]
+    else:
+        return None
+    w: dict[int, int] = {}
+    for s, n in pairs:
+        try:
+            second = _num(float(s) if isinstance(s, str) else s)
+        except ValueError:
+            continue
+        if second is None or abs(now_wall - second) >= WINDOW_SPAN_S:
+            continue
+        count = _num(n)
+        if count is None or not 0 < count < MAX_COUNT:
+            continue
+        key = int(second // 1)
+        w[key] = w.get(key, 0) + int(count)
+    return w or None
 
 
 def parse(data: bytes | None, now_wall: float, *, utc: bool = False) -> Ledger:
@@ -123,13 +217,9 @@ def parse(data: bytes | None, now_wall: float, *, utc: bool = False) -> Ledger:
                     if isinstance(row, dict)
                 }
     if isinstance(raw.get("requests"), dict):
-        for k, ts in raw["requests"].items():
-            if isinstance(ts, list):
-                kept = [t for t in map(_num, ts) if t is not None]
-                # Within the window on either side: a time far in the future would count for ever.
-                kept = [t for t in kept if abs(now_wall - t) < RATE_WINDOW_S]
-                if kept:
-                    led.requests[str(k)] = kept
+        for k, counts in raw["requests"].items():
+            if (w := _window(counts, now_wall)) is not None:
+                led.requests[str(k)] = w
     if isinstance(raw.get("cooldowns"), dict):
         for k, c in raw["cooldowns"].items():
             if not isinstance(c, dict) or (until := _num(c.get("until_wall"))) is None:
@@ -273,7 +363,7 @@ def count(led: Ledger, k: Call, now: float) -> None:
         row["tokens_out"] += k.tokens_out
         row["cost_usd"] = round(row["cost_usd"] + k.cost_usd, 8)
     if k.count_request and (k.tier == "cloud" or not k.tier):
-        led.requests.setdefault(k.key, []).append(now)
+        led.take_requests(k.key, now)
     if k.cost_usd or k.reserved_usd:
         spent = led.spend_usd.get(k.key, 0.0) + k.cost_usd - k.reserved_usd
         led.spend_usd[k.key] = round(max(0.0, spent), 8)
@@ -305,7 +395,7 @@ def record_failure(
             length = min(max_s, retry_after_s)
         led.cooldowns[key] = {"until_wall": now + length, "reason": reason, "failures": n}
         if count_request:
-            led.requests.setdefault(key, []).append(now)
+            led.take_requests(key, now)
     return length
 
 

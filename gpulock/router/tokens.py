@@ -68,32 +68,16 @@ def count_prompt(
 ) -> Count:
     """The prompt of a call (``payload``: a chat's messages, or a completion's text) in
     tokens, by the first method that this machine can use (see the module doc)."""
-    fields = [v for k, v in (extra or {}).items() if k in PROMPT_FIELDS and v is not None]
-    enc = encoding(tokenizer) if tokenizer else None
-    if enc is not None:
-        n = sum(len(enc.encode(_text(f), disallowed_special=())) for f in fields)
+    n, exact = prompt_tokens(
+        payload, tokenizer=tokenizer, bytes_per_token=bytes_per_token, extra=extra
+    )
+    if exact:
         if isinstance(payload, str):
-            n += len(enc.encode(payload, disallowed_special=()))
             return Count(n, f"tiktoken {tokenizer}")
-        for m in _messages(payload):
-            n += MESSAGE_TOKENS
-            for key, value in m.items():
-                n += len(enc.encode(_text(value), disallowed_special=()))
-                if key == "name":
-                    n += NAME_TOKENS
         return Count(
-            n + REPLY_TOKENS,
+            n,
             f"tiktoken {tokenizer}, +{MESSAGE_TOKENS} a message, +{REPLY_TOKENS} for the reply",
         )
-    per = bytes_per_token if bytes_per_token else 1.0
-    if isinstance(payload, str):
-        size, messages = len(payload.encode()), 0
-    else:
-        ms = _messages(payload)
-        size = sum(len(_text(v).encode()) for m in ms for v in m.values())
-        messages = len(ms)  # counted below
-    size += sum(len(_text(f).encode()) for f in fields)
-    n = math.ceil(size / per) + messages * BOUND_MESSAGE_TOKENS + BOUND_REPLY_TOKENS
     why = ""
     if tokenizer:
         why = f" ({tokenizer}'s data is not on this machine)"
@@ -106,6 +90,43 @@ def count_prompt(
     return Count(
         n, f"{how}, +{BOUND_MESSAGE_TOKENS} a message, +{BOUND_REPLY_TOKENS} for the reply"
     )
+
+
+def prompt_tokens(
+    payload: Any,
+    *,
+    tokenizer: str | None = None,
+    bytes_per_token: float | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> tuple[int, bool]:
+    """``count_prompt``'s number alone (what a reservation needs on every call), and whether
+    it is the provider's tokenizer's (True) or a bound (False)."""
+    fields = [v for k, v in extra.items() if k in PROMPT_FIELDS and v is not None] if extra else []
+    enc = encoding(tokenizer) if tokenizer else None
+    if enc is not None:
+        n = sum(len(enc.encode(_text(f), disallowed_special=())) for f in fields)
+        if isinstance(payload, str):
+            return n + len(enc.encode(payload, disallowed_special=())), True
+        for m in _messages(payload):
+            n += MESSAGE_TOKENS
+            for key, value in m.items():
+                n += len(enc.encode(_text(value), disallowed_special=()))
+                if key == "name":
+                    n += NAME_TOKENS
+        return n + REPLY_TOKENS, True
+    per = bytes_per_token if bytes_per_token else 1.0
+    if isinstance(payload, str):
+        size, messages = len(payload.encode()), 0
+    else:
+        ms = _messages(payload)
+        size = 0
+        for m in ms:
+            for v in m.values():
+                size += len((v if type(v) is str else _text(v)).encode())
+        messages = len(ms)  # counted below
+    if fields:
+        size += sum(len(_text(f).encode()) for f in fields)
+    return math.ceil(size / per) + messages * BOUND_MESSAGE_TOKENS + BOUND_REPLY_TOKENS, False
 
 
 def _messages(payload: Any) -> list[Mapping[str, Any]]:

@@ -7,5 +7,5 @@ table, where a request for a GPU model stands in the same per-GPU line as ``gpul
     gpulock.serve.line (a ticket in gpuN's FIFO, via gpulock.acquire_async) -->
     gpulock.serve.engines (llama.cpp in this process, or an OpenAI-compatible server)
 
-Importing this package is light; Starlette, uvicorn and aiohttp load when the server starts.
+Importing this package is light; Starlette, uvicorn and httptools load when the server starts.
 """

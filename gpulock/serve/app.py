@@ -408,7 +408,7 @@ def build_app(
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
 ) -> ASGIApp:
     g = Gateway(settings, dispatcher, max_body, read_timeout)
-    wb = WriteBehind(settings)
+    wb = WriteBehind(settings, on_idle=dispatcher.idle)
 
     def guarded(fn: Callable[[Request], Awaitable[Response]], *, measured: bool = False) -> Any:
         """``measured``: a generation endpoint, counted in a ``gateway-request`` event."""

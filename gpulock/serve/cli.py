@@ -1,7 +1,7 @@
 """``gpulock serve``: one OpenAI- and Ollama-compatible endpoint in front of every model.
 
 Found by ``gpulock`` through the ``gpulock.commands`` entry point (``serve``); Starlette, uvicorn
-and aiohttp (the ``serve`` extra) are imported only here, when the server starts.
+and httptools (the ``serve`` extra) are imported only here, when the server starts.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def _main(argv: list[str]) -> int:
             hint=f"export {sc.api_keys_env}=... or remove serve.api_keys_env",
         )
     try:
-        import aiohttp  # noqa: F401  (the client for OpenAI-compatible upstreams)
+        import httptools  # noqa: F401  (the parser of serve's client to its upstreams)
         import uvicorn
     except ImportError as e:
         raise GpulockError(

@@ -64,12 +64,12 @@ class PeerEngine(RemoteEngine):
         return out
 
     def _timeout(self) -> Any:
-        import aiohttp
+        from gpulock.serve.upstream import Timeouts
 
-        return aiohttp.ClientTimeout(
-            total=self.candidate.timeout_s,
-            sock_connect=self.header_timeout_s,
-            sock_read=self.header_timeout_s,
+        return Timeouts(
+            total_s=self.candidate.timeout_s,
+            connect_s=self.header_timeout_s,
+            read_s=self.header_timeout_s,
         )
 
     async def answer(self, ask: Ask) -> Answer:

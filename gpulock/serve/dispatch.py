@@ -10,6 +10,7 @@ called through that tenant: ``gpulock.router.backends.tenant``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from gpulock.cluster.config import ClusterConfig
 
 T = TypeVar("T")
+log = logging.getLogger("gpulock.serve")
 
 # HTTP statuses that blame the request, not the candidate: no fallback, the client hears it.
 REQUEST_FAULTS = frozenset({400, 413, 422})
@@ -127,7 +129,7 @@ class Dispatcher:
         self.settings = settings
         self.table = table
         self.line = line
-        self._http: Any = None  # aiohttp.ClientSession for remote candidates, made on first use
+        self._http: Any = None  # the upstream client (gpulock.serve.upstream), made on first use
         self._local: dict[tuple[Any, ...], _HeldLlama] = {}
         self._tenants: dict[tuple[Any, ...], TenantBackend] = {}
         self.cluster: Elsewhere | None = None  # set by `gpulock serve` with a cluster: section
@@ -137,12 +139,9 @@ class Dispatcher:
     def http(self) -> Any:
         """The one client session for OpenAI-compatible servers (made inside the event loop)."""
         if self._http is None:
-            import aiohttp
+            from gpulock.serve.upstream import Client
 
-            self._http = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
-                timeout=aiohttp.ClientTimeout(total=None, connect=10.0),
-            )
+            self._http = Client(keepalive_s=30.0)
         return self._http
 
     # --- names -------------------------------------------------------------------------------
@@ -214,26 +213,18 @@ class Dispatcher:
             if v is None:
                 raise self._none_left(task, choice, deadline_s, refused, ask.model)
             c = v.candidate
-            # Budgets and rate limits: judged and spent where router.get_model's are.  A
-            # candidate without limits was judged by the choice just made, from the same view
-            # of the ledger (its cooldowns, its key): nothing to take under a lock.
+            # Budgets and rate limits, judged by the rule router.get_model's are, taken from
+            # what this process holds ahead (gpulock.router.books).  A candidate without limits
+            # was judged by the choice just made, from the same view of the ledger (its
+            # cooldowns, its key): nothing to take.
+            held: budget.Reservation | None = None
             if accounting.limited(c, self.table.settings):
-                admitted = accounting.admit(self.settings, self.table.settings, task, c)
-            else:
-                admitted = v
-            if not admitted.ok:
-                if cid(c) in refused:  # refused twice: the chooser and the ledger disagree
+                admitted, held = await self._admit(task, c, v, ask)
+                if not admitted.ok:  # get_model moves on here too
                     failed[cid(c)] = admitted.reason
-                refused[cid(c)] = admitted
-                self._fallback(task, agent, c, admitted.reason)
-                continue
-            # The cluster's rate window, and the call's most cost reserved against its budgets.
-            held = await self._reserve(c, ask)
-            if isinstance(held, Verdict):  # get_model moves on here too
-                failed[cid(c)] = held.reason
-                refused[cid(c)] = held
-                self._fallback(task, agent, c, held.reason)
-                continue
+                    refused[cid(c)] = admitted
+                    self._fallback(task, agent, c, admitted.reason)
+                    continue
             stack = AsyncExitStack()
             tried = time.monotonic()
             try:
@@ -269,20 +260,27 @@ class Dispatcher:
                 opened.reservation = held
                 return opened
 
-    async def _reserve(self, c: Candidate, ask: Ask) -> budget.Reservation | Verdict | None:
-        """What ``router.get_model`` takes before a cloud call, taken here the same way: a
-        request of the endpoint's ``rate_limit`` across the cluster, and the call's most cost
-        (its prompt, and ``max_tokens`` of output) reserved against its budgets, atomically
-        (``gpulock.router.budget``).  The Reservation (None: nothing to reserve), or the refusal."""
-        if c.tier != "cloud":
-            return None
-        rs = self.table.settings
-        if c.rate_limit_per_min is not None:
-            limited = await self._off_loop(budget.take_request, self.settings, c)
-            if limited is not None:
-                return Verdict(c, False, limited, limit="rate")
-        if not budget.needed(c, rs):
-            return None
+    async def _admit(
+        self, task: str, c: Candidate, v: Verdict, ask: Ask
+    ) -> tuple[Verdict, budget.Reservation | None]:
+        """What ``router.get_model`` takes before a cloud call with limits, taken here by the
+        same rule: a request of the endpoint's ``rate_limit`` (across the cluster), and the
+        call's most cost (its prompt, and ``max_tokens`` of output) reserved against its
+        budgets; from the blocks this process holds, else from the shared ledger
+        (``gpulock.router.books``).  (The verdict, the reservation or None), or the refusal."""
+        need = self._need(c, ask) if budget.needed(c, self.table.settings) else None
+        taken = self.books.from_hold(c, need)
+        if taken is not None:
+            return v, taken[0]
+        taking = asyncio.ensure_future(self._off_loop(self.books.admit, task, c, v, need))
+        try:
+            return await asyncio.shield(taking)
+        except asyncio.CancelledError:  # the client left while Redis answered: give it back
+            taking.add_done_callback(self._release_later)
+            raise
+
+    def _need(self, c: Candidate, ask: Ask) -> float:
+        """A call's most cost (``gpulock.router.budget.bound_usd``)."""
         payload: Any = ask.messages if ask.kind == "chat" else ask.prompt
         if ask.tools:  # their schemas are prompt tokens too
             payload = [*ask.messages, *ask.tools]
@@ -291,28 +289,23 @@ class Dispatcher:
             payload, limit = ask.inputs, 0  # an embedding has no output tokens
         elif not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             limit = c.max_tokens  # what _try will ask for
-        bound = budget.bound_usd(c, payload, limit, ask.params)
-        taking = asyncio.ensure_future(self._off_loop(budget.reserve, self.settings, rs, c, bound))
-        try:
-            r = await asyncio.shield(taking)
-        except asyncio.CancelledError:  # the client left while Redis answered: give it back
-            taking.add_done_callback(self._release_later)
-            raise
-        if isinstance(r, str):
-            return Verdict(c, False, r, limit="budget")
-        return r
+        return budget.bound_usd(c, payload, limit, ask.params)
 
     async def _release(self, r: budget.Reservation | None) -> None:
         """Give a reservation back: the call it was for did not happen."""
-        if r is not None:
-            await self._off_loop(budget.release, self.settings, r)
+        if r is not None and r.block_day is not None:
+            self.books.release(r)  # into its block, in memory
+        elif r is not None:
+            await self._off_loop(self.books.release, r)
 
-    def _release_later(self, taking: asyncio.Future[budget.Reservation | str]) -> None:
+    def _release_later(
+        self, taking: asyncio.Future[tuple[Verdict, budget.Reservation | None]]
+    ) -> None:
         if taking.cancelled() or taking.exception() is not None:
             return
-        r = taking.result()
-        if isinstance(r, budget.Reservation):
-            asyncio.get_running_loop().run_in_executor(None, budget.release, self.settings, r)
+        _v, r = taking.result()
+        if r is not None:
+            asyncio.get_running_loop().run_in_executor(None, self.books.release, r)
 
     async def _off_loop(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         """``fn`` run where it cannot stall the event loop: in a thread when it may call the
@@ -392,7 +385,13 @@ class Dispatcher:
         host = probe.host(
             self.settings, cands, self.table.settings, warm=warm, led=led, level_now=lvl
         )
-        return choose(task, cands, host, deadline_s=left, exclude=failed, tools=tools), host
+        choice = choose(task, cands, host, deadline_s=left, exclude=failed, tools=tools)
+        if any(v.limit for v in choice.verdicts) and self.books.holding():
+            # What this process holds ahead is counted in the file as taken, yet is its own
+            # to use: the limits are judged again without it.
+            host = self.books.seen(host)
+            choice = choose(task, cands, host, deadline_s=left, exclude=failed, tools=tools)
+        return choice, host
 
     def _none_left(
         self,
@@ -479,7 +478,7 @@ class Dispatcher:
         opened.accounted = True
         r, opened.reservation = opened.reservation, None
         if r is not None:
-            self._later(budget.release, self.settings, r)
+            self._later(self.books.release, r)
         c = opened.candidate
         self._later(
             self._failed,
@@ -533,14 +532,14 @@ class Dispatcher:
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             latency_s=time.monotonic() - opened.started,
-            reserved_usd=r.amount_usd if r is not None else 0.0,
+            reservation=r,
             via="serve",
             waited_ms=round(m.waited_ms, 3),
             ticket=m.ticket,
             **_host_field(m.host),
             **extra,
         )
-        if r is not None and r.clustered:
+        if r is not None and r.block_day is None and r.clustered:
             self._later(budget.settled, self.settings, r, cost)
 
     def hung_up(self, opened: Opened, agent: str) -> None:
@@ -550,7 +549,21 @@ class Dispatcher:
         u = opened.usage
         self.account(opened, agent, u.tokens_in, u.tokens_out or opened.sent, client_gone=True)
 
+    def idle(self) -> None:
+        """No request is in flight: what the blocks hold unused goes back to the shared ledger
+        (before the last response is sent, without a cluster: what a client reads after its
+        answer is settled)."""
+        if self.books.holding():
+            self._later(self._give_back)
+
+    def _give_back(self) -> None:
+        try:
+            self.books.idle()
+        except Exception:  # the answer is made: a ledger that cannot be written now is logged
+            log.exception("could not give back what the accounting holds ahead")
+
     async def shutdown(self) -> None:
+        await self._off_loop(self.books.idle)  # what the blocks hold goes back (Redis too)
         self.books.flush()
         if self._http is not None:
             await self._http.close()

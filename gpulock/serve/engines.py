@@ -352,8 +352,8 @@ def handler_choice(tools: tuple[dict[str, Any], ...], choice: Any) -> Any:
 
 class RemoteEngine:
     """An OpenAI-compatible server (the cloud tier, or a local one like llama.cpp's), through
-    one shared ``aiohttp.ClientSession`` (kept-alive connections; its C parser keeps the
-    gateway's own cost per request low)."""
+    serve's one upstream client (``gpulock.serve.upstream``: kept-alive connections, httptools'
+    C parser: the gateway's own cost per request stays low)."""
 
     def __init__(self, c: Candidate, client: Any) -> None:
         self.candidate = c
@@ -378,28 +378,34 @@ class RemoteEngine:
             body["prompt"] = ask.prompt
         return body
 
-    async def _post(self, path: str, body: dict[str, Any]) -> Any:
-        import aiohttp
+    async def _open(self, path: str, body: dict[str, Any]) -> Any:
+        """The upstream's answer to ``body``, its head in (``upstream.Response``)."""
+        from gpulock.serve.upstream import UpstreamError
 
         try:
-            async with self.client.post(
-                self._url(path), json=body, headers=self._headers(), timeout=self._timeout()
-            ) as r:
+            data = json.dumps(body, separators=(",", ":")).encode()
+            return await self.client.post(self._url(path), data, self._headers(), self._timeout())
+        except UpstreamError as e:
+            raise _backend_error(e, "could not connect") from None
+
+    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        from gpulock.serve.upstream import UpstreamError
+
+        async with await self._open(path, body) as r:
+            try:
                 data = await r.read()
-                _check(r.status, r.headers)
-        except TimeoutError:
-            raise BackendError("timeout", "the request timed out") from None
-        except aiohttp.ClientError:
-            raise BackendError("connection", "could not connect") from None
+            except UpstreamError as e:
+                raise _backend_error(e, "the connection failed") from None
+            _check(r.status, r.headers)
         try:
             return json.loads(data)
         except ValueError:
             raise BackendError("server", "the server's answer is not JSON") from None
 
     def _timeout(self) -> Any:
-        import aiohttp
+        from gpulock.serve.upstream import Timeouts
 
-        return aiohttp.ClientTimeout(total=self.candidate.timeout_s, connect=10.0)
+        return Timeouts(total_s=self.candidate.timeout_s, connect_s=10.0)
 
     async def answer(self, ask: Ask) -> Answer:
         path = "/chat/completions" if ask.kind == "chat" else "/completions"
@@ -419,20 +425,18 @@ class RemoteEngine:
         return Answer(text or "", usage, calls)
 
     async def stream(self, ask: Ask, usage: Usage) -> AsyncIterator[str]:
-        import aiohttp
+        from gpulock.serve.upstream import UpstreamError
 
         path = "/chat/completions" if ask.kind == "chat" else "/completions"
         body = {**self._body(ask), "stream": True, "stream_options": {"include_usage": True}}
-        try:
-            async with self.client.post(
-                self._url(path), json=body, headers=self._headers(), timeout=self._timeout()
-            ) as r:
+        async with await self._open(path, body) as r:
+            try:
                 if r.status >= 400:
                     await r.read()
                     _check(r.status, r.headers)
                 n = 0
                 finished = False  # [DONE] or a finish_reason seen: else the stream was cut
-                async for raw in r.content:  # one line at a time
+                async for raw in r.lines():  # one line at a time
                     line = raw.decode("utf-8", "replace").strip()
                     if not line.startswith("data:"):
                         continue
@@ -462,10 +466,8 @@ class RemoteEngine:
                     raise BackendError("connection", "the stream was cut off before [DONE]")
                 if not usage.tokens_out:
                     usage.tokens_out = n
-        except TimeoutError:
-            raise BackendError("timeout", "the request timed out") from None
-        except aiohttp.ClientError:
-            raise BackendError("connection", "the connection failed") from None
+            except UpstreamError as e:
+                raise _backend_error(e, "the connection failed") from None
 
     async def embed(self, inputs: list[str]) -> tuple[list[list[float]], int]:
         body = {"model": self.candidate.model, "input": inputs, "encoding_format": "float"}
@@ -477,6 +479,15 @@ class RemoteEngine:
         except (KeyError, TypeError, AttributeError):
             raise BackendError("server", "the server's answer is not an OpenAI response") from None
         return vectors, tokens
+
+
+def _backend_error(e: Any, connection: str) -> BackendError:
+    """An ``upstream.UpstreamError`` as the BackendError kind the router falls back on."""
+    if e.kind == "timeout":
+        return BackendError("timeout", "the request timed out")
+    if e.kind == "protocol":
+        return BackendError("server", f"the server's answer is not HTTP: {e}")
+    return BackendError("connection", connection)
 
 
 def _check(status: int, headers: Any) -> None:

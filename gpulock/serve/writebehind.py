@@ -8,20 +8,31 @@ answer's events.  With several, it waits at most ``every_s`` and is written in o
 ``write()`` with theirs, or when the last request in flight ends, before that response is sent.
 An event from a thread (the cluster's heartbeat, a fallback run off the loop) is written
 within ``every_s``.  ``close()`` writes what is left, when the server stops.
+
+``on_idle`` is called when the last request in flight ends (before its response is sent):
+serve gives back there what its accounting holds ahead (``gpulock.router.books``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 from gpulock.core import events
 from gpulock.core.settings import Settings
 
 
 class WriteBehind:
-    def __init__(self, settings: Settings, *, every_s: float = 0.02) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        every_s: float = 0.02,
+        on_idle: Callable[[], None] | None = None,
+    ) -> None:
         self.every_s = every_s
+        self.on_idle = on_idle
         self.batch = events.Batch(
             settings.state_dir,
             max_bytes=settings.config.events_max_bytes,
@@ -45,6 +56,8 @@ class WriteBehind:
     def end(self) -> None:
         self.active = max(0, self.active - 1)
         if self.active == 0:
+            if self.on_idle is not None:
+                self.on_idle()
             self.flush()
 
     def _added(self, _batch: events.Batch) -> None:
