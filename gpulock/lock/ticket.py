@@ -51,10 +51,31 @@ class Ticket:
     granted_wall: float | None = None  # None: still waiting
     child_pid: int | None = None  # `gpulock run`: the command that holds the GPU
     child_start_ticks: int | None = None
+    # Several GPUs, one line (empty and 1 for a ticket pinned to ``gpu``, the only form before):
+    gpus: tuple[int, ...] = ()  # the set it may be granted on; a copy waits in each one's line
+    count: int = 1  # how many of them it takes at once, all or nothing
+    granted_gpus: tuple[int, ...] = ()  # once granted: every GPU it holds (set tickets only)
 
     @property
     def exclusive(self) -> bool:
         return self.need_bytes is None
+
+    @property
+    def gpu_set(self) -> tuple[int, ...]:
+        """The GPUs this ticket may be granted on (its own ``gpu`` for a pinned ticket)."""
+        return self.gpus or (self.gpu,)
+
+    @property
+    def spans(self) -> bool:
+        """Whether it waits in more than one line or takes more than one GPU."""
+        return len(self.gpu_set) > 1 or self.count > 1
+
+    @property
+    def held_gpus(self) -> tuple[int, ...]:
+        """The GPUs it holds: all it was granted, or its own ``gpu`` for a pinned holder."""
+        if not self.holding:
+            return ()
+        return self.granted_gpus or (self.gpu,)
 
     @property
     def holding(self) -> bool:
