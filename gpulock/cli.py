@@ -630,13 +630,13 @@ def cmd_heartbeat(args: argparse.Namespace) -> int:
             )
         seq = int(tail)
     settings = _settings(args, create=False)
-    found = repair.find(settings, seq)
-    if found is None:
+    found = repair.find_all(settings, seq)  # a multi-GPU holder: its copy on each GPU
+    if not found:
         raise GpulockError(f"no ticket {seq} in {settings.state_dir}", hint="gpulock status")
-    qdir, tf = found
-    if not identity.may_signal(tf.ticket.uid):
-        raise NotPermitted(seq, tf.ticket.uid, action="renew")
-    os.utime(qdir.ticket_path(seq))
+    for qdir, tf in found:
+        if not identity.may_signal(tf.ticket.uid):
+            raise NotPermitted(seq, tf.ticket.uid, action="renew")
+        os.utime(qdir.ticket_path(seq))
     return EX_OK
 
 

@@ -347,3 +347,63 @@ def test_random_runs_never_overtake_never_wedge_and_end_empty(seed: int) -> None
     assert grants > 1000
     assert not overtaken  # not even a two-GPU job is passed on a GPU of its set
     assert not left  # every waiter, two-GPU ones included, was granted in the end
+
+
+# --- the on-disk form ---------------------------------------------------------------------
+
+
+def test_a_pinned_ticket_file_is_what_it_was_before_sets() -> None:
+    import json
+
+    from gpulock.lock.ticket import encode
+
+    body = json.loads(encode(t(4, need_gib=6)))
+    assert body["format"] == "gpulock.ticket/1"
+    assert not {"gpus", "count", "granted_gpus"} & set(body)
+    assert list(body) == [
+        "format", "seq", "gpu", "pid", "uid", "user", "host", "name", "created_wall",
+        "start_ticks", "boot_id", "pidns", "command", "need_bytes", "lease_s", "granted_wall",
+        "child_pid", "child_start_ticks",
+    ]  # fmt: skip
+
+
+def test_a_set_ticket_round_trips_and_an_older_reader_sees_an_ordinary_ticket() -> None:
+    import json
+
+    from gpulock.lock.ticket import encode, parse
+
+    held = t(7, FOUR, 2, 6, held=[1, 3])
+    assert parse(encode(held)) == held
+    waiting = t(8, FOUR)
+    assert parse(encode(waiting)) == waiting
+    # A reader that knows nothing of sets ignores the three keys it does not know: what it
+    # reads is a ticket of that copy's GPU, holding or waiting, as it stands in that line.
+    body = json.loads(encode(held))
+    old = {k: v for k, v in body.items() if k not in ("gpus", "count", "granted_gpus")}
+    seen = parse(json.dumps(old).encode())
+    assert (seen.gpu, seen.holding, seen.need_bytes, seen.spans) == (1, True, 6 * GIB, False)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"gpus": [1, 2]},  # its own GPU (0) is not in its set
+        {"gpus": [0, 0, 1]},
+        {"gpus": []},
+        {"gpus": [0, -1]},
+        {"gpus": "0,1"},
+        {"gpus": [0, 1], "count": 3},
+        {"count": 0},
+        {"count": True},
+        {"gpus": [0, 1], "granted_gpus": [0]},  # granted, but not marked granted
+    ],
+)
+def test_a_set_ticket_with_bad_set_keys_is_garbage(change: dict[str, object]) -> None:
+    import json
+
+    from gpulock.lock.ticket import TicketFormatError, encode, parse
+
+    body = json.loads(encode(t(3)))
+    body.update(change)
+    with pytest.raises(TicketFormatError):
+        parse(json.dumps(body).encode())

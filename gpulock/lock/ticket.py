@@ -8,6 +8,17 @@ unique in a state folder, so ``gpulock break 12`` names one ticket on any GPU.
 Format ``gpulock.ticket/1``.  Readers ignore keys they do not know, so later versions may add
 fields; a file that is not valid JSON, lacks a required field, or carries another major format
 is rejected with ``TicketFormatError`` and skipped by every reader (never a crash).
+
+A ticket for a set of GPUs (``--gpu any``, ``--gpu 0,2``) or for several at once (``--gpus 2``)
+is one number with a copy in the folder of every GPU of its set, each with its own FIFO, and
+three more keys: ``gpus`` (the set), ``count`` (how many at once) and, once granted,
+``granted_gpus`` (all it holds).  A copy's ``gpu`` is its folder.  While it waits, a copy stands
+in each line; at its grant the copies of the GPUs it takes are marked granted and the others
+removed; its owner holds every copy's claim, so its death frees every GPU it held or waited
+for.  The format stays ``/1`` on purpose: a reader that knows nothing of sets reads each copy as
+an ordinary ticket of that GPU, which is exactly what it is in that GPU's line (a waiter of an
+older gpulock waits behind it, as the rule wants).  A pinned ticket writes none of the three
+keys: its file is byte for byte what it was.
 """
 
 from __future__ import annotations
@@ -86,8 +97,28 @@ class Ticket:
 
 
 def event_fields(t: Ticket) -> dict[str, Any]:
-    """The fields every event about a ticket carries."""
-    return {"gpu": t.gpu, "ticket": t.seq, "pid": t.pid, "name": t.name, "need_bytes": t.need_bytes}
+    """The fields every event about a ticket carries; for a set ticket also ``gpus`` (the set
+    asked, or the number of GPUs at once), ``gpu_set`` (with a number: the GPUs it may take)
+    and ``granted`` (the GPUs it holds, empty while it waits)."""
+    fields: dict[str, Any] = {
+        "gpu": t.gpu,
+        "ticket": t.seq,
+        "pid": t.pid,
+        "name": t.name,
+        "need_bytes": t.need_bytes,
+    }
+    if t.spans:
+        fields.update(set_fields(t))
+    return fields
+
+
+def set_fields(t: Ticket) -> dict[str, Any]:
+    """``gpus``, ``gpu_set`` and ``granted`` of a ticket, as events and status say them."""
+    out: dict[str, Any] = {"gpus": t.count if t.count > 1 else list(t.gpu_set)}
+    if t.count > 1:
+        out["gpu_set"] = list(t.gpu_set)
+    out["granted"] = list(t.held_gpus)
+    return out
 
 
 def file_name(seq: int) -> str:
@@ -109,7 +140,16 @@ def encode(t: Ticket) -> bytes:
     body: dict[str, Any] = {"format": FORMAT}
     body.update(asdict(t))
     body["command"] = list(t.command)
+    for key in _SET_KEYS:  # a pinned ticket's file stays what it was before sets
+        if body[key] in ((), 1):
+            del body[key]
+        elif isinstance(body[key], tuple):
+            body[key] = list(body[key])
     return json.dumps(body, separators=(",", ":")).encode()
+
+
+_SET_KEYS = ("gpus", "count", "granted_gpus")
+MAX_GPUS = 1024  # more GPUs than any machine has: a longer list is garbage
 
 
 _REQUIRED: dict[str, type | tuple[type, ...]] = {
@@ -174,4 +214,46 @@ def parse(data: bytes) -> Ticket:
     if not isinstance(cmd, list) or not all(isinstance(a, str) for a in cmd):
         raise TicketFormatError("bad 'command'")
     fields["command"] = tuple(cmd)
+    fields.update(_parse_set(obj, fields))
     return Ticket(**fields)
+
+
+def _gpu_list(obj: dict[str, Any], key: str) -> tuple[int, ...]:
+    val = obj.get(key)
+    if val is None:
+        return ()
+    if (
+        not isinstance(val, list)
+        or not 0 < len(val) <= MAX_GPUS
+        or not all(type(g) is int and 0 <= g < 2**31 for g in val)
+        or len(set(val)) != len(val)
+    ):
+        raise TicketFormatError(f"bad {key!r}")
+    return tuple(sorted(val))
+
+
+def _parse_set(obj: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """``gpus``, ``count``, ``granted_gpus``: absent on a pinned ticket; consistent otherwise."""
+    gpus = _gpu_list(obj, "gpus")
+    granted = _gpu_list(obj, "granted_gpus")
+    count = obj.get("count", 1)
+    if type(count) is not int or count < 1:
+        raise TicketFormatError("bad 'count'")
+    everyone = gpus or (fields["gpu"],)
+    if fields["gpu"] not in everyone or count > len(everyone):
+        raise TicketFormatError("bad 'gpus': its own GPU is not in it, or fewer than 'count'")
+    if granted and (
+        len(granted) != count
+        or not set(granted) <= set(everyone)
+        or fields["gpu"] not in granted
+        or "granted_wall" not in fields
+    ):
+        raise TicketFormatError("bad 'granted_gpus'")
+    out: dict[str, Any] = {}
+    if gpus:
+        out["gpus"] = gpus
+    if count != 1:
+        out["count"] = count
+    if granted:
+        out["granted_gpus"] = granted
+    return out
