@@ -77,6 +77,24 @@ def _index(text: str) -> int:
     return int(text)
 
 
+def _gpu_set(text: str) -> int | str | tuple[int, ...]:
+    """``--gpu``: an index, a set (``0,2``) or ``any``."""
+    from gpulock.core.units import parse_gpus
+
+    try:
+        return parse_gpus(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a GPU index like 0, a set like 0,2, or any, got {text!r}"
+        ) from None
+
+
+def _gpu_count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of GPUs like 2, got {text!r}")
+    return int(text)
+
+
 def _ticket_number(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"expected a ticket number like 12, got {text!r}")
@@ -118,14 +136,28 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
         "run",
         help="run a command holding a GPU",
         description=(
-            "Wait in line for the GPU, then run CMD (no shell) with CUDA_VISIBLE_DEVICES set. "
-            "The GPU stays claimed until CMD and its children end, even if this process is "
-            "killed.  SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGUSR1/2 are forwarded to CMD.  "
-            "Exits with CMD's code, or 75 when the GPU could not be had within --timeout."
+            "Wait in line for the GPU, then run CMD (no shell) with CUDA_VISIBLE_DEVICES set "
+            "to the GPUs granted (with CUDA_DEVICE_ORDER=PCI_BUS_ID, and GPULOCK_GPUS listing "
+            "them).  The GPU stays claimed until CMD and its children end, even if this "
+            "process is killed.  SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGUSR1/2 are forwarded "
+            "to CMD.  Exits with CMD's code, or 75 when the GPU could not be had within "
+            "--timeout."
         ),
         usage="gpulock run [options] -- CMD [ARG...]",
     )
-    p.add_argument("--gpu", type=_index, help="GPU index (default: config default_gpu, else 0)")
+    p.add_argument(
+        "--gpu",
+        type=_gpu_set,
+        metavar="GPU",
+        help="GPU index, a set (0,2) or any: granted whichever of the set can take it first "
+        "(default: config default_gpu, else 0)",
+    )
+    p.add_argument(
+        "--gpus",
+        type=_gpu_count,
+        metavar="N",
+        help="N GPUs at once, all or nothing (of --gpu's set, else of every GPU)",
+    )
     p.add_argument(
         "--need",
         type=_size,
@@ -429,6 +461,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         settings,
         command,
         gpu=args.gpu,
+        gpus=args.gpus,
         need=args.need,
         timeout=args.timeout,
         name=args.name,

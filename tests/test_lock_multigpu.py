@@ -234,6 +234,29 @@ def test_nested_acquire_inside_a_two_gpu_lease_is_covered_by_it(world: World) ->
     assert n.wait_exit() == 0
 
 
+def test_status_shows_an_any_waiter_once_and_a_two_gpu_holder_on_each(world: World) -> None:
+    host(world)
+    world.enqueue("m", gpu="any", gpus=2)
+    granted(world, "m")
+    a = world.enqueue("a", gpu="any")
+    not_granted(world, a)
+    snap = world.snapshot()
+    by_gpu = {g["gpu"]: g for g in snap["gpus"]}
+    for g in (0, 1):
+        (h,) = by_gpu[g]["holders"]
+        assert (h["name"], h["gpus"], sorted(h["granted"])) == ("m", 2, [0, 1])
+        assert by_gpu[g]["waiters"] == []  # the set's waiter is shown under its set
+    (line,) = snap["sets"]
+    assert line["gpus"] == [0, 1]
+    (w,) = line["waiters"]
+    assert (w["name"], w["gpus"], w["granted"], w["state"]) == ("a", [0, 1], [], "waiting")
+    from gpulock import status
+
+    text = status.render(snap)
+    assert text.count(" a ") + text.count(" a\n") >= 1
+    assert sum(1 for ln in text.splitlines() if f"  {a.seq}  " in ln) == 1
+
+
 def test_break_of_a_two_gpu_ticket_removes_every_copy(world: World, tmp_path: Path) -> None:
     host(world)
     m = world.enqueue("m", gpu="any", gpus=2)
