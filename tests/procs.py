@@ -378,12 +378,13 @@ class World:
     def enqueue(self, name: str, gpu: Any = 0, **opts: Any) -> Child:
         """Start a child and return once its ticket is in the queue: arrival order is known.
 
-        ``gpu``: an index, a list of them or "any" (then its copy in gpu0's folder is waited
-        for: every copy is in place before the next ticket can be numbered).
+        ``gpu``: an index, a list of them or "any" (then a copy in any GPU's folder will do:
+        every copy is in place before the next ticket can be numbered, and one granted at
+        once keeps only the copies of the GPUs it holds).
         """
         child = self.spawn(name, gpu=gpu, **opts)
-        first = gpu if isinstance(gpu, int) else (gpu[0] if isinstance(gpu, list) else 0)
-        child.seq = self.wait_ticket(child, first)
+        where = [gpu] if isinstance(gpu, int) else (list(gpu) if isinstance(gpu, list) else None)
+        child.seq = self.wait_ticket(child, where[0] if where and len(where) == 1 else where)
         return child
 
     def hold(self, name: str, **opts: Any) -> Child:
@@ -428,16 +429,31 @@ class World:
                 continue
         return out
 
-    def wait_ticket(self, child: Child, gpu: int = 0, timeout_s: float = DEFAULT_WAIT_S) -> int:
+    def wait_ticket(
+        self, child: Child, gpu: int | list[int] | None = 0, timeout_s: float = DEFAULT_WAIT_S
+    ) -> int:
+        """``child``'s ticket number, once in ``gpu``'s folder (a list: in any of them; None:
+        in any GPU's folder)."""
+
         def find() -> int | None:
             if child.proc.poll() is not None:
                 raise AssertionError(
                     f"{child.name} exited ({child.proc.returncode}) before queueing\n"
                     f"{child.stderr()}\n{self.describe()}"
                 )
-            return next((s for s, t in self.tickets(gpu).items() if t.pid == child.pid), None)
+            if isinstance(gpu, int):
+                folders = [gpu]
+            elif gpu is not None:
+                folders = gpu
+            else:
+                folders = sorted(int(p.name[3:]) for p in self.state.glob("gpu[0-9]*"))
+            for g in folders:
+                mine = [s for s, t in self.tickets(g).items() if t.pid == child.pid]
+                if mine:
+                    return mine[0]
+            return None
 
-        return wait_until(find, timeout_s, f"{child.name}'s ticket in {self.gpu_dir(gpu)}")
+        return wait_until(find, timeout_s, f"{child.name}'s ticket in {self.state} ({gpu})")
 
     def records(self) -> list[Record]:
         return read_audit(self.audit)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 
-from cli_helpers import GPULOCK, HOLD_SH, Cli, assert_clean_error, error_lines, wait_until
+from cli_helpers import GPULOCK, Cli, assert_clean_error, error_lines, wait_until
 
 SHOW = 'echo "$CUDA_VISIBLE_DEVICES|$CUDA_DEVICE_ORDER|$GPULOCK_GPUS|$GPULOCK_TICKET"'
 
@@ -121,7 +121,7 @@ def test_too_few_gpus_is_an_error_with_its_fields_in_python(cli: Cli) -> None:
     e = caught.value
     assert (e.count, e.gpus, e.exit_code) == (3, (0, 1), 2)
     assert "--gpus" in (e.hint or "")
-    assert pickle.loads(pickle.dumps(e)).gpus == (0, 1)
+    assert pickle.loads(pickle.dumps(e)).gpus == (0, 1)  # noqa: S301 - our own bytes
     assert not cli.state.exists() or not list(cli.state.glob("gpu*/*.ticket"))
 
 

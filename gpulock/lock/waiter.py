@@ -169,8 +169,9 @@ class Waiter:
             self.prefetch.stop(granted=granted)
 
     def granted_spots(self) -> list[Spot]:
-        """After the grant: the copies it holds (those of the GPUs granted), in GPU order."""
-        return [line.spot for line in self.lines if line.spot.fd is not None]
+        """The copies of the GPUs chosen (after the grant: those it holds), in GPU order."""
+        chosen = self.chosen or (self.me.gpu,)
+        return [line.spot for line in self.lines if line.gpu in chosen]
 
     # One step of the wait, shared by the blocking ``wait`` above and the event loop's
     # ``gpulock.lock.aiolock``: the two differ only in how they sleep until ``step``'s wake time.
@@ -189,7 +190,6 @@ class Waiter:
                 for fd in fds.values():
                     os.close(fd)
                 self.chosen = grant
-                self._leave_other_lines()
                 return None
             if not grant and not self.cleared_early and self._command_tenant_holds():
                 # A command tenant's server holds its ticket for as long as it runs: an
@@ -278,8 +278,9 @@ class Waiter:
         return warm, free
 
     def _leave_other_lines(self) -> None:
-        """Decided: the copies in the lines of GPUs not taken leave now (their successors
-        wake), before the room-making that may take seconds."""
+        """Granted: the copies in the lines of GPUs not taken leave (their successors wake).
+        Only now, after the grant's event: until then the ticket stands in every line of its
+        set, so the event log shows no later ticket granted one of them while it waited."""
         for line in self.lines:
             if line.gpu in self.chosen or line.spot.fd is None:
                 continue
@@ -493,6 +494,7 @@ class Waiter:
         # prunes the tickets that left ahead of it now, while I hold, not at my release.)
         for spot in spots:
             spot.qdir.ring_successor(granted.seq)
+        self._leave_other_lines()
         return granted
 
     def _timeout(self) -> LockTimeout:
