@@ -423,7 +423,7 @@ def set_of(e: dict[str, Any]) -> frozenset[int]:
 
 def audit(
     events: list[dict[str, Any]],
-    holds: list[tuple[float, str, int, int, tuple[int, ...]]],
+    holds: Sequence[tuple[Any, ...]],  # (wall, "G"/"R", ticket, pid[, GPUs])
     did: Signalled,
     start_wall: float,
     end_wall: float,
@@ -442,8 +442,9 @@ def audit(
     for i, e in enumerate(events):
         timeline.append((float(e["ts"]), i, str(e["event"]), e))
     n = len(timeline)
-    for j, (at, what, number, who, where) in enumerate(holds):
-        timeline.append((at, n + j, what, {"ticket": number, "pid": who, "gpus": where}))
+    for j, (at, what, number, who, *where) in enumerate(holds):  # where: GPUs (one: gpu0)
+        gpus = where[0] if where else (0,)
+        timeline.append((at, n + j, what, {"ticket": number, "pid": who, "gpus": gpus}))
     n = len(timeline)
     for j, (at, who) in enumerate(did.kills):
         timeline.append((at, n + j, "KILL", {"pid": who}))
