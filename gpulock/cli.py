@@ -232,7 +232,7 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
         metavar="WHEN",
         help="only events newer than this: a duration ago (10m, 2h) or an ISO time",
     )
-    p.add_argument("--gpu", type=_index, help="only this GPU")
+    p.add_argument("--gpu", type=_index, help="only this GPU (a multi-GPU ticket's too)")
     p.add_argument("--event", action="append", metavar="KIND", help="only these kinds")
     p.add_argument("--limit", type=int, metavar="N", help="only the last N events")
     p.add_argument("--json", action="store_true", help='print {"events": [...]}')
@@ -561,12 +561,12 @@ def cmd_history(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--event: no event kind {kind!r}", hint=known_hint(kind, sorted(known), "kinds")
         )
-    if args.gpu is not None and all(e.get("gpu") != args.gpu for e in logged):
+    if args.gpu is not None and all(args.gpu not in _gpus_of(e) for e in logged):
         _check_gpu(settings, args.gpu)  # a GPU of the past may be asked about, a typo not
     selected = [
         e
         for e in logged
-        if (args.gpu is None or e.get("gpu") == args.gpu) and (not kinds or e["event"] in kinds)
+        if (args.gpu is None or args.gpu in _gpus_of(e)) and (not kinds or e["event"] in kinds)
     ]
     if args.limit is not None:
         selected = selected[-args.limit :] if args.limit > 0 else []
@@ -578,7 +578,27 @@ def cmd_history(args: argparse.Namespace) -> int:
     return EX_OK
 
 
-_SHOWN = {"ts", "event", "gpu", "ticket", "pid", "name"}
+_SHOWN = {"ts", "event", "gpu", "ticket", "pid", "name", "granted", "gpu_set"}
+
+
+def _gpus_of(e: dict[str, Any]) -> tuple[int, ...]:
+    """The GPUs an event is about: a multi-GPU holder's all, a set ticket's set, else its
+    ``gpu`` (none for an event of no GPU)."""
+    for key in ("granted", "gpu_set", "gpus"):
+        v = e.get(key)
+        if isinstance(v, list) and v and all(isinstance(g, int) for g in v):
+            return tuple(v)
+    return (e["gpu"],) if isinstance(e.get("gpu"), int) else ()
+
+
+def _gpu_cell(e: dict[str, Any]) -> str:
+    """history's GPU column: ``gpu0``; ``gpus 0,2`` for a multi-GPU holder or a set ticket."""
+    from gpulock.core.units import format_gpus
+
+    gpus = _gpus_of(e)
+    return format_gpus(gpus) if gpus else "-"
+
+
 _WHO_MAX = 32  # a longer name shifts its own line's details, not every column
 
 
@@ -599,7 +619,7 @@ def history_lines(selected: Sequence[dict[str, Any]]) -> list[str]:
 
 def _history_row(e: dict[str, Any]) -> tuple[str, str, str, str, str, str]:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["ts"]))
-    gpu = f"gpu{e['gpu']}" if isinstance(e.get("gpu"), int) else "-"
+    gpu = _gpu_cell(e)
     ticket = str(e["ticket"]) if e.get("ticket") is not None else "-"
     # Agents' and the fleet's events name their agent; the lock's name their holder.
     label_key = "name" if "name" in e else "agent"
