@@ -252,7 +252,7 @@ def per_gpu(kind: str, e: dict[str, Any]) -> list[dict[str, Any]]:
         gpus = granted
     else:
         gpus = e.get("gpu_set") if isinstance(e.get("gpu_set"), list) else e.get("gpus")
-    if not isinstance(gpus, list) or len(gpus) < 2 and len(granted) < 2:
+    if not isinstance(gpus, list) or (len(gpus) < 2 and len(granted) < 2):
         return [e]  # a pinned ticket: as it was
     ordered = [e.get("gpu"), *(g for g in gpus if g != e.get("gpu"))]
     out = []
