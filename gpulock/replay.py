@@ -238,9 +238,7 @@ def replay(
         for p in policies:
             if p != "bound":
                 rows.append(
-                    simulate(
-                        arrivals, g, p, gpus=n, reserve_bytes=reserve, load_s_of=load_s_of
-                    )
+                    simulate(arrivals, g, p, gpus=n, reserve_bytes=reserve, load_s_of=load_s_of)
                 )
                 continue
             if n > 1:

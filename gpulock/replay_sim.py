@@ -249,7 +249,9 @@ class _Sim:
                 for g in range(self.n_gpus)
             }
             key = model_key(a)
-            warm = {g: "resident" for g in range(self.n_gpus) if a.model and key in self.residents[g]}
+            warm = {
+                g: "resident" for g in range(self.n_gpus) if a.model and key in self.residents[g]
+            }
             free: dict[int, int | None] = {g: self._free_bytes(g) for g in range(self.n_gpus)}
             d = decide_set(t, lines, budgets, warm=warm, free=free)
             if d.grant:

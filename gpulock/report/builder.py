@@ -247,7 +247,8 @@ def per_gpu(kind: str, e: dict[str, Any]) -> list[dict[str, Any]]:
     on each GPU it held.  A copy for a GPU of its set it was not granted says ``_line_only``."""
     if kind in ("cleanup", "break"):
         return [e]  # about its copy in one folder already
-    granted = e.get("granted") if isinstance(e.get("granted"), list) else []
+    held = e.get("granted")
+    granted: list[Any] = held if isinstance(held, list) else []
     if kind == "release":
         gpus = granted
     else:
