@@ -249,9 +249,8 @@ def per_gpu(kind: str, e: dict[str, Any]) -> list[dict[str, Any]]:
         return [e]  # about its copy in one folder already
     held = e.get("granted")
     granted: list[Any] = held if isinstance(held, list) else []
-    if kind == "release":
-        gpus = granted
-    else:
+    gpus: Any = granted
+    if kind != "release":
         gpus = e.get("gpu_set") if isinstance(e.get("gpu_set"), list) else e.get("gpus")
     if not isinstance(gpus, list) or (len(gpus) < 2 and len(granted) < 2):
         return [e]  # a pinned ticket: as it was
