@@ -783,7 +783,13 @@ def _pool_parser(sub: Any) -> None:
         "--min", type=_count, default=1, metavar="N",
         help="start the first workers only once N tickets are granted together (default 1)",
     )  # fmt: skip
-    p.add_argument("--gpu", type=_index, help="GPU index (default: config default_gpu, else 0)")
+    p.add_argument(
+        "--gpu",
+        type=_gpu_set,
+        metavar="GPU",
+        help="GPU index, a set (0,2) or any: each worker on whichever GPU admits it "
+        "(default: config default_gpu, else 0)",
+    )
     p.add_argument(
         "--retries", type=_retries, default=3, metavar="N",
         help="replace up to N failed workers in a row, then stop (default 3)",

@@ -218,6 +218,7 @@ def child_main(opts: dict[str, Any]) -> int:
         "need": opts.get("need"),
         "timeout": opts.get("timeout"),
         "lease": opts.get("lease"),
+        **{k: opts[k] for k in ("prefetch", "prefer") if k in opts},
         "config": opts.get("config"),
     }
     mode = opts.get("mode", "hold")

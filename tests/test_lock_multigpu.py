@@ -271,3 +271,41 @@ def test_break_of_a_two_gpu_ticket_removes_every_copy(world: World, tmp_path: Pa
         m.killpg(signal.SIGCONT)
     assert m.seq is not None and not leftovers(world, m.seq, range(2)), world.describe()
     assert os.path.isdir(world.gpu_dir(1))
+
+
+def test_placed_where_its_model_is_resident_then_where_most_memory_is_free(
+    world: World, tmp_path: Path
+) -> None:
+    """Among GPUs that can grant at once: the one where the job's model (its --prefetch file)
+    is resident first, then the most free memory."""
+    import gpulock
+
+    host(world, 3)
+    model = tmp_path / "qwen-7b.gguf"
+    model.write_bytes(b"GGUF" + bytes(4096))
+    settings = world.settings()
+    h = gpulock.resident(
+        "qwen-7b", gpu=2, bytes="5GiB", model=object(), unload=lambda m: None,
+        config=str(world.config), state_dir=world.state,
+    )  # fmt: skip
+    try:
+        world.enqueue("warm", gpu="any", need="4GiB", prefetch=[str(model)])
+        assert granted(world, "warm") == [2]
+        ev = world.wait_event("acquire", name="warm")
+        assert ev["granted"] == [2]
+    finally:
+        h.release()
+    assert settings.state_dir == world.state
+    # No model resident: the most free memory (gpu0 holds 12 GiB, gpu1 8, gpu2 4 of 21.6).
+    world.hold("b0", gpu=0, need="12GiB")
+    world.hold("b1", gpu=1, need="8GiB")
+    world.enqueue("free", gpu="any", need="2GiB")
+    assert granted(world, "free") == [2]
+    world.enqueue("free2", gpu=[0, 1], need="2GiB")
+    assert granted(world, "free2") == [1]
+
+
+def test_prefer_names_where_the_caller_knows_it_is_warm(world: World) -> None:
+    host(world, 3)
+    world.enqueue("p", gpu="any", need="2GiB", prefer=[1])
+    assert granted(world, "p") == [1]

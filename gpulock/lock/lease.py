@@ -321,6 +321,7 @@ class Queued:
     room: Room  # makes room before the grant
     warm: prefetch_mod.Prefetch | None = None  # warms the job's files while it waits
     prefer: dict[int, str] | None = None  # GPU -> why the job is warm there (the caller's word)
+    models: tuple[str, ...] = ()  # the files it will load (its prefetch), for placing it
 
     @property
     def ticket(self) -> Ticket:
@@ -338,6 +339,7 @@ class Queued:
             poller=poller,
             prefetch=self.warm,
             prefer=self.prefer,
+            models=self.models,
         )
 
     def leave(self, cause: BaseException | None = None) -> None:
@@ -476,7 +478,15 @@ def enqueue(
         )
         raise
     return Queued(
-        settings, tuple(spots), budgets, deadline, start, room, warm, _prefer(prefer, gset)
+        settings,
+        tuple(spots),
+        budgets,
+        deadline,
+        start,
+        room,
+        warm,
+        _prefer(prefer, gset),
+        tuple(warm_paths) if spans else (),
     )
 
 

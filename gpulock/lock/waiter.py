@@ -84,6 +84,7 @@ class Waiter:
         poller: Poller | None = None,
         prefetch: Prefetch | None = None,
         prefer: Mapping[int, str] | None = None,
+        models: Sequence[str] = (),
     ) -> None:
         self.settings = settings
         self.room = require(room)  # makes room before the grant (gpulock.lock.room)
@@ -92,6 +93,7 @@ class Waiter:
         self.deadline = deadline
         self.start = start
         self.prefer = dict(prefer or {})  # GPU -> why the caller knows the job is warm there
+        self.models = tuple(models)  # what the job will load (its prefetch files), for placing
         self.chosen: tuple[int, ...] = ()  # the GPUs decided on, once step() returns None
         self.watched: dict[tuple[int, int], int] = {}  # (gpu, seq) -> a write end of its FIFO
         # The blocking form sleeps in poll(); ``gpulock.lock.aiolock`` passes its event loop's.
@@ -426,13 +428,6 @@ class Waiter:
             gpus=me.gpu_set,
             models=self.models,
         )
-
-    @property
-    def models(self) -> tuple[str, ...]:
-        """What the job will load, for ``Room.where_warm``: the files it warms."""
-        if self.prefetch is None:
-            return ()
-        return tuple(f.path for f in self.prefetch.files)
 
     def _make_room(self) -> None:
         """Before the grant: idle models of other processes leave first (``self.room``), on
