@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -85,8 +85,14 @@ class Line:
         name: str,
         timeout_s: float | None,
         command: Sequence[str] = (),
+        gpus: Sequence[int] = (),
+        prefer: Mapping[int, str] | None = None,
     ) -> AsyncIterator[Slot]:
-        """Hold a place on ``gpu`` for one request to model ``key`` (see the module doc)."""
+        """Hold a place on ``gpu`` for one request to model ``key`` (see the module doc).
+
+        ``gpus``: a set its ticket may be granted on instead (one line in front of them; the
+        Slot says which it got), ``prefer`` where its model is loaded already; the counts of
+        this server's requests stay under ``gpu``."""
         if self.waiting >= self.max_queue:
             raise QueueFull(f"{self.waiting} requests wait already (serve.max_queue)")
         start = time.monotonic()
@@ -96,12 +102,12 @@ class Line:
             self.waiting += 1
             try:
                 group, shared = await self._enter(
-                    key, gpu, need, parallel, name, timeout_s, command
+                    key, gpu, need, parallel, name, timeout_s, command, tuple(gpus), prefer
                 )
             finally:
                 self.waiting -= 1
             try:
-                yield Slot(gpu, group.lease.ticket, time.monotonic() - start, shared)
+                yield Slot(group.lease.gpu, group.lease.ticket, time.monotonic() - start, shared)
                 served = True
             finally:
                 self._leave(group)
@@ -117,6 +123,8 @@ class Line:
         name: str,
         timeout_s: float | None,
         command: Sequence[str],
+        gpus: tuple[int, ...] = (),
+        prefer: Mapping[int, str] | None = None,
     ) -> tuple[_Group, bool]:
         begun = time.monotonic()
         deadline = None if timeout_s is None else begun + timeout_s
@@ -145,13 +153,14 @@ class Line:
             # The ticket closed while we waited here: take one of our own (below).
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         lease = await acquire_async(
-            gpu,
+            list(gpus) if len(gpus) > 1 else gpu,
             need,
             left,
             name,
             config=self.settings.config,
             state_dir=str(self.settings.state_dir),
             command=(*command, *_tenant_call(key)),
+            prefer=prefer or None,
         )
         g = _Group(key, lease, max(1, parallel))
         current = self._open.get(key)
