@@ -3,8 +3,10 @@ real ``gpulock`` processes on a simulated host of several GPUs."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sys
 
 from cli_helpers import GPULOCK, Cli, assert_clean_error, error_lines, wait_until
 
@@ -140,3 +142,47 @@ def test_status_json_of_a_set_waiter_and_a_two_gpu_holder(cli: Cli) -> None:
     assert (line["gpus"], w["name"], w["gpus"], w["granted"]) == ([0, 1], "a", [0, 1], [])
     text = cli.run("status").stdout
     assert "holding gpus 0,1" in text and "gpus 0,1 (one line)  -  1 waiting" in text
+
+
+def test_any_on_a_one_gpu_machine_is_exactly_a_pinned_ticket(cli: Cli) -> None:
+    """One GPU: --gpu any is --gpu 0, the same ticket file (no set keys) and events."""
+    cli.simulate = "24GiB"
+    script = (
+        "import json, os, sys; d = os.environ['GPULOCK_STATE_DIR'] + '/gpu0'; "
+        "t = [n for n in os.listdir(d) if n.endswith('.ticket')][0]; "
+        "print(json.dumps(sorted(json.load(open(os.path.join(d, t))))))"
+    )
+    r = cli.run("run", "--gpu", "any", "--", sys.executable, "-c", script)
+    assert r.code == 0, r.describe()
+    keys = set(json.loads(r.stdout))
+    assert not keys & {"gpus", "count", "granted_gpus"}
+    (acq,) = cli.events("acquire")
+    assert acq["gpu"] == 0 and not {"gpus", "granted", "gpu_set"} & set(acq)
+    r = cli.run("run", "--gpu", "any", "--", "sh", "-c", SHOW)
+    assert shown(r.stdout)[:3] == ("0", "PCI_BUS_ID", "0")
+
+
+def test_a_set_that_times_out_says_which_gpus_it_waited_for(cli: Cli) -> None:
+    cli.simulate = "24GiB,24GiB"
+    cli.hold("h0", gpu=0)
+    cli.hold("h1", gpu=1)
+    r = cli.run("run", "--gpu", "any", "--timeout", "0.5", "--", "true")
+    assert r.code == 75, r.describe()
+    assert error_lines(r.stderr)[0].startswith("error: any of gpus 0,1 busy after 0.")
+    r = cli.run("run", "--gpus", "2", "--timeout", "0.5", "--", "true")
+    assert r.code == 75 and "error: 2 of gpus 0,1 busy after" in r.stderr, r.describe()
+
+
+def test_break_stale_removes_a_dead_two_gpu_holder_once(cli: Cli) -> None:
+    cli.simulate = "24GiB,24GiB"
+    m = cli.hold("m", "--gpus", "2", gpu="any")
+    (acq,) = cli.events("acquire", name="m")
+    os.killpg(m.pid, signal.SIGKILL)
+    m.wait()
+    r = cli.run("break", "--stale", "--json")
+    assert r.code == 0, r.describe()
+    results = r.json()["results"]
+    assert [(x["ticket"], x["action"]) for x in results] == [(acq["ticket"], "removed")]
+    for g in (0, 1):
+        assert not [f for f in cli.queue_files(g) if f.endswith((".ticket", ".fifo"))], g
+    assert cli.run("status", "--json").json()["sets"] == []
