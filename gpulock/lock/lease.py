@@ -506,6 +506,8 @@ def gpu_set(cfg: Config, gpu: GpuArg, count: int = 1) -> tuple[int, ...]:
     if it names one).  ValueError names a bad value; TooFewGpus a set smaller than ``count``.
     """
     asked = cfg.default_gpus if gpu is None else gpu
+    if type(asked) is int and asked >= 0 and count == 1:
+        return (asked,)  # one GPU: the common case, as cheap as it always was
     if isinstance(asked, bool) or (isinstance(asked, int) and asked < 0):
         raise ValueError(f"gpu must be a GPU index >= 0, a set of them or 'any', got {gpu!r}")
     try:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from gpulock.core import safejson
@@ -137,18 +137,23 @@ def seq_of(name: str) -> int | None:
 
 
 def encode(t: Ticket) -> bytes:
+    """The file's bytes: the format, then every field in order (the record is flat: a walk
+    over its fields, not ``asdict``'s deep copy, which costs more than the rest of a grant)."""
     body: dict[str, Any] = {"format": FORMAT}
-    body.update(asdict(t))
-    body["command"] = list(t.command)
-    for key in _SET_KEYS:  # a pinned ticket's file stays what it was before sets
-        if body[key] in ((), 1):
-            del body[key]
-        elif isinstance(body[key], tuple):
-            body[key] = list(body[key])
+    for key in _FIELDS:
+        value = getattr(t, key)
+        if key in _SET_KEYS:
+            if value == () or (key == "count" and value == 1):
+                continue  # a pinned ticket's file stays what it was before sets
+            value = list(value) if isinstance(value, tuple) else value
+        elif key == "command":
+            value = list(value)
+        body[key] = value
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-_SET_KEYS = ("gpus", "count", "granted_gpus")
+_SET_KEYS = frozenset({"gpus", "count", "granted_gpus"})
+_FIELDS = tuple(f.name for f in fields(Ticket))
 MAX_GPUS = 1024  # more GPUs than any machine has: a longer list is garbage
 
 

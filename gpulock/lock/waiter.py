@@ -90,6 +90,7 @@ class Waiter:
         self.room = require(room)  # makes room before the grant (gpulock.lock.room)
         self.lines = [Line(spot, budgets.get(spot.gpu)) for spot in spots]
         self.me = spots[0].ticket  # the first copy: what events and reasons name
+        self.spans = self.me.spans  # several lines (or GPUs): else exactly the one-GPU path
         self.deadline = deadline
         self.start = start
         self.prefer = dict(prefer or {})  # GPU -> why the caller knows the job is warm there
@@ -124,10 +125,6 @@ class Waiter:
         )
         self.rescan = True  # look at the queue on the next step
         self.prefetch = prefetch  # warms the job's files while it waits (gpulock.lock.prefetch)
-
-    @property
-    def spans(self) -> bool:
-        return self.me.spans
 
     def wait(self) -> Ticket:
         poll = self._poll
@@ -172,6 +169,8 @@ class Waiter:
 
     def granted_spots(self) -> list[Spot]:
         """The copies of the GPUs chosen (after the grant: those it holds), in GPU order."""
+        if not self.spans:
+            return [self.lines[0].spot]
         chosen = self.chosen or (self.me.gpu,)
         return [line.spot for line in self.lines if line.gpu in chosen]
 
@@ -283,6 +282,8 @@ class Waiter:
         """Granted: the copies in the lines of GPUs not taken leave (their successors wake).
         Only now, after the grant's event: until then the ticket stands in every line of its
         set, so the event log shows no later ticket granted one of them while it waited."""
+        if not self.spans:
+            return
         for line in self.lines:
             if line.gpu in self.chosen or line.spot.fd is None:
                 continue
