@@ -498,6 +498,10 @@ def audit(
             mine = set(e["gpus"])
             if any(s != seq and mine & set(g) for s, (_p, g) in holding.items()):
                 overlaps += 1
+            if e["pid"] in killed:
+                # Written between the bench's stamp of its SIGKILL and the kill itself (the
+                # stamp comes first): a hold the kill ends at once, as nothing is written after.
+                continue
             holding[seq] = (e["pid"], tuple(e["gpus"]))
             if released_at is not None and not stopped_within(released_at, ts):
                 handoffs.append((released_at, ts))

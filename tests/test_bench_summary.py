@@ -141,3 +141,16 @@ def test_multigpu_summary_names_the_missed_target() -> None:
     line = mg.summary(results, targets)
     assert line.startswith("summary: at 70% load any waits p90 40.0 s vs pinned 60.0 s")
     assert line.endswith("FAILED: any's p90 wait at least 2x below pinned's at 70% load"), line
+
+
+def test_lock_chaos_audit_a_hold_recorded_just_after_its_kill_stamp_ends_with_the_kill() -> None:
+    """The bench stamps a SIGKILL just before sending it: a victim still alive in between may
+    write its grant record after the stamp.  That hold ends with the kill (nothing is written
+    after a real SIGKILL); the next holder of that GPU is no overlap."""
+    lc = bench("lock_chaos")
+    holds = [
+        (1.0000021, "G", 7, 70, (0, 3)),  # 2 us after the bench stamped pid 70's kill
+        (1.5, "G", 8, 80, (0,)),
+    ]
+    did = lc.Signalled(kills=[(1.0, 70)])
+    assert lc.audit([], holds, did, 0.0, 2.0)["overlaps"] == 0
