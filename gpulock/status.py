@@ -72,6 +72,7 @@ from gpulock.core.units import (
 )
 from gpulock.lock import prefetch_progress, queue
 from gpulock.lock.queuedir import QueueDir, TicketFile, queue_gpus
+from gpulock.lock.ticket import Ticket
 from gpulock.pool import record as pool_record
 from gpulock.residents import registry
 
@@ -159,11 +160,21 @@ def entry(qdir: QueueDir, tf: TicketFile, position: int, now_w: float) -> dict[s
             round(now_w - queue.heartbeat_wall(t, tf.mtime_wall), 3) if t.holding else None
         ),
         "child_pid": t.child_pid,
-        "gpus": t.count if t.count > 1 else list(t.gpu_set),
-        "gpu_set": list(t.gpu_set),
-        "granted": list(t.held_gpus),
+        **_gpus_of(t),
         "pool": None,  # a gpulock pool's ticket: filled in by snapshot()
         "prefetch": None if t.holding else prefetch_progress.read_progress(qdir, tf),
+    }
+
+
+def _gpus_of(t: Ticket) -> dict[str, Any]:
+    """An entry's ``gpus`` (the set asked, or the count), ``gpu_set`` and ``granted``."""
+    if not t.gpus and t.count == 1:  # pinned: its own GPU (the common case, kept cheap)
+        return {"gpus": [t.gpu], "gpu_set": [t.gpu], "granted": [t.gpu] if t.holding else []}
+    gset = list(t.gpu_set)
+    return {
+        "gpus": t.count if t.count > 1 else gset,
+        "gpu_set": gset,
+        "granted": list(t.held_gpus),
     }
 
 

@@ -79,7 +79,7 @@ class Ticket:
     @property
     def spans(self) -> bool:
         """Whether it waits in more than one line or takes more than one GPU."""
-        return len(self.gpu_set) > 1 or self.count > 1
+        return len(self.gpus) > 1 or self.count > 1
 
     @property
     def held_gpus(self) -> tuple[int, ...]:
@@ -219,7 +219,8 @@ def parse(data: bytes) -> Ticket:
     if not isinstance(cmd, list) or not all(isinstance(a, str) for a in cmd):
         raise TicketFormatError("bad 'command'")
     fields["command"] = tuple(cmd)
-    fields.update(_parse_set(obj, fields))
+    if "gpus" in obj or "count" in obj or "granted_gpus" in obj:  # not a pinned ticket's
+        fields.update(_parse_set(obj, fields))
     return Ticket(**fields)
 
 
