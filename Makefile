@@ -107,6 +107,8 @@ pytest: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/lock_handoff.py
 	$(BIN)/python bench/lock_chaos.py
+	$(BIN)/python bench/lock_chaos.py --gpus 4 --mix
+	$(BIN)/python bench/multigpu.py
 	$(BIN)/python bench/eviction.py
 	$(BIN)/python bench/router.py
 	$(BIN)/python bench/metrics.py

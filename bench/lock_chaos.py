@@ -24,8 +24,21 @@ Contenders are forked from a "zygote" process per copy of gpulock, which importe
 so a replacement starts in milliseconds.  ``--base REV`` exports gpulock at a git revision
 and runs it side by side with this checkout, alternating, round by round (``--rounds``).
 
+With ``--gpus 4 --mix`` (issue 28) the host has four simulated GPUs and each acquire is, at
+random, pinned to one GPU (half of them), ``gpu="any"`` (a third) or two GPUs at once
+(``gpus=2``, the rest); the audit is per GPU (an overlap is two holds of one GPU at once; an
+order violation, a grant of a GPU while an earlier ticket whose set has that GPU waited), and
+it also counts
+
+* stuck waits (deadlocks): a wait that outlived the longest timeout (10 s) by 2 s while its
+  process ran: no acquire can be stuck longer than its timeout without a deadlock;
+* what is left behind: once every contender is gone, one last ``acquire`` of every GPU at once
+  cleans what the dead left in each line, is granted, and releases; then no ticket and no FIFO
+  may remain in any GPU's folder.
+
 Run ``python bench/lock_chaos.py`` (10,000 grants, a minute or two on 2 cores) or
-``--grants 2000``; ``--base 2cf5bdb --rounds 3`` compares with the code before issue 30.
+``--grants 2000``; ``--base 2cf5bdb --rounds 3`` compares with the code before issue 30;
+``--gpus 4 --mix`` runs the mix.
 """
 
 from __future__ import annotations
@@ -59,6 +72,10 @@ STOP_EVERY = 400  # grants between SIGSTOPs (issue 30's run: 24)
 STOP_S = (0.2, 1.0)
 STALL_LIMIT_S = 60.0  # no grant at all for this long: the run is abandoned
 ENV_AUDIT = "GPULOCK_CHAOS_AUDIT"  # where contenders record their holds
+ENV_GPUS = "GPULOCK_CHAOS_GPUS"  # the simulated host's GPUs
+ENV_MIX = "GPULOCK_CHAOS_MIX"  # "1": pinned, any and two-GPU acquires at random
+MIX = (("pinned", 0.5), ("any", 0.35), ("two", 0.15))  # each acquire's kind, and its share
+STUCK_S = TIMEOUT_S[1] + WEDGE_S  # a wait this long (its process running) is stuck
 
 
 def log(msg: str) -> None:
@@ -106,16 +123,31 @@ def contend(gpulock: Any, idx: int, seed: int) -> None:
     rng = random.Random(seed)
     audit = os.open(os.environ[ENV_AUDIT], os.O_WRONLY | os.O_APPEND)
     pid = os.getpid()
+    n_gpus = int(os.environ.get(ENV_GPUS, "1"))
+    mix = os.environ.get(ENV_MIX) == "1"
     while True:
+        ask: dict[str, Any] = {"gpu": 0}
+        if mix:
+            kind = rng.choices([k for k, _ in MIX], [w for _, w in MIX])[0]
+            if kind == "pinned":
+                ask = {"gpu": rng.randrange(n_gpus)}
+            elif kind == "any":
+                ask = {"gpu": "any"}
+            else:
+                ask = {"gpu": "any", "gpus": 2}
         try:
-            lease = gpulock.acquire(gpu=0, timeout=rng.uniform(*TIMEOUT_S), name=f"c{idx}")
+            lease = gpulock.acquire(timeout=rng.uniform(*TIMEOUT_S), name=f"c{idx}", **ask)
         except gpulock.LockTimeout:
             continue
         except Exception as e:  # reported, and the contender goes on: the audit will tell
             print(f"c{idx}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             time.sleep(0.1)
             continue
-        os.write(audit, b"G %d %d %d\n" % (lease.ticket, pid, time.time_ns()))
+        if mix:
+            where = ",".join(map(str, lease.gpus)).encode()
+            os.write(audit, b"G %d %d %d %s\n" % (lease.ticket, pid, time.time_ns(), where))
+        else:
+            os.write(audit, b"G %d %d %d\n" % (lease.ticket, pid, time.time_ns()))
         time.sleep(rng.uniform(*HOLD_S))
         os.write(audit, b"R %d %d %d\n" % (lease.ticket, pid, time.time_ns()))
         lease.release()
@@ -213,7 +245,15 @@ def tickets(gpu_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
-def run_once(code: Path, root: Path, grants: int, contenders: int, seed: int) -> dict[str, Any]:
+def run_once(
+    code: Path,
+    root: Path,
+    grants: int,
+    contenders: int,
+    seed: int,
+    n_gpus: int = 1,
+    mix: bool = False,
+) -> dict[str, Any]:
     """One run against the gpulock in ``code``; the audit's figures."""
     root.mkdir(parents=True)
     state, config, holds = root / "state", root / "gpulock.yaml", root / "holds.log"
@@ -224,8 +264,10 @@ def run_once(code: Path, root: Path, grants: int, contenders: int, seed: int) ->
         "PYTHONPATH": str(code),
         "GPULOCK_STATE_DIR": str(state),
         "GPULOCK_CONFIG": str(config),
-        "GPULOCK_SIMULATE": "24GiB",
+        "GPULOCK_SIMULATE": ",".join(["24GiB"] * n_gpus),
         ENV_AUDIT: str(holds),
+        ENV_GPUS: str(n_gpus),
+        ENV_MIX: "1" if mix else "0",
     }
     env.pop("GPULOCK_TICKET", None)
     rng = random.Random(seed)
@@ -255,7 +297,7 @@ def run_once(code: Path, root: Path, grants: int, contenders: int, seed: int) ->
                     del stopped[pid]
             if tail.grants >= next_kill:
                 next_kill += KILL_EVERY
-                victim = pick(rng, state / "gpu0", live, stopped, holder=rng.random() < 0.5)
+                victim = pick(rng, state, live, stopped, holder=rng.random() < 0.5)
                 if victim is not None:
                     did.kills.append((time.time(), victim))
                     with contextlib.suppress(ProcessLookupError):
@@ -264,7 +306,7 @@ def run_once(code: Path, root: Path, grants: int, contenders: int, seed: int) ->
                     live.add(z.spawn(rng))
             if tail.grants >= next_stop:
                 next_stop += STOP_EVERY
-                victim = pick(rng, state / "gpu0", live, stopped, holder=rng.random() < 0.5)
+                victim = pick(rng, state, live, stopped, holder=rng.random() < 0.5)
                 if victim is not None:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(victim, signal.SIGSTOP)
@@ -293,26 +335,59 @@ def run_once(code: Path, root: Path, grants: int, contenders: int, seed: int) ->
     out = audit(tail.events, read_holds(holds), did, start_wall, end_wall)
     out["gpulock"] = z.where
     out["seconds"] = round(end_wall - start_wall, 1)
+    out["left_behind"] = sweep(code, env, state, n_gpus)
     if abandoned:
         out["abandoned"] = abandoned
     return out
 
 
-def read_holds(path: Path) -> list[tuple[float, str, int, int]]:
-    """The contenders' records: (wall time, "G" or "R", ticket, pid)."""
+SWEEP = """\
+import sys, gpulock
+n = int(sys.argv[1])
+lease = gpulock.acquire(gpu="any" if n > 1 else 0, gpus=n if n > 1 else None, timeout=60,
+                        name="sweep")
+lease.release()
+"""
+
+
+def sweep(code: Path, env: dict[str, str], state: Path, n_gpus: int) -> int | str:
+    """Once every contender is gone: one last acquire of every GPU at once, which cleans what
+    the dead left ahead of it in each line; then the files left in the GPUs' folders (0)."""
+    r = subprocess.run(
+        [sys.executable, "-c", SWEEP, str(n_gpus)],
+        env={**env, "PYTHONPATH": str(code)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if r.returncode != 0:
+        return f"the last acquire failed: {r.stderr.strip().splitlines()[-1:]}"
+    return sum(
+        1
+        for folder in state.glob("gpu[0-9]*")
+        for n in os.listdir(folder)
+        if n.endswith((".ticket", ".fifo"))
+    )
+
+
+def read_holds(path: Path) -> list[tuple[float, str, int, int, tuple[int, ...]]]:
+    """The contenders' records: (wall time, "G" or "R", ticket, pid, GPUs granted)."""
     out = []
     for line in path.read_text().splitlines():
         with contextlib.suppress(ValueError):
-            kind, seq, pid, ns = line.split()
-            out.append((int(ns) / 1e9, kind, int(seq), int(pid)))
+            kind, seq, pid, ns, *where = line.split()
+            gpus = tuple(int(g) for g in where[0].split(",")) if where else (0,)
+            out.append((int(ns) / 1e9, kind, int(seq), int(pid), gpus))
     return out
 
 
 def pick(
-    rng: random.Random, gpu_dir: Path, live: set[int], stopped: dict[int, Any], *, holder: bool
+    rng: random.Random, state: Path, live: set[int], stopped: dict[int, Any], *, holder: bool
 ) -> int | None:
     """The holder (``holder``) or a random waiter among the live, unstopped contenders."""
-    ts = [t for t in tickets(gpu_dir) if t.get("pid") in live and t.get("pid") not in stopped]
+    everyone = [t for d in sorted(state.glob("gpu[0-9]*")) for t in tickets(d)]
+    ts = [t for t in everyone if t.get("pid") in live and t.get("pid") not in stopped]
     pool = [t["pid"] for t in ts if bool(t.get("granted_wall")) == holder]
     if not pool:
         pool = [t["pid"] for t in ts]
@@ -330,66 +405,104 @@ def pct(values: Sequence[float], q: float) -> float:
     return s[max(1, math.ceil(q / 100 * len(s))) - 1]
 
 
+def kind_of(e: dict[str, Any]) -> str:
+    """``pinned``, ``any`` or ``two``: what a wait/acquire/timeout event's ticket asked for."""
+    asked = e.get("gpus")
+    if isinstance(asked, int) and asked > 1:
+        return "two"
+    return "any" if isinstance(asked, list) and len(asked) > 1 else "pinned"
+
+
+def set_of(e: dict[str, Any]) -> frozenset[int]:
+    """The GPUs a ticket may take, from its event (a pinned ticket's: its ``gpu``)."""
+    for key in ("gpu_set", "gpus"):
+        if isinstance(e.get(key), list):
+            return frozenset(e[key])
+    return frozenset({e.get("gpu", 0)})
+
+
 def audit(
     events: list[dict[str, Any]],
-    holds: list[tuple[float, str, int, int]],
+    holds: Sequence[tuple[Any, ...]],  # (wall, "G"/"R", ticket, pid[, GPUs])
     did: Signalled,
     start_wall: float,
     end_wall: float,
 ) -> dict[str, Any]:
-    """Count grants, overlaps, order violations, wedges, exit waits on live processes;
-    measure handoffs.  Every time is a wall-clock stamp: the events' ``ts``, the contenders'
-    hold records, the bench's own for the signals it sent.
+    """Count grants, overlaps, order violations, wedges, stuck waits, exit waits on live
+    processes; measure handoffs.  Every time is a wall-clock stamp: the events' ``ts``, the
+    contenders' hold records, the bench's own for the signals it sent.
 
     Holds (overlaps, handoffs) come from the contenders' records (``contend``); the line
     (waiters, order, wedges, exit waits) from the event log, whose ``release`` is stamped
-    after the ticket is gone, when the successor may already hold: it cannot end a hold.
+    after the ticket is gone, when the successor may already hold: it cannot end a hold.  On
+    several GPUs both are per GPU: an overlap is two holds sharing a GPU, an order violation
+    a grant of a GPU while an earlier ticket whose set has it waited.
     """
     timeline: list[tuple[float, int, str, dict[str, Any]]] = []
     for i, e in enumerate(events):
         timeline.append((float(e["ts"]), i, str(e["event"]), e))
     n = len(timeline)
-    for j, (at, what, number, who) in enumerate(holds):
-        timeline.append((at, n + j, what, {"ticket": number, "pid": who}))
+    for j, (at, what, number, who, *where) in enumerate(holds):  # where: GPUs (one: gpu0)
+        gpus = where[0] if where else (0,)
+        timeline.append((at, n + j, what, {"ticket": number, "pid": who, "gpus": gpus}))
     n = len(timeline)
     for j, (at, who) in enumerate(did.kills):
         timeline.append((at, n + j, "KILL", {"pid": who}))
     timeline.sort(key=lambda x: (x[0], x[1]))
     stops = [(a, b + STOP_MARGIN_S) for a, b, _pid in did.stops]
 
-    def stopped_within(a: float, b: float) -> bool:
-        return any(s < b and a < e for s, e in stops)
+    def stopped_within(a: float, b: float, pid: int | None = None) -> bool:
+        return any(
+            s < b and a < e and (pid is None or p == pid)
+            for (s, e), (_a, _b, p) in zip(stops, did.stops, strict=True)
+        )
 
-    holding: dict[int, int] = {}  # ticket -> pid, per the contenders' records
-    waiting: dict[int, int] = {}  # ticket -> pid, per the event log
+    holding: dict[int, tuple[int, tuple[int, ...]]] = {}  # ticket -> (pid, GPUs), per holds
+    waiting: dict[int, tuple[int, frozenset[int], float]] = {}  # ticket -> (pid, set, since)
     killed: set[int] = set()
-    grants = overlaps = violations = timeouts = 0
+    grants = overlaps = violations = timeouts = stuck = 0
     kills = {"holder": 0, "waiter": 0, "other": 0}
     exit_waits = exit_waits_live = exit_alive = 0
     grant_times: list[float] = []
     handoffs: list[tuple[float, float]] = []  # (release, next grant)
     kill_grants: list[float] = []
+    by_kind = {"pinned": 0, "any": 0, "two": 0}
+    two_waits: list[float] = []
+    two_timeouts = 0
     released_at: float | None = None
     killed_holder_at: float | None = None
+
+    def resolved(seq: Any, at: float) -> None:
+        nonlocal stuck
+        got = waiting.pop(seq, None)
+        if got is not None and at - got[2] > STUCK_S and not stopped_within(got[2], at, got[0]):
+            stuck += 1
+
     for ts, _i, kind, e in timeline:
         seq: Any = e.get("ticket")
         if kind == "KILL":
             pid = e["pid"]
             killed.add(pid)
-            role = "holder" if pid in holding.values() else "other"
-            if role == "other" and pid in waiting.values():
+            role = "holder" if pid in (p for p, _g in holding.values()) else "other"
+            if role == "other" and pid in (p for p, _s, _t in waiting.values()):
                 role = "waiter"
             kills[role] += 1
             if role == "holder":
                 killed_holder_at = ts
             released_at = None  # a handoff with a kill inside is not a plain one
-            for d in (holding, waiting):
-                for s in [s for s, p in d.items() if p == pid]:
-                    del d[s]
+            for s in [s for s, (p, _g) in holding.items() if p == pid]:
+                del holding[s]
+            for s in [s for s, (p, _x, _t) in waiting.items() if p == pid]:
+                del waiting[s]
         elif kind == "G":
-            if any(s != seq for s in holding):
+            mine = set(e["gpus"])
+            if any(s != seq and mine & set(g) for s, (_p, g) in holding.items()):
                 overlaps += 1
-            holding[seq] = e["pid"]
+            if e["pid"] in killed:
+                # Written between the bench's stamp of its SIGKILL and the kill itself (the
+                # stamp comes first): a hold the kill ends at once, as nothing is written after.
+                continue
+            holding[seq] = (e["pid"], tuple(e["gpus"]))
             if released_at is not None and not stopped_within(released_at, ts):
                 handoffs.append((released_at, ts))
             if killed_holder_at is not None:
@@ -399,18 +512,23 @@ def audit(
             holding.pop(seq, None)
             released_at = ts if waiting else None
         elif kind == "wait":
-            waiting[seq] = e["pid"]
+            waiting[seq] = (e["pid"], set_of(e), ts)
         elif kind == "acquire":
             grants += 1
             grant_times.append(ts)
-            if any(s < seq for s in waiting if s != seq):
+            by_kind[kind_of(e)] += 1
+            if kind_of(e) == "two":
+                two_waits.append(float(e.get("waited_s") or 0.0))
+            took = set(e.get("granted") or [e.get("gpu", 0)])
+            if any(s < seq and took & st for s, (_p, st, _t) in waiting.items() if s != seq):
                 violations += 1
-            waiting.pop(seq, None)
+            resolved(seq, ts)
         elif kind == "timeout":
             timeouts += 1
-            waiting.pop(seq, None)
-        elif kind == "cleanup":
-            waiting.pop(seq, None)
+            two_timeouts += kind_of(e) == "two"
+            resolved(seq, ts)
+        elif kind in ("cleanup", "leave"):
+            resolved(seq, ts)
         elif kind == "exit-wait":
             exit_waits += 1
             dead = {e.get("dead_pid"), e.get("dead_child_pid")} - {None}
@@ -418,6 +536,9 @@ def audit(
                 exit_waits_live += 1
         elif kind == "exit-wait-alive":
             exit_alive += 1
+    for pid, _st, since in waiting.values():  # still waiting at the end: stuck since when?
+        if end_wall - since > STUCK_S and not stopped_within(since, end_wall, pid):
+            stuck += 1
     wedges: list[tuple[float, float]] = []  # (from, to)
     longest = 0.0
     for a, b in zip([start_wall, *grant_times], [*grant_times, end_wall], strict=True):
@@ -430,6 +551,11 @@ def audit(
     moving = [b - a for a, b in moving_at]
     return {
         "grants": grants,
+        "grants_pinned": by_kind["pinned"],
+        "grants_any": by_kind["any"],
+        "grants_two": by_kind["two"],
+        "two_gpu_timeouts": two_timeouts,
+        "two_gpu_wait_max_s": max(two_waits, default=math.nan),
         "kills": len(did.kills),
         "kills_holder": kills["holder"],
         "kills_waiter": kills["waiter"],
@@ -437,6 +563,7 @@ def audit(
         "timeouts": timeouts,
         "overlaps": overlaps,
         "order_violations": violations,
+        "stuck_waits": stuck,
         "wedges": len(wedges),
         "wedge_list": [(round(a - start_wall, 3), round(b - a, 3)) for a, b in wedges],
         "longest_gap_s": round(longest, 3),
@@ -466,12 +593,17 @@ class Target:
 
 ROWS = [
     ("grants", "grants"),
+    ("  ...pinned / any / two-GPU", "by_kind"),
+    ("two-GPU: timeouts", "two_gpu_timeouts"),
+    ("two-GPU: longest wait granted, s", "two_gpu_wait_max_s"),
     ("SIGKILLs (holders / waiters)", "kills"),
     ("SIGSTOPs", "stops"),
     ("timeouts", "timeouts"),
     ("overlaps", "overlaps"),
     ("FIFO order violations", "order_violations"),
     ("wedges (>= 2 s, nothing stopped)", "wedges"),
+    ("stuck waits (deadlocks)", "stuck_waits"),
+    ("left behind after a last acquire", "left_behind"),
     ("longest gap without a grant, s", "longest_gap_s"),
     ("exit waits", "exit_waits"),
     ("  ...on live processes", "exit_waits_live"),
@@ -498,6 +630,8 @@ def cell(r: dict[str, Any], key: str) -> str:
         return "error"
     if key == "kills":
         return f"{r['kills']} ({r['kills_holder']}/{r['kills_waiter']})"
+    if key == "by_kind":
+        return f"{r['grants_pinned']} / {r['grants_any']} / {r['grants_two']}"
     return fmt(r.get(key))
 
 
@@ -528,10 +662,17 @@ def judge(runs: list[dict[str, Any]], judged: str, base: str | None) -> list[Tar
         t = total(key)
         return Target(text, None if t is None else t == 0, short)
 
+    left = [r.get("left_behind") for r in ok] if ok and len(ok) == len(mine) else None
     out = [
         zero("0 wedges", "wedges", "wedges"),
         zero("0 overlaps", "overlaps", "overlaps"),
         zero("0 FIFO order violations", "order", "order_violations"),
+        zero("0 stuck waits (deadlocks)", "stuck", "stuck_waits"),
+        Target(
+            "nothing left behind (a last acquire of every GPU cleans every line)",
+            None if left is None else all(x == 0 for x in left),
+            "left behind",
+        ),
         zero("0 exit waits begun on live processes", "exit waits", "exit_waits_live"),
     ]
     p99 = pooled_p99(mine)
@@ -572,10 +713,19 @@ def summary(
         samples = [ms for r in rs for _at, ms in r.get("handoff_samples", ())]
         p50 = pct(samples, 50) if samples else sorted(r["handoff_p50_ms"] for r in rs)[len(rs) // 2]
         p99 = pooled_p99(rs)
+        mix = rs[0].get("gpus", 1) > 1
+        kinds = (
+            f" ({s('grants_pinned')} pinned, {s('grants_any')} any, {s('grants_two')} two-GPU "
+            f"on {rs[0]['gpus']} GPUs)"
+            if mix
+            else ""
+        )
+        left = sum(r["left_behind"] for r in rs if isinstance(r.get("left_behind"), int))
         return (
-            f"{label}: {s('grants')} grants in {len(rs)} run(s), {s('kills')} SIGKILLs, "
+            f"{label}: {s('grants')} grants{kinds} in {len(rs)} run(s), {s('kills')} SIGKILLs, "
             f"{s('wedges')} wedges, {s('overlaps')} overlaps, "
-            f"{s('order_violations')} order violations, "
+            f"{s('order_violations')} order violations, {s('stuck_waits')} deadlocks, "
+            f"{left} left behind, "
             f"{s('exit_waits_live')} exit waits on live processes, "
             f"handoff p50 {fmt(p50)} ms p99 {fmt(p99 if p99 is not None else math.nan)} ms"
             + (" (all runs' handoffs together)" if samples and len(rs) > 1 else "")
@@ -616,6 +766,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--base", metavar="REV", help="also run gpulock as of this git revision")
     ap.add_argument("--code", metavar="PATH", help="the checkout judged (default: this one)")
     ap.add_argument("--seed", type=int, default=30)
+    ap.add_argument("--gpus", type=int, default=1, help="simulated GPUs of the host (1)")
+    ap.add_argument(
+        "--mix", action="store_true", help="pinned, any and two-GPU acquires (needs --gpus >= 2)"
+    )
     ap.add_argument("--json", metavar="FILE", help="write every figure to FILE")
     ap.add_argument("--tmpdir", metavar="DIR", help="where the state folders go")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -627,6 +781,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _QUIET = args.quiet
     if args.grants < 1 or args.rounds < 1 or args.contenders < 2:
         ap.error("--grants and --rounds at least 1, --contenders at least 2")
+    if args.gpus < 1 or (args.mix and args.gpus < 2):
+        ap.error("--gpus at least 1, and at least 2 with --mix")
+    if args.mix and args.base:
+        ap.error("--mix asks for sets of GPUs, which a gpulock before issue 28 cannot: no --base")
 
     root = Path(tempfile.mkdtemp(prefix="gpulock-chaos-", dir=args.tmpdir)).absolute()
     code = Path(args.code).resolve() if args.code else REPO
@@ -653,8 +811,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     log(f"{label}, round {rnd}: {args.grants} grants ...")
                     seed = args.seed * 1000 + rnd  # both copies meet the same chaos
                     folder = root / f"{label.replace(' ', '-')}-{rnd}"
-                    r = run_once(path, folder, args.grants, args.contenders, seed)
-                    r.update(label=label, round=rnd)
+                    r = run_once(
+                        path, folder, args.grants, args.contenders, seed, args.gpus, args.mix
+                    )
+                    r.update(label=label, round=rnd, gpus=args.gpus, mix=args.mix)
                     runs.append(r)
                     shutil.rmtree(folder, ignore_errors=True)
     except KeyboardInterrupt:
@@ -667,9 +827,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = f"base {args.base}" if args.base else None
     targets = judge(runs, judged, base)
     load1 = os.getloadavg()
+    host = f"{args.gpus} simulated GPUs, " if args.gpus > 1 else ""
+    mix = "pinned/any/two-GPU mix, " if args.mix else ""
     print(
         f"lock chaos: {args.rounds} round(s) of {args.grants} grants, {args.contenders} "
-        f"contenders, python {platform.python_version()}, kernel {platform.release()}, "
+        f"contenders, {host}{mix}python {platform.python_version()}, kernel {platform.release()}, "
         f"{os.cpu_count()} CPUs, load {load0[0]:.2f} -> {load1[0]:.2f}, "
         f"{time.monotonic() - t0:.0f} s"
     )

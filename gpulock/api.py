@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from gpulock.lock import lease as _lease
-from gpulock.lock.lease import Lease
+from gpulock.lock.lease import GpuArg, Lease, Prefer
 from gpulock.residents.room import ROOM
 
 if TYPE_CHECKING:
@@ -27,26 +27,33 @@ R = TypeVar("R")
 
 
 def acquire(
-    gpu: int | None = None,
+    gpu: GpuArg = None,
     need: int | str | None = None,
     timeout: float | str | None = None,
     name: str | None = None,
     lease: float | str | None = None,
     *,
+    gpus: int | None = None,
     config: Config | str | None = None,
     state_dir: str | os.PathLike[str] | None = None,
     command: Sequence[str] | None = None,
     prefetch: Sequence[str | os.PathLike[str]] | None = None,
+    prefer: Prefer = None,
 ) -> Lease:
     """Wait in line for a GPU and return the granted Lease (also a context manager).
 
-    gpu: index (default: the config's ``default_gpu``, else 0).  need: VRAM this holder will
-    use, e.g. ``"6GiB"``; None means the whole GPU, exclusively.  timeout: seconds (or
-    ``"5m"``) to wait before giving up with LockTimeout, having left the queue; None waits for
-    ever, 0 tries once.  name: shown in ``gpulock status`` (default: the program's name).
-    lease: the longest the holder may go without ``heartbeat()`` before it counts as hung.
-    prefetch: files the holder will load (a model's GGUF...): read into the page cache while
-    the ticket waits among the first ``prefetch.ahead`` (see ``gpulock.lock.prefetch``).
+    gpu: an index, a set (``[0, 2]`` or ``"0,2"``) or ``"any"``: the ticket is granted on
+    whichever GPU of the set can take it first (default: the config's ``default_gpu``, else
+    0); ``lease.gpu`` says which, ``lease.gpus`` all it holds.  gpus: how many GPUs at once,
+    all or nothing (``gpus=2``; without ``gpu``, from every GPU).  need: VRAM this holder will
+    use (on each GPU), e.g. ``"6GiB"``; None means the whole GPU, exclusively.  timeout:
+    seconds (or ``"5m"``) to wait before giving up with LockTimeout, having left the queue;
+    None waits for ever, 0 tries once.  name: shown in ``gpulock status`` (default: the
+    program's name).  lease: the longest the holder may go without ``heartbeat()`` before it
+    counts as hung.  prefetch: files the holder will load (a model's GGUF...): read into the
+    page cache while the ticket waits among the first ``prefetch.ahead`` (see
+    ``gpulock.lock.prefetch``); among GPUs free at once, one where such a model is resident is
+    taken first.  prefer: GPUs (or GPU -> why) where the job is warm, taken first likewise.
     Before the grant, idle models of other processes leave: enough for ``need``, or all that
     are idle and unpinned for an exclusive holder.
     """
@@ -56,16 +63,18 @@ def acquire(
         timeout,
         name,
         lease,
+        gpus=gpus,
         config=config,
         state_dir=state_dir,
         command=command,
         prefetch=prefetch,
+        prefer=prefer,
         room=ROOM,
     )
 
 
 def locked(
-    gpu: int | None = None,
+    gpu: GpuArg = None,
     need: int | str | None = None,
     timeout: float | str | None = None,
     name: str | None = None,
@@ -93,16 +102,18 @@ def locked(
 
 
 def acquire_async(
-    gpu: int | None = None,
+    gpu: GpuArg = None,
     need: int | str | None = None,
     timeout: float | str | None = None,
     name: str | None = None,
     lease: float | str | None = None,
     *,
+    gpus: int | None = None,
     config: Config | str | None = None,
     state_dir: str | None = None,
     command: Sequence[str] | None = None,
     prefetch: Sequence[str] | None = None,
+    prefer: Prefer = None,
 ) -> AsyncAcquire:
     """``acquire`` for asyncio: ``async with acquire_async(...) as lease`` or ``await``.
 
@@ -119,6 +130,8 @@ def acquire_async(
         timeout,
         name,
         lease,
+        gpus=gpus,
+        prefer=prefer,
         config=config,
         state_dir=state_dir,
         command=command,

@@ -77,6 +77,24 @@ def _index(text: str) -> int:
     return int(text)
 
 
+def _gpu_set(text: str) -> int | str | tuple[int, ...]:
+    """``--gpu``: an index, a set (``0,2``) or ``any``."""
+    from gpulock.core.units import parse_gpus
+
+    try:
+        return parse_gpus(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a GPU index like 0, a set like 0,2, or any, got {text!r}"
+        ) from None
+
+
+def _gpu_count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of GPUs like 2, got {text!r}")
+    return int(text)
+
+
 def _ticket_number(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"expected a ticket number like 12, got {text!r}")
@@ -118,14 +136,28 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
         "run",
         help="run a command holding a GPU",
         description=(
-            "Wait in line for the GPU, then run CMD (no shell) with CUDA_VISIBLE_DEVICES set. "
-            "The GPU stays claimed until CMD and its children end, even if this process is "
-            "killed.  SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGUSR1/2 are forwarded to CMD.  "
-            "Exits with CMD's code, or 75 when the GPU could not be had within --timeout."
+            "Wait in line for the GPU, then run CMD (no shell) with CUDA_VISIBLE_DEVICES set "
+            "to the GPUs granted (with CUDA_DEVICE_ORDER=PCI_BUS_ID, and GPULOCK_GPUS listing "
+            "them).  The GPU stays claimed until CMD and its children end, even if this "
+            "process is killed.  SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGUSR1/2 are forwarded "
+            "to CMD.  Exits with CMD's code, or 75 when the GPU could not be had within "
+            "--timeout."
         ),
         usage="gpulock run [options] -- CMD [ARG...]",
     )
-    p.add_argument("--gpu", type=_index, help="GPU index (default: config default_gpu, else 0)")
+    p.add_argument(
+        "--gpu",
+        type=_gpu_set,
+        metavar="GPU",
+        help="GPU index, a set (0,2) or any: granted whichever of the set can take it first "
+        "(default: config default_gpu, else 0)",
+    )
+    p.add_argument(
+        "--gpus",
+        type=_gpu_count,
+        metavar="N",
+        help="N GPUs at once, all or nothing (of --gpu's set, else of every GPU)",
+    )
     p.add_argument(
         "--need",
         type=_size,
@@ -200,7 +232,7 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
         metavar="WHEN",
         help="only events newer than this: a duration ago (10m, 2h) or an ISO time",
     )
-    p.add_argument("--gpu", type=_index, help="only this GPU")
+    p.add_argument("--gpu", type=_index, help="only this GPU (a multi-GPU ticket's too)")
     p.add_argument("--event", action="append", metavar="KIND", help="only these kinds")
     p.add_argument("--limit", type=int, metavar="N", help="only the last N events")
     p.add_argument("--json", action="store_true", help='print {"events": [...]}')
@@ -429,6 +461,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         settings,
         command,
         gpu=args.gpu,
+        gpus=args.gpus,
         need=args.need,
         timeout=args.timeout,
         name=args.name,
@@ -528,12 +561,12 @@ def cmd_history(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--event: no event kind {kind!r}", hint=known_hint(kind, sorted(known), "kinds")
         )
-    if args.gpu is not None and all(e.get("gpu") != args.gpu for e in logged):
+    if args.gpu is not None and all(args.gpu not in _gpus_of(e) for e in logged):
         _check_gpu(settings, args.gpu)  # a GPU of the past may be asked about, a typo not
     selected = [
         e
         for e in logged
-        if (args.gpu is None or e.get("gpu") == args.gpu) and (not kinds or e["event"] in kinds)
+        if (args.gpu is None or args.gpu in _gpus_of(e)) and (not kinds or e["event"] in kinds)
     ]
     if args.limit is not None:
         selected = selected[-args.limit :] if args.limit > 0 else []
@@ -545,7 +578,27 @@ def cmd_history(args: argparse.Namespace) -> int:
     return EX_OK
 
 
-_SHOWN = {"ts", "event", "gpu", "ticket", "pid", "name"}
+_SHOWN = {"ts", "event", "gpu", "ticket", "pid", "name", "granted", "gpu_set"}
+
+
+def _gpus_of(e: dict[str, Any]) -> tuple[int, ...]:
+    """The GPUs an event is about: a multi-GPU holder's all, a set ticket's set, else its
+    ``gpu`` (none for an event of no GPU)."""
+    for key in ("granted", "gpu_set", "gpus"):
+        v = e.get(key)
+        if isinstance(v, list) and v and all(isinstance(g, int) for g in v):
+            return tuple(v)
+    return (e["gpu"],) if isinstance(e.get("gpu"), int) else ()
+
+
+def _gpu_cell(e: dict[str, Any]) -> str:
+    """history's GPU column: ``gpu0``; ``gpus 0,2`` for a multi-GPU holder or a set ticket."""
+    from gpulock.core.units import format_gpus
+
+    gpus = _gpus_of(e)
+    return format_gpus(gpus) if gpus else "-"
+
+
 _WHO_MAX = 32  # a longer name shifts its own line's details, not every column
 
 
@@ -566,7 +619,7 @@ def history_lines(selected: Sequence[dict[str, Any]]) -> list[str]:
 
 def _history_row(e: dict[str, Any]) -> tuple[str, str, str, str, str, str]:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["ts"]))
-    gpu = f"gpu{e['gpu']}" if isinstance(e.get("gpu"), int) else "-"
+    gpu = _gpu_cell(e)
     ticket = str(e["ticket"]) if e.get("ticket") is not None else "-"
     # Agents' and the fleet's events name their agent; the lock's name their holder.
     label_key = "name" if "name" in e else "agent"
@@ -630,13 +683,13 @@ def cmd_heartbeat(args: argparse.Namespace) -> int:
             )
         seq = int(tail)
     settings = _settings(args, create=False)
-    found = repair.find(settings, seq)
-    if found is None:
+    found = repair.find_all(settings, seq)  # a multi-GPU holder: its copy on each GPU
+    if not found:
         raise GpulockError(f"no ticket {seq} in {settings.state_dir}", hint="gpulock status")
-    qdir, tf = found
-    if not identity.may_signal(tf.ticket.uid):
-        raise NotPermitted(seq, tf.ticket.uid, action="renew")
-    os.utime(qdir.ticket_path(seq))
+    for qdir, tf in found:
+        if not identity.may_signal(tf.ticket.uid):
+            raise NotPermitted(seq, tf.ticket.uid, action="renew")
+        os.utime(qdir.ticket_path(seq))
     return EX_OK
 
 
@@ -730,7 +783,13 @@ def _pool_parser(sub: Any) -> None:
         "--min", type=_count, default=1, metavar="N",
         help="start the first workers only once N tickets are granted together (default 1)",
     )  # fmt: skip
-    p.add_argument("--gpu", type=_index, help="GPU index (default: config default_gpu, else 0)")
+    p.add_argument(
+        "--gpu",
+        type=_gpu_set,
+        metavar="GPU",
+        help="GPU index, a set (0,2) or any: each worker on whichever GPU admits it "
+        "(default: config default_gpu, else 0)",
+    )
     p.add_argument(
         "--retries", type=_retries, default=3, metavar="N",
         help="replace up to N failed workers in a row, then stop (default 3)",

@@ -11,10 +11,15 @@ replays a job as if it fitted.  ``--target-wait`` asks a question of the rows
 (``gpulock.replay_report``): the smallest size per policy whose p90 wait meets it, and the
 agents that stand in each other's way.
 
-A trace is CSV with the header ``time_s,name,model,model_bytes,hold_s,need_bytes`` (and an
-optional last column ``deadline_s``): seconds from the start, the ticket's name, the model it
-uses (empty: none), the model's size in bytes, how long it holds the GPU once its model is
-loaded, its ``need`` in bytes (empty: exclusive).  A malformed line is an error naming the
+A trace is CSV with the header ``time_s,name,model,model_bytes,hold_s,need_bytes`` (and the
+optional last columns ``deadline_s`` and ``gpus``): seconds from the start, the ticket's name,
+the model it uses (empty: none), the model's size in bytes, how long it holds the GPU once its
+model is loaded, its ``need`` in bytes (empty: exclusive), the longest it would wait, and how
+many GPUs it takes at once (empty: 1).
+
+``--gpu 2x24GiB`` replays on a host of two 24 GiB GPUs: every job asks for its count of GPUs
+from all of them (``--gpu any``), decided by the lock's own rule for several GPUs
+(``gpulock.replay_sim``).  A malformed line is an error naming the
 file, the line and the field; nothing is replayed from a trace that does not parse.
 
 From the event log: each ``acquire``/``release`` pair is an arrival (joined the line at the
@@ -53,6 +58,7 @@ from gpulock.replay_sim import LOAD_BYTES_PER_S, POLICIES, Arrival, Row, fits, s
 
 HEADER: Final = ("time_s", "name", "model", "model_bytes", "hold_s", "need_bytes")
 DEFAULT_GPUS: Final = "6GiB,12GiB,24GiB,48GiB,96GiB"
+MAX_HOST_GPUS: Final = 64
 
 
 class TraceError(GpulockError, ValueError):
@@ -89,8 +95,10 @@ def parse_trace(text: str, file: str) -> list[Arrival]:
     if not rows or tuple(c.strip() for c in rows[0][: len(HEADER)]) != HEADER:
         raise TraceError(file, 1, None, "expected the header " + ",".join(HEADER))
     extra = [c.strip() for c in rows[0][len(HEADER) :]]
-    if extra not in ([], ["deadline_s"]):
-        raise TraceError(file, 1, None, f"unknown columns {extra}; known last one: deadline_s")
+    if extra not in ([], ["deadline_s"], ["gpus"], ["deadline_s", "gpus"]):
+        raise TraceError(
+            file, 1, None, f"unknown columns {extra}; known last ones: deadline_s, gpus"
+        )
     width = len(HEADER) + len(extra)
     out: list[Arrival] = []
     for n, row in enumerate(rows[1:], 2):
@@ -109,12 +117,21 @@ def parse_trace(text: str, file: str) -> list[Arrival]:
                 need_bytes=_bytes(file, n, "need_bytes", f["need_bytes"], empty=None),
                 deadline_s=(
                     _number(file, n, "deadline_s", f["deadline_s"])
-                    if extra and f["deadline_s"]
+                    if "deadline_s" in extra and f["deadline_s"]
                     else None
                 ),
+                gpus=_count(file, n, f["gpus"]) if "gpus" in extra else 1,
             )
         )
     return out
+
+
+def _count(file: str, line: int, text: str) -> int:
+    if not text:
+        return 1
+    if not text.isdigit() or not 1 <= int(text) <= MAX_HOST_GPUS:
+        raise TraceError(file, line, "gpus", f"expected a number of GPUs like 2, got {text!r}")
+    return int(text)
 
 
 def _number(file: str, line: int, field: str, text: str) -> float:
@@ -180,6 +197,7 @@ def from_events(events: Iterable[dict[str, Any]]) -> tuple[list[Arrival], dict[s
             if u.get("event") == "model-load" and u.get("model") == model
         )  # fmt: skip
         need = a.get("need_bytes") if isinstance(a.get("need_bytes"), int) else None
+        held = a.get("granted")
         out.append(
             Arrival(
                 time_s=start - _num(a.get("waited_s")) - t0,
@@ -188,6 +206,7 @@ def from_events(events: Iterable[dict[str, Any]]) -> tuple[list[Arrival], dict[s
                 model_bytes=sizes.get(model, need or 0) if model else 0,
                 hold_s=max(end - start - loaded, 0.0),
                 need_bytes=need,
+                gpus=len(held) if isinstance(held, list) and len(held) > 1 else 1,
             )
         )
     return out, {m: statistics.median(ts) for m, ts in load_times.items()}
@@ -204,20 +223,26 @@ ROWS: Final = (*POLICIES, "bound")  # what --policy may name: the simulated poli
 
 def replay(
     arrivals: Sequence[Arrival],
-    gpus: Sequence[int],
+    gpus: Sequence[int | tuple[int, int]],
     policies: Sequence[str],
     *,
     reserve_of: Callable[[int], int] | None = None,
     load_s_of: dict[str, float] | None = None,
 ) -> list[Row]:
-    """One row per (GPU size, policy), sizes first; ``bound`` rows where it can be computed."""
+    """One row per (GPU size, policy), sizes first; ``bound`` rows where it can be computed
+    (one GPU).  A size is one GPU's bytes, or (GPUs, each one's bytes) for a host of several."""
     rows = []
-    for g in gpus:
+    for size in gpus:
+        n, g = size if isinstance(size, tuple) else (1, size)
         reserve = reserve_of(g) if reserve_of else 0
         for p in policies:
             if p != "bound":
-                rows.append(simulate(arrivals, g, p, reserve_bytes=reserve, load_s_of=load_s_of))
+                rows.append(
+                    simulate(arrivals, g, p, gpus=n, reserve_bytes=reserve, load_s_of=load_s_of)
+                )
                 continue
+            if n > 1:
+                continue  # the bound is one GPU's (gpulock.replay_bound)
             budget = max(g - reserve, 0)
             ok = [a for a in arrivals if fits(a, budget)]
             b = bound(ok, budget, dict(load_s_of or {}), LOAD_BYTES_PER_S)
@@ -249,7 +274,12 @@ def build_parser(prog: str = "gpulock replay") -> Parser:
         "trace", nargs="?", metavar="TRACE.csv", help="a trace file (" + ",".join(HEADER) + ")"
     )
     p.add_argument("--since", default="24h", help="from the event log: this far back (default 24h)")
-    p.add_argument("--gpu", default=DEFAULT_GPUS, help=f"GPU sizes (default {DEFAULT_GPUS})")
+    p.add_argument(
+        "--gpu",
+        default=DEFAULT_GPUS,
+        help=f"GPU sizes (default {DEFAULT_GPUS}); 2x24GiB: a host of two 24 GiB GPUs, where "
+        "each job is replayed as --gpu any",
+    )
     p.add_argument("--policy", default=",".join(ROWS), help=f"policies (default {','.join(ROWS)})")
     p.add_argument(
         "--target-wait",
@@ -285,16 +315,17 @@ def _main(argv: list[str]) -> int:
         settings = load(args.config, args.state_dir, create=False)
         arrivals, load_s_of = from_events(events.read(settings.state_dir, since_wall=since))
         config = settings.config
-    gpus = [s.gpu_bytes for s in sizes]
-    rows = replay(arrivals, gpus, policies, reserve_of=config.reserve_bytes, load_s_of=load_s_of)
+    hosts = [s.host for s in sizes]
+    rows = replay(arrivals, hosts, policies, reserve_of=config.reserve_bytes, load_s_of=load_s_of)
     for s in sizes:  # name what cannot fit, on stderr: stdout stays the table (or the JSON)
         budget = max(s.gpu_bytes - config.reserve_bytes(s.gpu_bytes), 0)
-        for line in unfit_lines(s, budget, [a for a in arrivals if not fits(a, budget)]):
+        left = [a for a in arrivals if not fits(a, budget, s.count)]
+        for line in unfit_lines(s, budget, left):
             print(f"gpulock replay: {line}", file=sys.stderr)
     extra = notes(rows, arrivals, load_s_of)
     target: dict[str, Any] | None = None
     if args.target_wait is not None:
-        labels = {s.gpu_bytes: s.label for s in sizes}
+        labels = {s.host: s.label for s in sizes}
         answers = smallest(rows, args.target_wait)
         way = in_the_way(rows, args.target_wait, answers)
         if way is not None and way.pairs:
@@ -329,17 +360,29 @@ def _with_cron(way: Any) -> Any:
 
 
 def _sizes(text: str) -> list[Size]:
-    """The ``--gpu`` list: one GPU's size each (kept as written, for the answers)."""
+    """The ``--gpu`` list: one GPU's size each, or ``NxSIZE`` for a host of N such GPUs (kept
+    as written, for the answers)."""
     out = []
     for part in text.split(","):
         label = part.strip()
+        count_s, times, each = label.partition("x")
+        count = 1
+        if times and count_s.strip().isdigit():
+            count = int(count_s)
+            if not 1 <= count <= MAX_HOST_GPUS:
+                raise UsageError(
+                    f"--gpu: {label!r}: a host of 1 to {MAX_HOST_GPUS} GPUs",
+                    hint="e.g. --gpu 2x24GiB",
+                )
+        else:
+            each = label
         try:
-            size = parse_size(label)
+            size = parse_size(each.strip())
         except ValueError as e:
-            raise UsageError(f"--gpu: {e}", hint="e.g. --gpu 12GiB,24GiB") from None
+            raise UsageError(f"--gpu: {e}", hint="e.g. --gpu 12GiB,24GiB,2x24GiB") from None
         if size <= 0:
             raise UsageError(f"--gpu: a size above zero, got {label!r}")
-        out.append(Size(label, size))
+        out.append(Size(label, size, count))
     return out
 
 

@@ -22,11 +22,28 @@ TOP_PAIRS: Final = 5
 
 @dataclass(frozen=True, slots=True)
 class Size:
-    """One GPU size to replay, as the user wrote it (``24GiB``) and in bytes.  (A later
-    multi-GPU host, ``2x24GiB``, adds its count here.)"""
+    """One GPU size to replay, as the user wrote it (``24GiB``, or ``2x24GiB`` for a host of
+    two such GPUs), in bytes (each GPU's), and how many GPUs the host has."""
 
     label: str
     gpu_bytes: int
+    count: int = 1
+
+    @property
+    def host(self) -> tuple[int, int]:
+        """The key of its rows (``Row.host``): (GPUs, each GPU's bytes)."""
+        return (self.count, self.gpu_bytes)
+
+
+def host_label(r: Row) -> str:
+    """A row's host as people read it: ``24.0 GiB``, or ``2x24.0 GiB``."""
+    size = format_size(r.gpu_bytes)
+    return size if r.gpus == 1 else f"{r.gpus}x{size}"
+
+
+def host_order(r: Row) -> tuple[int, int]:
+    """Hosts from the least memory to the most; of equal memory, fewer GPUs first."""
+    return (r.gpus * r.gpu_bytes, r.gpus)
 
 
 def _cell(x: float | int | None, fmt: str) -> str:
@@ -37,7 +54,7 @@ def table(rows: Sequence[Row], arrivals: int) -> str:
     """The rows side by side, then how many arrivals were replayed."""
     cells = [
         (
-            format_size(r.gpu_bytes), r.policy, str(r.unfit), str(r.loads),
+            host_label(r), r.policy, str(r.unfit), str(r.loads),
             f"{r.loaded_bytes / 1024**3:.1f}", f"{r.load_s:.0f}", _cell(r.wait_s_total, ".0f"),
             _cell(r.wait_s_p90, ".1f"), _cell(r.deadline_misses, "d"), _cell(r.evictions, "d"),
         )
@@ -102,12 +119,14 @@ COLORS: Final = {
 
 
 def _chart(rows: Sequence[Row], title: str, value: Callable[[Row], float]) -> str:
-    gpus = sorted({r.gpu_bytes for r in rows})
+    hosts = [r.host for r in sorted(rows, key=host_order)]
+    gpus = list(dict.fromkeys(hosts))
+    names = {r.host: host_label(r) for r in rows}
     pols = list(dict.fromkeys(r.policy for r in rows))
     top = max((value(r) for r in rows), default=0.0) or 1.0
     w, h, pad = 560, 240, 40
 
-    def xy(g: int, v: float) -> tuple[float, float]:
+    def xy(g: tuple[int, int], v: float) -> tuple[float, float]:
         x = pad + (w - 2 * pad) * (gpus.index(g) / max(len(gpus) - 1, 1))
         return x, h - pad - (h - 2 * pad) * v / top
 
@@ -115,13 +134,9 @@ def _chart(rows: Sequence[Row], title: str, value: Callable[[Row], float]) -> st
     out.append(f'<text x="{pad}" y="16">{html.escape(title)} by GPU size (max {top:.1f})</text>')
     for g in gpus:
         x, _ = xy(g, 0)
-        out.append(f'<text x="{x:.0f}" y="{h - 12}" text-anchor="middle">{format_size(g)}</text>')
+        out.append(f'<text x="{x:.0f}" y="{h - 12}" text-anchor="middle">{names[g]}</text>')
     for i, p in enumerate(pols):
-        pts = [
-            xy(r.gpu_bytes, value(r))
-            for r in sorted(rows, key=lambda r: r.gpu_bytes)
-            if r.policy == p
-        ]
+        pts = [xy(r.host, value(r)) for r in sorted(rows, key=host_order) if r.policy == p]
         color = COLORS.get(p, "#000")
         d = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
         out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{d}"/>')
@@ -145,6 +160,8 @@ def unfit_lines(size: Size, budget_bytes: int, jobs: Sequence[Arrival]) -> list[
     less = (
         f", {format_size(budget_bytes)} after the {format_size(reserve)} reserve" if reserve else ""
     )
+    if size.count > 1:
+        less += " on each GPU"
     lines = [f"{size.label}{less}: {len(jobs)} job(s) cannot fit, left out of the replay:"]
     for (name, model, model_bytes, need), n in sorted(groups.items(), key=lambda kv: -kv[1]):
         what = f"model {model} {format_size(model_bytes)}" if model else "no model"
@@ -165,12 +182,13 @@ class Smallest:
     row: Row | None
     best: Row | None
 
-    def as_dict(self, labels: Mapping[int, str]) -> dict[str, Any]:
+    def as_dict(self, labels: Mapping[tuple[int, int], str]) -> dict[str, Any]:
         r = self.row
         return {
             "policy": self.policy,
-            "gpu": None if r is None else labels.get(r.gpu_bytes, format_size(r.gpu_bytes)),
+            "gpu": None if r is None else labels.get(r.host, host_label(r)),
             "gpu_bytes": None if r is None else r.gpu_bytes,
+            "gpus": None if r is None else r.gpus,
             "wait_s_p90": None if r is None else r.wait_s_p90,
         }
 
@@ -184,11 +202,13 @@ class InTheWay:
     why: str  # which size, and why that one
     pairs: tuple[Pair, ...]
     cron: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> crontab lines
+    gpus: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "policy": self.policy,
             "gpu_bytes": self.gpu_bytes,
+            "gpus": self.gpus,
             "pairs": [
                 {
                     "agents": [p.a, p.b],
@@ -205,10 +225,10 @@ def smallest(rows: Sequence[Row], target_s: float) -> list[Smallest]:
     """Per policy (not the bound, which has no waits): the smallest size meeting the target."""
     out = []
     for policy in dict.fromkeys(r.policy for r in rows if r.wait_s_p90 is not None):
-        mine = sorted((r for r in rows if r.policy == policy), key=lambda r: r.gpu_bytes)
+        mine = sorted((r for r in rows if r.policy == policy), key=host_order)
         ok = [r for r in mine if r.unfit == 0 and (r.wait_s_p90 or 0.0) <= target_s]
         fit = [r for r in mine if r.unfit == 0] or mine
-        best = min(fit, key=lambda r: (r.wait_s_p90 or 0.0, r.gpu_bytes), default=None)
+        best = min(fit, key=lambda r: (r.wait_s_p90 or 0.0, *host_order(r)), default=None)
         out.append(Smallest(policy, ok[0] if ok else None, best))
     return out
 
@@ -222,32 +242,35 @@ def in_the_way(
     if not answers:
         return None
     policy = "foresight" if any(a.policy == "foresight" for a in answers) else answers[0].policy
-    mine = sorted((r for r in rows if r.policy == policy), key=lambda r: r.gpu_bytes)
+    mine = sorted((r for r in rows if r.policy == policy), key=host_order)
     missed = [r for r in mine if r.unfit or (r.wait_s_p90 or 0.0) > target_s]
     if missed:
         row = missed[-1]
-        why = f"{format_size(row.gpu_bytes)}, the largest size that misses the target"
+        why = f"{host_label(row)}, the largest size that misses the target"
     else:
         row = mine[0]
-        why = f"{format_size(row.gpu_bytes)}, the smallest size given"
-    return InTheWay(policy, row.gpu_bytes, why, row.pairs[:TOP_PAIRS])
+        why = f"{host_label(row)}, the smallest size given"
+    return InTheWay(policy, row.gpu_bytes, why, row.pairs[:TOP_PAIRS], gpus=row.gpus)
 
 
 def target_text(
-    target_s: float, answers: Sequence[Smallest], way: InTheWay | None, labels: Mapping[int, str]
+    target_s: float,
+    answers: Sequence[Smallest],
+    way: InTheWay | None,
+    labels: Mapping[tuple[int, int], str],
 ) -> list[str]:
     """The ``--target-wait`` answer, for people."""
     lines = [f"p90 wait <= {target_s:g} s: the smallest GPU of those given"]
     width = max((len(a.policy) for a in answers), default=0)
     for a in answers:
         if a.row is not None:
-            label = labels.get(a.row.gpu_bytes, format_size(a.row.gpu_bytes))
+            label = labels.get(a.row.host, host_label(a.row))
             lines.append(f"  {a.policy:<{width}}  {label} (p90 {a.row.wait_s_p90 or 0.0:.1f} s)")
         elif a.best is not None:
             b = a.best
             unfit = f", {b.unfit} job(s) cannot fit" if b.unfit else ""
             lines.append(
-                f"  {a.policy:<{width}}  none (best: {format_size(b.gpu_bytes)}, "
+                f"  {a.policy:<{width}}  none (best: {host_label(b)}, "
                 f"p90 {b.wait_s_p90 or 0.0:.1f} s{unfit})"
             )
     if way is None:

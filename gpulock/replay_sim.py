@@ -1,4 +1,5 @@
-"""``gpulock replay``'s simulator: one GPU, a day of arrivals, one eviction policy.  Pure.
+"""``gpulock replay``'s simulator: one GPU (or a host of several), a day of arrivals, one
+eviction policy.  Pure.
 
 The rules are the live system's own code, not a second copy: who may hold the GPU is
 ``gpulock.lock.queue.decide`` on real ``Ticket`` records (FIFO, ``need`` sharing within the
@@ -26,6 +27,12 @@ the memory they hold between jobs.
   cost-aware bound is ``gpulock.replay_bound``).
 * Who waited behind whom (``Row.pairs``): for every job that waited in line, the other agents
   that were in the line (holding or waiting) when it joined.
+* A host of several GPUs (``gpus=2``: ``--gpu 2x24GiB``): every arrival asks for its count of
+  GPUs (``Arrival.gpus``, 1 unless it held several) from all of them, as ``--gpu any`` does,
+  decided by ``gpulock.lock.queue.decide_set`` (the set rule, with its preference for a GPU
+  where the job's model is resident, then the most free memory); each GPU has its own models
+  and is made room on as one GPU is.  A model split over k GPUs (a job of ``gpus=k``) holds a
+  k-th of its bytes on each, and is another model than the same file on one GPU.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from gpulock.core import foresight as fs
-from gpulock.lock.queue import decide
+from gpulock.lock.queue import decide, decide_set
 from gpulock.lock.ticket import Ticket
 
 POLICIES: Final = ("lru", "keepalive", "foresight", "belady")
@@ -59,6 +66,12 @@ class Arrival:
     hold_s: float
     need_bytes: int | None
     deadline_s: float | None = None  # the longest it would wait (its lock timeout)
+    gpus: int = 1  # GPUs at once (a job that held several, --gpus N): need_bytes on each
+
+
+def model_key(a: Arrival) -> str:
+    """The resident model an arrival uses: its file, or the file split over its GPUs."""
+    return a.model if a.gpus == 1 else f"{a.model} (split over {a.gpus})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +101,17 @@ class Row:
     evictions: int | None
     unfit: int = 0  # jobs whose model or need cannot fit this GPU (less the reserve): left out
     pairs: tuple[Pair, ...] = ()  # who waited behind whom, most waited first (not in --json)
+    gpus: int = 1  # GPUs of the host, each of gpu_bytes
+
+    @property
+    def host(self) -> tuple[int, int]:
+        """What the row replayed: (GPUs of the host, each GPU's bytes)."""
+        return (self.gpus, self.gpu_bytes)
 
     def as_dict(self) -> dict[str, object]:
         return {
             "gpu_bytes": self.gpu_bytes,
+            "gpus": self.gpus,
             "policy": self.policy,
             "unfit": self.unfit,
             "loads": self.loads,
@@ -108,15 +128,16 @@ def _r3(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
-def fits(a: Arrival, budget_bytes: int) -> bool:
+def fits(a: Arrival, budget_bytes: int, gpus: int = 1) -> bool:
     """Whether ``a``'s model and its ``need`` fit a GPU whose memory to hand out (its size less
-    the reserve) is ``budget_bytes``."""
-    return a.model_bytes <= budget_bytes and (a.need_bytes or 0) <= budget_bytes
+    the reserve) is ``budget_bytes``, and a host of ``gpus`` has the GPUs it takes at once."""
+    share = a.model_bytes // max(a.gpus, 1)
+    return a.gpus <= gpus and share <= budget_bytes and (a.need_bytes or 0) <= budget_bytes
 
 
-def unfit(arrivals: Sequence[Arrival], budget_bytes: int) -> list[Arrival]:
+def unfit(arrivals: Sequence[Arrival], budget_bytes: int, gpus: int = 1) -> list[Arrival]:
     """The arrivals that cannot fit (``fits``): a replay leaves them out and counts them."""
-    return [a for a in arrivals if not fits(a, budget_bytes)]
+    return [a for a in arrivals if not fits(a, budget_bytes, gpus)]
 
 
 @dataclass(slots=True)
@@ -138,7 +159,8 @@ class _Sim:
     seq: int = 0
     line: list[tuple[Ticket, Arrival]] = field(default_factory=list)  # tickets in seq order
     ends: list[tuple[float, int]] = field(default_factory=list)  # heap: (end time, seq)
-    resident: dict[str, _Model] = field(default_factory=dict)
+    n_gpus: int = 1
+    residents: list[dict[str, _Model]] = field(default_factory=list)  # per GPU
     history: dict[str, dict[str, deque[float]]] = field(default_factory=dict)  # model, agent
     future: dict[str, deque[float]] = field(default_factory=dict)  # belady: arrival times
     loads: int = 0
@@ -154,11 +176,12 @@ class _Sim:
 
     def run(self) -> Row:
         i = 0
+        self.residents = [{} for _ in range(self.n_gpus)]
         todo = sorted(self.arrivals, key=lambda a: a.time_s)
         if self.policy == "belady":
             for a in todo:
                 if a.model:
-                    self.future.setdefault(a.model, deque()).append(a.time_s)
+                    self.future.setdefault(model_key(a), deque()).append(a.time_s)
         while i < len(todo) or self.line:
             next_arrival = todo[i].time_s if i < len(todo) else math.inf
             next_end = self.ends[0][0] if self.ends else math.inf
@@ -175,9 +198,10 @@ class _Sim:
                 a = todo[i]
                 i += 1
                 self.seq += 1
+                every = tuple(range(self.n_gpus)) if self.n_gpus > 1 else ()
                 t = Ticket(
                     self.seq, 0, self.seq, 0, "replay", "replay", a.name, a.time_s,
-                    need_bytes=a.need_bytes,
+                    need_bytes=a.need_bytes, gpus=every, count=a.gpus,
                 )  # fmt: skip
                 self.behind[t.seq] = [x.name for _, x in self.line]
                 self.line.append((t, a))
@@ -190,11 +214,17 @@ class _Sim:
         )
         return Row(
             self.gpu_bytes, self.policy, self.loads, self.loaded_bytes, self.load_s,
-            sum(waits), p90, self.misses, self.evictions, pairs=tuple(pairs),
+            sum(waits), p90, self.misses, self.evictions, pairs=tuple(pairs), gpus=self.n_gpus,
         )  # fmt: skip
 
     def _grant_all(self) -> None:
-        """Every waiter ``decide`` lets in, in line order (a grant may let the next one share)."""
+        """Every waiter the lock's rule lets in, in line order (a grant may let the next one
+        share; on a host of several GPUs, a later ticket may take a GPU no earlier one waits
+        for)."""
+        if self.n_gpus > 1:
+            while self._grant_one():
+                pass
+            return
         changed = True
         while changed:
             changed = False
@@ -208,29 +238,62 @@ class _Sim:
                     changed = True
                 break  # FIFO: nobody behind a waiter is looked at
 
-    def _start(self, t: Ticket, a: Arrival, *, exclusive: bool) -> None:
+    def _grant_one(self) -> bool:
+        """Several GPUs: the first waiter ``decide_set`` grants, granted; whether one was."""
+        budgets: dict[int, int | None] = dict.fromkeys(range(self.n_gpus), self.budget_bytes)
+        for k, (t, a) in enumerate(self.line):
+            if t.holding:
+                continue
+            lines = {
+                g: [x for x, _ in self.line[:k] if g in (x.held_gpus or x.gpu_set)]
+                for g in range(self.n_gpus)
+            }
+            key = model_key(a)
+            warm = {
+                g: "resident" for g in range(self.n_gpus) if a.model and key in self.residents[g]
+            }
+            free: dict[int, int | None] = {g: self._free_bytes(g) for g in range(self.n_gpus)}
+            d = decide_set(t, lines, budgets, warm=warm, free=free)
+            if d.grant:
+                held = replace(t.granted(self.now), gpu=d.grant[0], granted_gpus=d.grant)
+                self.line[k] = (held, a)
+                self._start(held, a, exclusive=t.exclusive, gpus=d.grant)
+                return True
+        return False
+
+    def _start(
+        self, t: Ticket, a: Arrival, *, exclusive: bool, gpus: tuple[int, ...] = (0,)
+    ) -> None:
         load = 0.0
         if a.model:
-            m = self.resident.get(a.model)
-            if exclusive:
-                self._evict_all(keep=a.model)
-            # Its working memory (``need`` beyond the model) is counted already: it holds the
-            # GPU (``_free_bytes``); what must fit beside the others is its model, if not loaded.
-            self._make_room(0 if m is not None else a.model_bytes, keep=a.model)
-            if m is None:
+            key = model_key(a)
+            share = a.model_bytes // a.gpus
+            missing = [g for g in gpus if key not in self.residents[g]]
+            for g in gpus:
+                if exclusive:
+                    self._evict_all(keep=key, gpu=g)
+                # Its working memory (``need`` beyond the model) is counted already: it holds
+                # the GPU (``_free_bytes``); what must fit beside the others is its model, if
+                # not loaded.
+                self._make_room(share if g in missing else 0, keep=key, gpu=g)
+            if missing:
                 load = self.load_s_of.get(a.model, a.model_bytes / LOAD_BYTES_PER_S)
                 self.loads += 1
                 self.loaded_bytes += a.model_bytes
                 self.load_s += load
-                m = self.resident[a.model] = _Model(a.model_bytes, self.now)
-            m.users += 1
-            m.last_used_s = self.now
+                for g in missing:
+                    self.residents[g][key] = _Model(share, self.now)
+            for g in gpus:
+                m = self.residents[g][key]
+                m.users += 1
+                m.last_used_s = self.now
             if self.policy == "belady":  # FIFO: this is the model's earliest unstarted arrival
-                self.future[a.model].popleft()
-            mine = self.history.setdefault(a.model, {})
+                self.future[key].popleft()
+            mine = self.history.setdefault(key, {})
             mine.setdefault(a.name, deque(maxlen=HISTORY_PER_USER)).append(self.now)
         elif exclusive:
-            self._evict_all(keep="")
+            for g in gpus:
+                self._evict_all(keep="", gpu=g)
         wait = self.now + load - a.time_s
         self.waits.append(wait)
         queued = self.now - a.time_s
@@ -247,59 +310,66 @@ class _Sim:
 
     def _release(self, seq: int) -> None:
         k = next(k for k, (t, _) in enumerate(self.line) if t.seq == seq)
-        _, a = self.line.pop(k)
-        m = self.resident.get(a.model) if a.model else None
-        if m is not None:
-            m.users -= 1
-            m.last_used_s = self.now
+        t, a = self.line.pop(k)
+        for g in t.held_gpus or (0,):
+            m = self.residents[g].get(model_key(a)) if a.model else None
+            if m is not None:
+                m.users -= 1
+                m.last_used_s = self.now
 
     # -- eviction: the live system's order --
 
-    def _free_bytes(self) -> int:
-        """What is left to hand out: the GPU less its reserve, the models and the holders'
-        working memory (the reserve is never handed out, to models neither)."""
-        models = sum(m.bytes for m in self.resident.values())
-        work = sum(max((a.need_bytes or 0) - a.model_bytes, 0) for t, a in self.line if t.holding)
+    def _free_bytes(self, gpu: int = 0) -> int:
+        """What is left to hand out on ``gpu``: the GPU less its reserve, its models and its
+        holders' working memory (the reserve is never handed out, to models neither)."""
+        models = sum(m.bytes for m in self.residents[gpu].values())
+        work = sum(
+            max((a.need_bytes or 0) - a.model_bytes // a.gpus, 0)
+            for t, a in self.line
+            if t.holding and gpu in (t.held_gpus or (0,))
+        )
         return self.budget_bytes - models - work
 
-    def _make_room(self, need_bytes: int, *, keep: str) -> None:
-        short = need_bytes - self._free_bytes()
+    def _make_room(self, need_bytes: int, *, keep: str, gpu: int = 0) -> None:
+        short = need_bytes - self._free_bytes(gpu)
         if short <= 0:
             return
-        for name in self._victims(keep, room_bytes=short):
+        for name in self._victims(keep, room_bytes=short, gpu=gpu):
             if short <= 0:
                 break
-            short -= self.resident.pop(name).bytes
+            short -= self.residents[gpu].pop(name).bytes
             self.evictions += 1
 
-    def _evict_all(self, keep: str) -> None:
-        for name in self._victims(keep):
-            del self.resident[name]
+    def _evict_all(self, keep: str, gpu: int = 0) -> None:
+        for name in self._victims(keep, gpu=gpu):
+            del self.residents[gpu][name]
             self.evictions += 1
 
     def _expire(self) -> None:
         if self.policy != "keepalive":
             return
-        for name, m in list(self.resident.items()):
-            if m.users == 0 and self.now - m.last_used_s >= self.keepalive_s:
-                del self.resident[name]
-                self.evictions += 1
+        for resident in self.residents:
+            for name, m in list(resident.items()):
+                if m.users == 0 and self.now - m.last_used_s >= self.keepalive_s:
+                    del resident[name]
+                    self.evictions += 1
 
-    def _victims(self, keep: str, room_bytes: int | None = None) -> list[str]:
-        names = [n for n, m in self.resident.items() if n != keep]
+    def _victims(self, keep: str, room_bytes: int | None = None, gpu: int = 0) -> list[str]:
+        resident = self.residents[gpu]
+        names = [n for n, m in resident.items() if n != keep]
         belady = self.policy == "belady"  # Belady's rule is the plain order: no cover
         return fs.order(
             names,
             model=lambda n: n,
-            today=lambda n: self.resident[n].last_used_s,
-            forecast=self._forecast(names),
+            today=lambda n: resident[n].last_used_s,
+            forecast=self._forecast(names, gpu),
             policy="lru" if self.policy in ("lru", "keepalive") else "foresight",
-            in_use=lambda n: self.resident[n].users > 0,
+            in_use=lambda n: resident[n].users > 0,
             room_bytes=None if belady else room_bytes,
-            size=lambda n: self.resident[n].bytes,
+            size=lambda n: resident[n].bytes,
         )
 
-    def _forecast(self, names: list[str]) -> fs.Forecast | None:
+    def _forecast(self, names: list[str], gpu: int = 0) -> fs.Forecast | None:
         if self.policy == "belady":
             nxt = {}
             for n in names:
@@ -312,7 +382,7 @@ class _Sim:
             return None
         # What the live machine knows: the line (waiters need their models now) and the past.
         planned = fs.line_plans(
-            [(a.name, [a.model]) for t, a in self.line if not t.holding and a.model],
+            [(a.name, [model_key(a)]) for t, a in self.line if not t.holding and a.model],
             self.now,
         )
         uses = [
@@ -321,7 +391,7 @@ class _Sim:
             for by, times in self.history.get(n, {}).items()
             for at in times
         ]
-        sizes = {n: self.resident[n].bytes for n in names}
+        sizes = {n: self.residents[gpu][n].bytes for n in names}
         loads = [fs.Load(n, s) for n, s in self.load_s_of.items() if n in sizes]
         return fs.forecast(sizes, planned, uses, loads, self.now)
 
@@ -331,19 +401,22 @@ def simulate(
     gpu_bytes: int,
     policy: str,
     *,
+    gpus: int = 1,
     reserve_bytes: int = 0,
     load_s_of: dict[str, float] | None = None,
     keepalive_s: float = KEEPALIVE_S,
 ) -> Row:
-    """Replay ``arrivals`` on one GPU of ``gpu_bytes`` under ``policy`` (one of ``POLICIES``).
+    """Replay ``arrivals`` on a host of ``gpus`` GPUs of ``gpu_bytes`` each (one by default)
+    under ``policy`` (one of ``POLICIES``).
 
-    ``reserve_bytes``: memory never handed out (the config's ``reserve``); ``load_s_of``: a
-    model's measured load time, else its bytes at ``LOAD_BYTES_PER_S``.  Arrivals that cannot
-    fit (``unfit``) are left out (their waits too) and counted in the row's ``unfit``.
+    ``reserve_bytes``: memory of each GPU never handed out (the config's ``reserve``);
+    ``load_s_of``: a model's measured load time, else its bytes at ``LOAD_BYTES_PER_S``.
+    Arrivals that cannot fit (``unfit``) are left out (their waits too) and counted in the
+    row's ``unfit``.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
     budget = max(gpu_bytes - reserve_bytes, 0)
-    ok = [a for a in arrivals if fits(a, budget)]
-    row = _Sim(ok, gpu_bytes, budget, policy, dict(load_s_of or {}), keepalive_s).run()
-    return replace(row, unfit=len(arrivals) - len(ok))
+    ok = [a for a in arrivals if fits(a, budget, gpus)]
+    sim = _Sim(ok, gpu_bytes, budget, policy, dict(load_s_of or {}), keepalive_s, n_gpus=gpus)
+    return replace(sim.run(), unfit=len(arrivals) - len(ok))

@@ -1,11 +1,13 @@
 """``gpulock run``: hold a GPU for exactly as long as a command and its children run.
 
-* The command starts without a shell, with ``CUDA_VISIBLE_DEVICES`` set to the granted GPU
-  (and ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so CUDA counts GPUs as NVML does),
-  ``GPULOCK_TICKET`` (so a nested ``gpulock.acquire`` or ``gpulock run`` on that GPU is
-  satisfied by this lease instead of queueing behind it) and ``GPULOCK_STATE_DIR``.
-* It inherits the ticket's FIFO descriptor: the kernel keeps the GPU claimed while the command
-  lives, even if this ``gpulock run`` process is SIGKILLed.
+* The command starts without a shell, with ``CUDA_VISIBLE_DEVICES`` set to the granted GPUs
+  in order (and ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so CUDA counts GPUs as NVML and
+  ``nvidia-smi`` do: without it CUDA puts the fastest first, and gpu1 in ``gpulock status``
+  can be device 0 in torch), ``GPULOCK_GPUS`` (the same list), ``GPULOCK_TICKET`` (so a
+  nested ``gpulock.acquire`` or ``gpulock run`` on those GPUs is satisfied by this lease
+  instead of queueing behind it) and ``GPULOCK_STATE_DIR``.
+* It inherits the ticket's FIFO descriptors (one per GPU held): the kernel keeps the GPUs
+  claimed while the command lives, even if this ``gpulock run`` process is SIGKILLed.
 * This process becomes a child subreaper, so grandchildren that outlive the command are
   re-parented here and waited for before the GPU is released.
 * SIGTERM, SIGHUP, SIGUSR1/2 are forwarded to the command; SIGINT and SIGQUIT too, except when
@@ -39,7 +41,7 @@ from gpulock.api import acquire
 from gpulock.core.errors import GpulockError
 from gpulock.core.settings import Settings
 from gpulock.core.state import ENV_STATE_DIR
-from gpulock.lock.lease import ENV_TICKET, Lease, leases_held
+from gpulock.lock.lease import ENV_GPUS, ENV_TICKET, GpuArg, Lease, leases_held
 
 FORWARDED = (
     signal.SIGTERM,
@@ -99,7 +101,8 @@ def run(
     settings: Settings,
     command: Sequence[str],
     *,
-    gpu: int | None = None,
+    gpu: GpuArg = None,
+    gpus: int | None = None,
     need: int | str | None = None,
     timeout: float | str | None = None,
     name: str | None = None,
@@ -128,6 +131,7 @@ def run(
                 timeout,
                 name or os.path.basename(command[0]),
                 lease,
+                gpus=gpus,
                 config=settings.config,
                 state_dir=settings.state_dir,
                 command=command,
@@ -155,10 +159,10 @@ def run(
                 signal.signal(sig, _wake_only if sig == signal.SIGCHLD else forward)
             if stopped or caught:  # came after the grant: do not start the command at all
                 return 128 + (stopped or caught)[0]
-            # The command inherits the claim, so the GPU stays claimed while it runs even if
-            # this process dies.  A nested run passes on the descriptor it inherited, when it
-            # has one; the outer ticket keeps its child_pid.
-            fds = () if held.claim_fd is None else (held.claim_fd,)
+            # The command inherits the claims, so the GPUs stay claimed while it runs even if
+            # this process dies.  A nested run passes on the descriptors it inherited, when it
+            # has them; the outer ticket keeps its child_pid.
+            fds = held.claim_fds
             try:
                 proc = subprocess.Popen(list(command), env=env, pass_fds=fds)
             except OSError as e:
@@ -188,10 +192,12 @@ def command_env(lease: Lease, settings: Settings) -> dict[str, str]:
     """The environment of a command that runs on ``lease`` (``gpulock run``'s, a pool's
     worker): ours, with its GPU, its ticket and the state folder."""
     env = dict(os.environ)
-    env["CUDA_VISIBLE_DEVICES"] = lease.cuda_visible_devices
+    env["CUDA_VISIBLE_DEVICES"] = lease.cuda_visible_devices  # "1,3": the granted, in order
     # gpulock numbers GPUs as NVML does (PCI bus order); CUDA's default is fastest first,
-    # which on a mixed machine would put the job on a GPU it did not lock.
-    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    # which on a mixed machine would put the job on a GPU it did not lock: always, then, even
+    # over a FASTEST_FIRST inherited from the shell (the indices above are NVML's).
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env[ENV_GPUS] = lease.cuda_visible_devices
     env[ENV_TICKET] = f"{lease.gpu}:{lease.ticket}"
     env[ENV_STATE_DIR] = str(settings.state_dir)
     return env

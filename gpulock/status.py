@@ -11,12 +11,19 @@
   and ``ignored`` (files in the queue folder that are not readable tickets, with the reason),
   ``orphan_fifos`` (``<seq>.fifo`` files without a ticket that no process holds: debris of a
   holder killed inside its release; ``gpulock break --stale`` removes them).
+* ``sets``: the tickets that wait for a set of GPUs (``--gpu any``, ``--gpu 0,2``, ``--gpus 2``),
+  each shown once, under its set rather than under each GPU of it: one object per set with
+  ``gpus`` (the set) and ``waiters`` (queue order).  Their copies in each GPU's line are not in
+  that GPU's ``waiters``; a multi-GPU holder is in the ``holders`` of each GPU it holds.
 * every holder/waiter entry: ``ticket``, ``name``, ``pid``, ``state`` (``holding``,
   ``waiting``, ``hung``: alive past its lease without a heartbeat, ``dead``: its owner is gone
   and the ticket awaits cleanup), ``stale`` (hung or dead), ``position`` (0 = head), ``user``,
   ``uid``, ``host``, ``command``, ``need_bytes`` (None = exclusive), ``lease_s``,
   ``created_wall``, ``granted_wall``, ``waited_s``, ``held_s``, ``heartbeat_age_s``,
-  ``child_pid``, ``prefetch`` (a waiter warming its files, see ``gpulock.lock.prefetch_progress``:
+  ``child_pid``, ``gpus`` (the set asked, as a list: ``[1]`` for a ticket pinned to gpu1, every
+  GPU for ``--gpu any``; or the number asked at once, for ``--gpus 2``), ``gpu_set`` (the GPUs
+  it may be granted on, always a list), ``granted`` (the GPUs it holds: empty while it waits),
+  ``prefetch`` (a waiter warming its files, see ``gpulock.lock.prefetch_progress``:
   ``state`` ``warming``/``done``/``skipped``, ``reason``, ``paths``, ``bytes_done``,
   ``bytes_total``, ``bytes_read``, ``updated_wall``; None when it warms nothing, and always for
   holders), ``pool`` (a ticket of a ``gpulock pool``: ``name``, ``pid``, ``workers`` running,
@@ -55,9 +62,17 @@ from typing import Any
 from gpulock.core import clusterview, devices, level
 from gpulock.core.errors import GpulockError
 from gpulock.core.settings import Settings
-from gpulock.core.units import calendar_day, format_duration, format_size, format_usd, parse_usd
+from gpulock.core.units import (
+    calendar_day,
+    format_duration,
+    format_gpus,
+    format_size,
+    format_usd,
+    parse_usd,
+)
 from gpulock.lock import prefetch_progress, queue
 from gpulock.lock.queuedir import QueueDir, TicketFile, queue_gpus
+from gpulock.lock.ticket import Ticket
 from gpulock.pool import record as pool_record
 from gpulock.residents import registry
 
@@ -145,14 +160,33 @@ def entry(qdir: QueueDir, tf: TicketFile, position: int, now_w: float) -> dict[s
             round(now_w - queue.heartbeat_wall(t, tf.mtime_wall), 3) if t.holding else None
         ),
         "child_pid": t.child_pid,
+        **_gpus_of(t),
         "pool": None,  # a gpulock pool's ticket: filled in by snapshot()
         "prefetch": None if t.holding else prefetch_progress.read_progress(qdir, tf),
     }
 
 
+def _gpus_of(t: Ticket) -> dict[str, Any]:
+    """An entry's ``gpus`` (the set asked, or the count), ``gpu_set`` and ``granted``."""
+    if not t.gpus and t.count == 1:  # pinned: its own GPU (the common case, kept cheap)
+        return {"gpus": [t.gpu], "gpu_set": [t.gpu], "granted": [t.gpu] if t.holding else []}
+    gset = list(t.gpu_set)
+    return {
+        "gpus": t.count if t.count > 1 else gset,
+        "gpu_set": gset,
+        "granted": list(t.held_gpus),
+    }
+
+
 def gpu_snapshot(
-    settings: Settings, gpu: int, dev: devices.Device | None, now_w: float
+    settings: Settings,
+    gpu: int,
+    dev: devices.Device | None,
+    now_w: float,
+    set_waiters: list[tuple[QueueDir, TicketFile]] | None = None,
 ) -> dict[str, Any]:
+    """One GPU's line.  ``set_waiters`` collects the copies of tickets waiting for a set (shown
+    under their set, not here)."""
     qdir = QueueDir(settings, gpu, create=False)
     holders: list[dict[str, Any]] = []
     waiters: list[dict[str, Any]] = []
@@ -161,6 +195,10 @@ def gpu_snapshot(
     for seq, tf, why in qdir.scan():
         if tf is None:
             ignored.append({"file": qdir.ticket_path(seq).name, "reason": why})
+            continue
+        if tf.ticket.spans and not tf.ticket.holding and set_waiters is not None:
+            set_waiters.append((qdir, tf))
+            position += 1
             continue
         e = entry(qdir, tf, position, now_w)
         position += 1
@@ -289,8 +327,13 @@ def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, 
     if trecs and report.source == "nvml":
         trecs = registry.to_records(settings, listings, report=report, now_wall=now_w, track=False)
     recs = registry.Registry(settings, create=False).records(clean=False) + trecs
-    gpus = [gpu_snapshot(settings, i, report.get(i), now_w) for i in gpu_indices(settings, report)]
-    _mark_pools(gpus, pool_record.live(settings))
+    copies: list[tuple[QueueDir, TicketFile]] = []
+    gpus = [
+        gpu_snapshot(settings, i, report.get(i), now_w, copies)
+        for i in gpu_indices(settings, report)
+    ]
+    sets = set_lines(copies, gpus, now_w)
+    _mark_pools(gpus, pool_record.live(settings), sets)
     registered: dict[int, str] = {
         r.pid: f"tenant {r.tenant}" if r.tenant else f"resident {r.name}" for r in recs if r.pid
     }
@@ -307,12 +350,31 @@ def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, 
         "devices": [device_entry(d, registered) for d in report.devices],
         "devices_problem": report.problem,
         "gpus": gpus,
+        "sets": sets,
         "residents": _with_next_use(settings, recs, now_w),
         "tenants": tenants,
         "usage": usage_entry(settings, now_w),
         "cluster": cluster_entry(settings, now_w),
         "prewarm": prewarm_entry(settings),
     }
+
+
+def set_lines(
+    copies: list[tuple[QueueDir, TicketFile]], gpus: list[dict[str, Any]], now_w: float
+) -> list[dict[str, Any]]:
+    """The tickets waiting for a set of GPUs, once each (from their first copy), grouped by
+    set; a ticket already holding (a grant in progress: its last copies leave) is left out."""
+    holding = {e["ticket"] for g in gpus for e in g["holders"]}
+    seen: set[int] = set()
+    by_set: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+    for qdir, tf in sorted(copies, key=lambda c: (c[1].ticket.seq, c[0].gpu)):
+        t = tf.ticket
+        if t.seq in seen or t.seq in holding:
+            continue
+        seen.add(t.seq)
+        line = by_set.setdefault(t.gpu_set, [])
+        line.append(entry(qdir, tf, len(line), now_w))
+    return [{"gpus": list(k), "waiters": v} for k, v in sorted(by_set.items())]
 
 
 def prewarm_entry(settings: Settings) -> dict[str, Any] | None:
@@ -326,12 +388,18 @@ def prewarm_entry(settings: Settings) -> dict[str, Any] | None:
     return doc
 
 
-def _mark_pools(gpus: list[dict[str, Any]], pools: list[dict[str, Any]]) -> None:
+def _mark_pools(
+    gpus: list[dict[str, Any]],
+    pools: list[dict[str, Any]],
+    sets: list[dict[str, Any]] | None = None,
+) -> None:
     """Give each ticket of a running ``gpulock pool`` its ``pool`` object (others: None)."""
-    by_pid = {(p.get("gpu"), p["pid"]): p for p in pools}
-    for g in gpus:
-        for e in g["holders"] + g["waiters"]:
-            p = by_pid.get((g["gpu"], e["pid"]))
+    by_pid = {p["pid"]: p for p in pools}
+    lines = [g["holders"] + g["waiters"] for g in gpus]
+    lines += [s["waiters"] for s in sets or []]
+    for entries in lines:
+        for e in entries:
+            p = by_pid.get(e["pid"])
             if p is None:
                 e["pool"] = None
                 continue
@@ -503,45 +571,34 @@ def render(snap: dict[str, Any]) -> str:
                 head += f", free {format_size(free)}"
         n_wait = sum(1 for e in g["waiters"] if e["state"] == "waiting")
         n_hold = sum(1 for e in g["holders"] if e["state"] in ("holding", "hung"))
+        n_set = sum(
+            1
+            for line in snap.get("sets") or []
+            if g["gpu"] in line["gpus"]
+            for e in line["waiters"]
+            if e["state"] == "waiting"
+        )
         head += f"  -  {n_hold} holding, {n_wait} waiting" if entries else "  -  idle"
+        if n_set:
+            head += f" (and {n_set} for a set of GPUs, below)"
         lines.append(head)
         if entries:
-            rows = [(*_COLUMNS, "COMMAND")]
-            for e in entries:
-                rows.append(
-                    (
-                        str(e["position"] + 1),
-                        str(e["ticket"]),
-                        e["state"] + (" !" if e["stale"] else "") + _warming(e.get("prefetch")),
-                        e["name"],
-                        str(e["pid"]),
-                        e["user"],
-                        "exclusive" if e["need_bytes"] is None else format_size(e["need_bytes"]),
-                        format_duration(e["waited_s"]),
-                        format_duration(e["held_s"]) if e["held_s"] is not None else "-",
-                        format_duration(e["lease_s"]) if e["lease_s"] is not None else "-",
-                        _short(" ".join(e["command"]), 40),
-                    )
-                )
-            widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-            shown: set[int] = set()
-            for i, r in enumerate(rows):
-                p = entries[i - 1].get("pool") if i else None
-                if p is not None and p["pid"] not in shown:  # the pool, over its first ticket
-                    shown.add(p["pid"])
-                    lines.append(_pool_line(p))
-                cells = [c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)]
-                lines.append("  " + "  ".join(cells) + "  " + r[-1])
+            lines += _rows(entries)
         for ig in g["ignored"]:
             lines.append(f"  ignored {ig['file']}: {ig['reason']}")
         for name in g.get("orphan_fifos", []):
             lines.append(f"  orphan {name}: no ticket and no process holds it ! (stale)")
+    for line in snap.get("sets") or []:
+        n = sum(1 for e in line["waiters"] if e["state"] == "waiting")
+        lines.append(f"{format_gpus(line['gpus'])} (one line)  -  {n} waiting")
+        lines += _rows(line["waiters"])
     lines += _render_residents(snap.get("residents", []))
     lines += _render_prewarm(snap.get("prewarm"))
     lines += _render_tenants(snap.get("tenants", []))
     lines += _render_processes(snap["devices"])
     lines += _render_usage(snap.get("usage"))
     stale = [e for g in snap["gpus"] for e in g["holders"] + g["waiters"] if e["stale"]]
+    stale += [e for line in snap.get("sets") or [] for e in line["waiters"] if e["stale"]]
     orphans = [n for g in snap["gpus"] for n in g.get("orphan_fifos", [])]
     if stale or orphans:
         lines.append(
@@ -549,6 +606,51 @@ def render(snap: dict[str, Any]) -> str:
             + (" (and removes orphan FIFOs)" if orphans else "")
         )
     return "\n".join(lines)
+
+
+def _rows(entries: list[dict[str, Any]]) -> list[str]:
+    """A line's table: one row per ticket (a pool's line over its first ticket)."""
+    lines: list[str] = []
+    rows = [(*_COLUMNS, "COMMAND")]
+    for e in entries:
+        rows.append(
+            (
+                str(e["position"] + 1),
+                str(e["ticket"]),
+                e["state"]
+                + _spread(e)
+                + (" !" if e["stale"] else "")
+                + _warming(e.get("prefetch")),
+                e["name"],
+                str(e["pid"]),
+                e["user"],
+                "exclusive" if e["need_bytes"] is None else format_size(e["need_bytes"]),
+                format_duration(e["waited_s"]),
+                format_duration(e["held_s"]) if e["held_s"] is not None else "-",
+                format_duration(e["lease_s"]) if e["lease_s"] is not None else "-",
+                _short(" ".join(e["command"]), 40),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
+    shown: set[int] = set()
+    for i, r in enumerate(rows):
+        p = entries[i - 1].get("pool") if i else None
+        if p is not None and p["pid"] not in shown:  # the pool, over its first ticket
+            shown.add(p["pid"])
+            lines.append(_pool_line(p))
+        cells = [c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)]
+        lines.append("  " + "  ".join(cells) + "  " + r[-1])
+    return lines
+
+
+def _spread(e: dict[str, Any]) -> str:
+    """``holding gpus 0,1`` for a multi-GPU holder; ``waiting for 2`` GPUs at once."""
+    granted = e.get("granted") or []
+    if len(granted) > 1:
+        return " " + format_gpus(granted)
+    if isinstance(e.get("gpus"), int) and not granted:
+        return f" for {e['gpus']}"
+    return ""
 
 
 def _warming(p: dict[str, Any] | None) -> str:

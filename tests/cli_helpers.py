@@ -271,7 +271,7 @@ class Cli:
         """``gpulock run --name NAME RUN_ARGS -- CMD``, not waited for."""
         return self.start([*GPULOCK, "run", "--name", name, *run_args, "--", *cmd], name)
 
-    def hold(self, name: str, *run_args: str, gpu: int = 0) -> Proc:
+    def hold(self, name: str, *run_args: str, gpu: int | str = 0) -> Proc:
         """A ``gpulock run`` whose command holds the GPU until ``release()``; returns once
         the command runs (so the GPU is granted and the command holds the claim)."""
         ready = self.root / f"{name}.ready"

@@ -127,6 +127,7 @@ class Interval:
     start: int
     end: int
     need_bytes: int | None
+    gpus: tuple[int, ...] = (0,)
 
 
 def intervals(records: list[Record], killed: dict[str, int] | None = None) -> list[Interval]:
@@ -143,16 +144,28 @@ def intervals(records: list[Record], killed: dict[str, int] | None = None) -> li
             starts[r.ticket] = r
         elif r.kind == "release" and r.ticket in starts:
             g = starts.pop(r.ticket)
-            out.append(Interval(g.name, g.ticket or 0, g.ns, r.ns, g.extra.get("need_bytes")))
+            out.append(_interval(g, r.ns))
     now = time.monotonic_ns()
     for g in starts.values():
-        end = killed.get(g.name, now)
-        out.append(Interval(g.name, g.ticket or 0, g.ns, end, g.extra.get("need_bytes")))
+        out.append(_interval(g, killed.get(g.name, now)))
     return sorted(out, key=lambda i: i.start)
 
 
+def _interval(grant: Record, end: int) -> Interval:
+    gpus = tuple(grant.extra.get("gpus") or (0,))
+    return Interval(
+        grant.name, grant.ticket or 0, grant.ns, end, grant.extra.get("need_bytes"), gpus
+    )
+
+
 def overlapping(ivs: list[Interval]) -> list[tuple[Interval, Interval]]:
-    return [(a, b) for i, a in enumerate(ivs) for b in ivs[i + 1 :] if b.start < a.end]
+    """Pairs of holds that overlap in time on a GPU they share."""
+    return [
+        (a, b)
+        for i, a in enumerate(ivs)
+        for b in ivs[i + 1 :]
+        if b.start < a.end and set(a.gpus) & set(b.gpus)
+    ]
 
 
 # --- the child program -----------------------------------------------------------------------
@@ -201,9 +214,11 @@ def child_main(opts: dict[str, Any]) -> int:
     audit = _Audit(opts["audit"], name)
     kw: dict[str, Any] = {
         "gpu": opts.get("gpu", 0),
+        "gpus": opts.get("gpus"),
         "need": opts.get("need"),
         "timeout": opts.get("timeout"),
         "lease": opts.get("lease"),
+        **{k: opts[k] for k in ("prefetch", "prefer") if k in opts},
         "config": opts.get("config"),
     }
     mode = opts.get("mode", "hold")
@@ -231,7 +246,15 @@ def child_main(opts: dict[str, Any]) -> int:
         audit.write("error", type=type(e).__name__, message=str(e))
         return 4
     seq = lease.ticket
-    audit.write("grant", seq, pid=os.getpid(), need_bytes=lease.need_bytes, waited=lease.waited_s)
+    audit.write(
+        "grant",
+        seq,
+        pid=os.getpid(),
+        need_bytes=lease.need_bytes,
+        waited=lease.waited_s,
+        gpus=list(lease.gpus),
+        cuda=lease.cuda_visible_devices,
+    )
     if mode == "nested":
         inner = gpulock.acquire(name=name + "-inner", **kw)
         audit.write("nested", seq, same=inner is lease, inner_ticket=inner.ticket)
@@ -353,10 +376,16 @@ class World:
         self.children.append(child)
         return child
 
-    def enqueue(self, name: str, gpu: int = 0, **opts: Any) -> Child:
-        """Start a child and return once its ticket is in the queue: arrival order is known."""
+    def enqueue(self, name: str, gpu: Any = 0, **opts: Any) -> Child:
+        """Start a child and return once its ticket is in the queue: arrival order is known.
+
+        ``gpu``: an index, a list of them or "any" (then a copy in any GPU's folder will do:
+        every copy is in place before the next ticket can be numbered, and one granted at
+        once keeps only the copies of the GPUs it holds).
+        """
         child = self.spawn(name, gpu=gpu, **opts)
-        child.seq = self.wait_ticket(child, gpu)
+        where = [gpu] if isinstance(gpu, int) else (list(gpu) if isinstance(gpu, list) else None)
+        child.seq = self.wait_ticket(child, where[0] if where and len(where) == 1 else where)
         return child
 
     def hold(self, name: str, **opts: Any) -> Child:
@@ -401,16 +430,31 @@ class World:
                 continue
         return out
 
-    def wait_ticket(self, child: Child, gpu: int = 0, timeout_s: float = DEFAULT_WAIT_S) -> int:
+    def wait_ticket(
+        self, child: Child, gpu: int | list[int] | None = 0, timeout_s: float = DEFAULT_WAIT_S
+    ) -> int:
+        """``child``'s ticket number, once in ``gpu``'s folder (a list: in any of them; None:
+        in any GPU's folder)."""
+
         def find() -> int | None:
             if child.proc.poll() is not None:
                 raise AssertionError(
                     f"{child.name} exited ({child.proc.returncode}) before queueing\n"
                     f"{child.stderr()}\n{self.describe()}"
                 )
-            return next((s for s, t in self.tickets(gpu).items() if t.pid == child.pid), None)
+            if isinstance(gpu, int):
+                folders = [gpu]
+            elif gpu is not None:
+                folders = gpu
+            else:
+                folders = sorted(int(p.name[3:]) for p in self.state.glob("gpu[0-9]*"))
+            for g in folders:
+                mine = [s for s, t in self.tickets(g).items() if t.pid == child.pid]
+                if mine:
+                    return mine[0]
+            return None
 
-        return wait_until(find, timeout_s, f"{child.name}'s ticket in {self.gpu_dir(gpu)}")
+        return wait_until(find, timeout_s, f"{child.name}'s ticket in {self.state} ({gpu})")
 
     def records(self) -> list[Record]:
         return read_audit(self.audit)
@@ -465,9 +509,14 @@ class World:
         """What a failing wait prints: the audit, the queue folder, the children's stderr."""
         lines = ["--- audit ---", *map(str, self.records())]
         try:
-            lines += ["--- queue ---", *sorted(os.listdir(self.gpu_dir()))]
+            folders = sorted(n for n in os.listdir(self.state) if n.startswith("gpu"))
         except OSError:
-            pass
+            folders = []
+        for folder in folders or ["gpu0"]:
+            try:
+                lines += [f"--- queue {folder} ---", *sorted(os.listdir(self.state / folder))]
+            except OSError:
+                pass
         lines += [c.stderr() for c in self.children if c.stderr()]
         return "\n".join(lines)
 

@@ -194,3 +194,42 @@ def test_async_waiter_behind_a_dead_holder_is_granted_only_after_its_command_exi
         if holder.poll() is None:
             os.killpg(holder.pid, signal.SIGKILL)
             holder.wait(30)
+
+
+def test_a_cancelled_async_waiter_for_a_set_leaves_every_line(world: World) -> None:
+    """Several GPUs (issue 28): an ``acquire_async(gpu="any")`` waits in each GPU's line;
+    cancelled, its copies and FIFOs leave every one at once; granted, it says which GPU."""
+    world.config.write_text("simulate: 24GiB,24GiB\n")
+    h0 = world.hold("h0", gpu=0)
+    h1 = world.hold("h1", gpu=1)
+
+    async def cancelled() -> int:
+        task = asyncio.ensure_future(gpulock.acquire_async(gpu="any", name="set", timeout=60))
+        mine = await asyncio.to_thread(
+            wait_until,
+            lambda: next((s for s, t in world.tickets(1).items() if t.name == "set"), None),
+            DEFAULT_WAIT_S,
+            "the async waiter's copy in gpu1's line",
+        )
+        assert mine in world.tickets(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return mine
+
+    mine = asyncio.run(cancelled())
+    for g in (0, 1):
+        assert not [p for p in world.gpu_dir(g).iterdir() if p.name.startswith(f"{mine:012d}")]
+
+    async def granted() -> tuple[int, ...]:
+        task = asyncio.ensure_future(gpulock.acquire_async(gpu="any", name="set2", timeout=60))
+        await asyncio.to_thread(world.wait_event, "wait", name="set2")
+        h1.release()
+        lease = await task
+        try:
+            return lease.gpus
+        finally:
+            lease.release()
+
+    assert asyncio.run(granted()) == (1,)
+    h0.release()

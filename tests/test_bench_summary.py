@@ -53,7 +53,7 @@ def test_lock_chaos_summary_names_the_missed_target() -> None:
     run = {
         "label": "this checkout", "grants": 10, "kills": 1, "wedges": 1, "overlaps": 0,
         "order_violations": 0, "exit_waits_live": 1, "handoff_p50_ms": 1.0,
-        "handoff_p99_ms": 5.0,
+        "handoff_p99_ms": 5.0, "stuck_waits": 0, "left_behind": 0,
     }  # fmt: skip
     targets = lc.judge([run], "this checkout", None)
     line = lc.summary([run], "this checkout", None, targets)
@@ -103,3 +103,54 @@ def test_lock_chaos_audit_counts_what_it_says() -> None:
     assert r["wedge_list"] == [(1.0, 3.0)], r
     assert (r["exit_waits"], r["exit_waits_live"]) == (2, 1), r
     assert r["handoffs"] == 1 and abs(r["handoff_p50_ms"] - 50.0) < 1e-6, r
+    assert r["stuck_waits"] == 0, r
+
+
+def test_lock_chaos_audit_counts_a_stuck_wait_as_a_deadlock() -> None:
+    """A wait that outlives the longest timeout while its process runs is stuck; one whose
+    process was stopped meanwhile is not."""
+    lc = bench("lock_chaos")
+    events = [
+        {"ts": 0.0, "event": "wait", "ticket": 2, "pid": 12},
+        {"ts": 0.0, "event": "wait", "ticket": 3, "pid": 13},
+        {"ts": 20.0, "event": "acquire", "ticket": 2, "pid": 12},
+        {"ts": 20.0, "event": "timeout", "ticket": 3, "pid": 13},
+    ]
+    did = lc.Signalled(stops=[(5.0, 15.0, 13)])
+    r = lc.audit(events, [], did, 0.0, 21.0)
+    assert r["stuck_waits"] == 1, r
+
+
+def test_multigpu_summary_names_the_missed_target() -> None:
+    mg = bench("multigpu")
+
+    def cell(p90: float, one_max: float, two_max: float) -> dict[str, float]:
+        return {"p90_s": p90, "one_max_s": one_max, "two_max_s": two_max}
+
+    results = {
+        f"{load}": {
+            "pinned": cell(60.0, 100.0, 100.0),
+            "shortest": cell(50.0, 100.0, 100.0),
+            "any": cell(40.0, 100.0, 120.0),  # only 1.5x below pinned: missed
+            "ts": cell(30.0, 100.0, 900.0),
+        }
+        for load in mg.LOADS
+    }
+    targets = mg.judge(results)
+    assert [ok for _text, ok in targets] == [False, True, True]
+    line = mg.summary(results, targets)
+    assert line.startswith("summary: at 70% load any waits p90 40.0 s vs pinned 60.0 s")
+    assert line.endswith("FAILED: any's p90 wait at least 2x below pinned's at 70% load"), line
+
+
+def test_lock_chaos_audit_a_hold_recorded_just_after_its_kill_stamp_ends_with_the_kill() -> None:
+    """The bench stamps a SIGKILL just before sending it: a victim still alive in between may
+    write its grant record after the stamp.  That hold ends with the kill (nothing is written
+    after a real SIGKILL); the next holder of that GPU is no overlap."""
+    lc = bench("lock_chaos")
+    holds = [
+        (1.0000021, "G", 7, 70, (0, 3)),  # 2 us after the bench stamped pid 70's kill
+        (1.5, "G", 8, 80, (0,)),
+    ]
+    did = lc.Signalled(kills=[(1.0, 70)])
+    assert lc.audit([], holds, did, 0.0, 2.0)["overlaps"] == 0

@@ -289,9 +289,23 @@ def test_group_not_a_name() -> None:
     assert str(error).startswith(f"{FILE}:1: group: expected a group name, got 1000")
 
 
-@pytest.mark.parametrize(("value", "expected"), [("0", 0), ("3", 3)])
-def test_default_gpu_good(value: str, expected: int) -> None:
-    assert parse(f"default_gpu: {value}\n").default_gpu == expected
+@pytest.mark.parametrize(
+    ("value", "expected", "spec"),
+    [
+        ("0", 0, 0),
+        ("3", 3, 3),
+        ("'1'", 1, 1),
+        ("any", 0, "any"),
+        ("0,2", 0, (0, 2)),
+        ("[3, 1]", 1, (1, 3)),
+        ("[2]", 2, 2),
+    ],
+)
+def test_default_gpu_good(value: str, expected: int, spec: object) -> None:
+    """One GPU, a set, or any (issue 28); ``default_gpu`` stays the one GPU of things that
+    live on one (a resident, a tenant without gpu:): the set's first."""
+    cfg = parse(f"default_gpu: {value}\n")
+    assert (cfg.default_gpu, cfg.default_gpus) == (expected, spec)
 
 
 @pytest.mark.parametrize(
@@ -301,14 +315,17 @@ def test_default_gpu_good(value: str, expected: int) -> None:
         ("-1", "got -1"),
         ("1.5", "got 1.5"),
         ("true", "got true"),
-        ("'1'", "got '1'"),
         ("", "got null"),
-        ("[0]", "got a list"),
+        ("[]", "got a list"),
+        ("'0,x'", "got '0,x'"),
     ],
 )
 def test_default_gpu_bad(value: str, got: str) -> None:
     error = fails(f"# comment\non_hung: report\ndefault_gpu: {value}\n")
-    assert str(error) == f"{FILE}:3: default_gpu: expected a whole number >= 0, {got}"
+    assert str(error) == (
+        f"{FILE}:3: default_gpu: expected a GPU index >= 0, a set such as 0,2, or any; {got}"
+    )
+    assert error.hint and "default_gpu: any" in error.hint
 
 
 @pytest.mark.parametrize(

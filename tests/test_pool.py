@@ -372,3 +372,34 @@ def test_a_forged_pool_record_is_skipped_not_a_traceback(pool_cli: Cli) -> None:
     r = cli.run("status", "--json")
     assert r.code == 0, r.describe()
     assert "Traceback" not in r.stderr, r.describe()
+
+
+# --- several GPUs (issue 28) ---------------------------------------------------------------------
+
+
+def test_a_pool_on_any_gpu_runs_its_workers_on_both_and_earlier_workers_draw_the_next(
+    pool_cli: Cli,
+) -> None:
+    """``--gpu any`` on two simulated 24 GiB GPUs: two 8.9 GiB workers fit each, so four run;
+    the second worker goes where the first is (its model is warm there), and only then the
+    other GPU fills."""
+    cli = pool_cli
+    cli.simulate = "24GiB,24GiB"
+    batch = Batch(cli)
+    pool = batch.start("--need", "8.9GiB", "--max", "4", "--gpu", "any")
+    batch.wait_running(4)
+    starts = wait_until(
+        lambda: s if len(s := cli.events("pool-worker", action="start")) == 4 else None,
+        lambda: f"four workers started\n{cli.describe()}",
+    )
+    where = [tuple(e["worker_gpus"]) for e in starts]
+    assert sorted(where) == [(0,), (0,), (1,), (1,)]
+    assert where[0] == where[1]  # the second joined the first: preferred, as its model is warm
+    grants = cli.events("acquire", name="tts")
+    assert grants[1]["granted"] == grants[0]["granted"]
+    record = cli.status()
+    assert sum(len(g["holders"]) for g in record["gpus"]) == 4
+    batch.touch("release")
+    assert pool.wait() == 0, pool.output()
+    for g in (0, 1):
+        assert [f for f in cli.queue_files(g) if f.endswith(".ticket")] == []

@@ -249,9 +249,10 @@ def test_replay_a_trace_from_the_cli_json_and_html(cli: Cli, tmp_path: Path) -> 
         (2 * GiB, "lru"), (2 * GiB, "belady"), (8 * GiB, "lru"), (8 * GiB, "belady"),
     ]  # fmt: skip
     assert set(rows[0]) == {
-        "gpu_bytes", "policy", "unfit", "loads", "loaded_bytes", "load_s", "wait_s_total",
-        "wait_s_p90", "deadline_misses", "evictions",
+        "gpu_bytes", "gpus", "policy", "unfit", "loads", "loaded_bytes", "load_s",
+        "wait_s_total", "wait_s_p90", "deadline_misses", "evictions",
     }  # fmt: skip
+    assert rows[0]["gpus"] == 1
     assert rows[0]["unfit"] == 1  # the 4 GiB digest cannot fit 2 GiB
     assert f"wrote {html.resolve()}" in err
     # the digest is exclusive: it clears "small", which the tagger then reloads
@@ -391,3 +392,59 @@ def test_replay_a_recorded_day_from_the_event_log(cli: Cli) -> None:
     rows = {r["policy"]: r for r in json.loads(out)}
     assert rows["lru"]["loads"] == 1 and rows["lru"]["load_s"] == pytest.approx(2.0)
     assert rows["keepalive"]["loads"] == 6  # unloaded after 5 idle minutes, every time
+
+
+# --- a host of several GPUs (issue 28) ------------------------------------------------------
+
+
+def _arrival(t: float, name: str, model: str, gib: float, hold: float, gpus: int = 1) -> Arrival:
+    return Arrival(t, name, model, int(gib * GiB), hold, int(gib * GiB), gpus=gpus)
+
+
+def test_two_gpus_place_each_job_where_its_model_is_warm() -> None:
+    """Two 14 GiB models taking turns: one 24 GiB GPU reloads at every turn; two of them keep
+    one model each, because a job is placed on the GPU where its model is resident."""
+    trace = [
+        _arrival(60.0 * i, "a" if i % 2 == 0 else "b", "A" if i % 2 == 0 else "B", 14, 10.0)
+        for i in range(20)
+    ]
+    one = simulate(trace, 24 * GiB, "lru")
+    two = simulate(trace, 24 * GiB, "lru", gpus=2)
+    assert (one.loads, two.loads) == (20, 2)
+    assert (one.gpus, two.gpus) == (1, 2)
+
+
+def test_two_gpus_serve_two_jobs_at_once_and_a_two_gpu_job_fits_only_there() -> None:
+    trace = [
+        Arrival(0.0, "x", "", 0, 100.0, None),
+        Arrival(0.0, "y", "", 0, 100.0, None),
+        Arrival(1.0, "tp", "big", 30 * GiB, 50.0, None, gpus=2),  # 15 GiB on each of two
+    ]
+    one = simulate(trace, 24 * GiB, "lru")
+    two = simulate(trace, 24 * GiB, "lru", gpus=2)
+    assert one.unfit == 1 and two.unfit == 0  # two GPUs at once: only a host of two has them
+    assert one.wait_s_total == pytest.approx(100.0)  # y waits for x on one GPU...
+    # ...not on two; the two-GPU job waits for both (99 s) and loads its model (30 s)
+    assert two.wait_s_total == pytest.approx(129.0)
+
+
+def test_a_host_of_two_from_the_cli(cli: Cli, tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    lines = ["time_s,name,model,model_bytes,hold_s,need_bytes,gpus"]
+    for i in range(10):
+        m = "A" if i % 2 == 0 else "B"
+        lines.append(f"{60 * i},job{m},{m},{14 * GiB},10,{14 * GiB},")
+    lines.append(f"700,tp,C,{20 * GiB},10,{10 * GiB},2")
+    trace.write_text("\n".join(lines) + "\n")
+    code, out, err = run(cli, str(trace), "--gpu", "24GiB,2x24GiB", "--policy", "lru", "--json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert [(r["gpus"], r["gpu_bytes"], r["unfit"]) for r in rows] == [
+        (1, 24 * GiB, 1), (2, 24 * GiB, 0),
+    ]  # fmt: skip
+    assert rows[1]["loads"] == 3  # A and B once each, each on its GPU; C split over both
+    code, out, _ = run(cli, str(trace), "--gpu", "2x24GiB", "--policy", "lru")
+    assert code == 0 and "2x24.0 GiB" in out
+    for bad in ("0x24GiB", "2xbig"):
+        code, _out, err = run(cli, str(trace), "--gpu", bad)
+        assert code == 2 and "--gpu" in err, err

@@ -35,6 +35,7 @@ VERDICT_KEYS = {
     "chosen",
     "reason",
     "gpu",
+    "gpus",  # the GPUs its ticket would wait for (a set for a local model without gpu:)
     "need_bytes",
     "warm",
     "tools",  # {"ok", "how"}: whether it can call tools (gpulock.router.tools)

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -685,3 +686,42 @@ def test_the_ledger_and_its_lock_are_shared_with_the_group(world: World) -> None
     folder = world.state / ledger.FOLDER
     for name in (ledger.FILE, ledger.LOCK_FILE):
         assert os.stat(folder / name).st_mode & 0o777 == 0o660, name
+
+
+# --- several GPUs (issue 28) -------------------------------------------------------------------
+
+
+def test_a_local_model_without_gpu_waits_for_every_gpu_and_loads_where_granted(
+    world: World, tiny: Path
+) -> None:
+    """Two GPUs; gpu1 is held (exclusively) by another process when the call is chosen, gpu0
+    by a third soon after: the router saw gpu0 free, but the ticket waits for the set, not for
+    the GPU that looked shortest, and the model loads (and stays) on the GPU it got."""
+    configure(world, gpu_and_cpu(tiny))
+    text = world.config.read_text().replace("simulate: 24GiB\n", "simulate: 24GiB,24GiB\n")
+    world.config.write_text(text)
+    s = world.settings()
+    need = estimate(tiny, 256)
+    h1 = world.hold("h1", gpu=1)
+    m = router.get_model("t", agent=AGENT)
+    chosen = m.choice.chosen
+    assert chosen is not None and chosen.gpus == (0, 1) and chosen.gpu == 0
+    assert m.why.splitlines()[0].startswith("t: gpu tiny-llama (routes.t[0]): any of gpus 0,1:")
+    h0 = world.hold("h0", gpu=0)  # now the GPU that looked free is taken
+    out: list[str] = []
+    caller = threading.Thread(target=lambda: out.append(m.complete("hello", max_tokens=2)))
+    caller.start()
+    world.wait_event("wait", name=f"{AGENT}:t")
+    h1.release()  # gpu1 frees first: the call goes there
+    caller.join(60)
+    assert out and printable(out[0])
+    (acq,) = world.events("acquire", name=f"{AGENT}:t")
+    assert (acq["gpus"], acq["granted"], acq["need_bytes"]) == ([0, 1], [1], need)
+    (rec,) = records(s)
+    assert rec.gpu == 1  # registered where it loaded
+    # Loaded on gpu1, it keeps gpu1: the next call waits there only, wherever else is free.
+    h0.release()
+    m.complete("again", max_tokens=2)
+    acq2 = world.events("acquire", name=f"{AGENT}:t")[-1]
+    assert acq2["gpu"] == 1 and "gpus" not in acq2
+    assert len(world.events("model-load")) == 1

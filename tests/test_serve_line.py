@@ -36,11 +36,13 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def start(world: World, tiny: Path) -> Iterator[Callable[..., GatewayProc]]:
     started: list[GatewayProc] = []
 
-    def run(*, parallel: int = 1, n_ctx: int = 256, extra: str = "") -> GatewayProc:
+    def run(
+        *, parallel: int = 1, n_ctx: int = 256, extra: str = "", simulate: str = "24GiB"
+    ) -> GatewayProc:
         gpu = f"{{tier: gpu, backend: llama_cpp, model: {tiny}, n_ctx: {n_ctx}, max_tokens: 8"
         cpu = f"{{tier: cpu, backend: llama_cpp, model: {tiny}, n_ctx: 256, max_tokens: 8"
         world.config.write_text(
-            "simulate: 24GiB\n"
+            f"simulate: {simulate}\n"
             + textwrap.dedent(extra)
             + "routes:\n"
             + f"  chat:\n    - {gpu}, name: tiny-gpu, parallel: {parallel}}}\n"
@@ -472,3 +474,30 @@ def test_a_stopped_server_answers_its_waiters_releases_its_tickets_and_exits_0(
     assert "Traceback" not in g.output()
     assert [t.name for t in world.tickets().values()] == ["holder"]  # the waiter's is gone
     holder.release()
+
+
+def test_on_two_gpus_a_request_waits_in_one_line_and_runs_where_granted(
+    world: World, start: Callable[..., GatewayProc]
+) -> None:
+    """Several GPUs (issue 28): a request for a local model without gpu: takes a ticket for
+    both, is granted the one that frees, and the model loads there; the next request prefers
+    the GPU where the server has it loaded."""
+    g = start(simulate="24GiB,24GiB")
+    h0 = world.hold("h0", gpu=0)
+    h1 = world.hold("h1", gpu=1)
+    bg = Background()
+    bg.send("r1", lambda: chat(g, "r1"))
+    world.wait_event("wait", name="r1")
+    gpus = g.request("GET", "/gpulock/status").json()["sets"]
+    assert [[w["name"] for w in s["waiters"]] for s in gpus] == [["r1"]]
+    h1.release()
+    bg.join()
+    r = bg.replies["r1"]
+    assert isinstance(r, Reply) and r.status == 200, r
+    (acq,) = world.events("acquire", name="r1")
+    assert (acq["gpus"], acq["granted"]) == ([0, 1], [1])
+    h0.release()  # both free now: the warm one is taken
+    assert chat(g, "r2").status == 200
+    (acq2,) = world.events("acquire", name="r2")
+    assert acq2["granted"] == [1]
+    assert len(world.events("model-load")) == 1

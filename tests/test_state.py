@@ -583,3 +583,20 @@ def test_read_tail_of_nothing_a_fifo_and_a_symlink(tmp_path: pathlib.Path) -> No
     (tmp_path / "link").symlink_to(tmp_path / "real")
     with pytest.raises(StateDirError, match="is a symlink"):
         read_tail(tmp_path / "link", 10)
+
+
+def test_a_doorbell_rung_as_its_owner_closes_the_claim_is_no_error(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write end opened while the owner held its claim, then the owner closed it before the
+    byte went in: EPIPE.  ``ring`` says the owner is gone (a grant rings its successor: an
+    exception there failed a grant already made)."""
+    from gpulock.core import claim
+
+    fifo = tmp_path / "x.fifo"
+    reader = claim.create(fifo, 0o600)
+    late = claim.watch(fifo)
+    assert late is not None
+    os.close(reader)  # the owner goes between the open and the write
+    monkeypatch.setattr(claim, "_watch_quietly", lambda path: late)
+    assert claim.ring(fifo) is False

@@ -283,3 +283,43 @@ def test_the_calendar_day_is_local_or_utc() -> None:
     t = 1_795_600_000.0  # 2026-11-25 09:46 UTC
     assert calendar_day(t, utc=True) == "2026-11-25"
     assert calendar_day(t) == time.strftime("%Y-%m-%d", time.localtime(t))
+
+
+# --- GPU sets (--gpu, default_gpu, acquire(gpu=...)) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "spec"),
+    [
+        (0, 0),
+        ("3", 3),
+        ("any", "any"),
+        (" ANY ", "any"),
+        ("0,2", (0, 2)),
+        ("2,0,2", (0, 2)),
+        ([2, 0], (0, 2)),
+        ("1,", 1),
+        ([1], 1),
+    ],
+)
+def test_parse_gpus(raw: object, spec: object) -> None:
+    from gpulock.core.units import parse_gpus
+
+    assert parse_gpus(raw) == spec
+
+
+@pytest.mark.parametrize("raw", ["", "x", "-1", -1, "0,,2", "a,b", [], [True], True, 1.5, "0 2"])
+def test_parse_gpus_refuses_with_an_example(raw: object) -> None:
+    from gpulock.core.units import parse_gpus
+
+    with pytest.raises(ValueError, match=r"^--gpu: expected a GPU index like 0, a set like 0,2"):
+        parse_gpus(raw, key="--gpu")
+
+
+def test_format_gpus() -> None:
+    from gpulock.core.units import format_gpus
+
+    assert format_gpus((1,)) == "gpu1"
+    assert format_gpus((0, 2)) == "gpus 0,2"
+    assert format_gpus((3, 2, 1, 0)) == "gpus 0-3"
+    assert format_gpus((0, 1, 2, 5, 7, 8, 9)) == "gpus 0-2,5,7-9"

@@ -99,6 +99,8 @@ def ring(path: Path) -> bool:
         os.write(fd, DOORBELL)
     except BlockingIOError:
         pass  # the pipe is full of doorbells already: it will wake
+    except BrokenPipeError:
+        return False  # its owner closed it between our open and our write: it is gone
     finally:
         os.close(fd)
     return True

@@ -22,8 +22,11 @@ Keys owned by gpulock (the defaults live in ``DEFAULTS``, written as they would 
     Share the state folder between the users of this group: it is created with mode 2770 and
     the group, and files in it 0660.  Without it the folder is private (0700).  The group must
     exist.
-``default_gpu`` (whole number >= 0, default ``0``)
-    The GPU index used when a caller names none.
+``default_gpu`` (a GPU index, a set such as ``0,2`` or ``[0, 2]``, or ``any``; default ``0``)
+    The GPU a ticket waits for when its caller names none.  ``any`` (or a set) lets each
+    ticket be granted on whichever GPU of this machine (of the set) can take it first: one
+    line in front of several GPUs.  What lives on one GPU (a resident model, a tenant without
+    ``gpu:``) takes the first of the set.
 ``simulate`` (sizes, default: none)
     Pretend there are GPUs of these memory sizes instead of asking the driver, for machines
     without one and for tests: ``24GiB``, ``"24GiB,12GiB"`` or a YAML list of sizes.  Each is
@@ -156,7 +159,8 @@ class Config:
     path: pathlib.Path | None = None
     state_dir: pathlib.Path | None = DEFAULTS["state_dir"]
     group: str | None = DEFAULTS["group"]
-    default_gpu: int = DEFAULTS["default_gpu"]
+    default_gpu: int = DEFAULTS["default_gpu"]  # one GPU: the first of the set below
+    default_gpus: int | str | tuple[int, ...] = DEFAULTS["default_gpu"]  # as asked: 0, (0, 2), any
     simulate_bytes: tuple[int, ...] | None = DEFAULTS["simulate"]
     # Kept as written: a percentage can only be resolved once the GPU's memory is known.
     reserve: str | int = DEFAULTS["reserve"]
@@ -618,6 +622,10 @@ def _validate(
             problems.append(error)
             continue
         changes[field_name] = parsed
+    if "default_gpus" in changes:  # the one GPU of things that live on one: the set's first
+        spec = changes["default_gpus"]
+        first = spec[0] if isinstance(spec, tuple) else 0  # "any": gpu0, which every box has
+        changes["default_gpu"] = spec if isinstance(spec, int) else first
     if raw_tenants is not None:
         from gpulock.core.tenantspec import parse_tenants  # only a config with tenants pays for it
 
@@ -663,9 +671,17 @@ def _check_group(base: Config, value: Any, file: str) -> tuple[str, Any]:
 
 
 def _check_default_gpu(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise base.error("default_gpu", f"expected a whole number >= 0, got {show_value(value)}")
-    return "default_gpu", value
+    from gpulock.core.units import parse_gpus
+
+    try:
+        spec = parse_gpus(value)
+    except ValueError:
+        raise base.error(
+            "default_gpu",
+            f"expected a GPU index >= 0, a set such as 0,2, or any; got {show_value(value)}",
+            "default_gpu: 0 (one GPU), default_gpu: any (whichever GPU is free first)",
+        ) from None
+    return "default_gpus", spec
 
 
 def _positive_size(base: Config, key: str, value: Any, example: str) -> int:

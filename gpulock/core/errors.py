@@ -10,6 +10,7 @@
         ├── LockTimeout (TimeoutError)  the GPU could not be had in time
         ├── NeedTooLarge (ValueError)   a need that can never fit the GPU
         ├── NoSuchGpu (ValueError)      a GPU index this machine does not have (exit 2)
+        ├── TooFewGpus (ValueError)     more GPUs at once than the set asked for has (exit 2)
         └── NotPermitted (PermissionError)  breaking or killing someone else's ticket
 
 Every error carries its fields as attributes, pickles across processes (``__reduce__`` rebuilds
@@ -109,21 +110,28 @@ class LockTimeout(LockError, TimeoutError):
         holder_name: str | None = None,
         *,
         queue_ahead: int = 0,
+        gpus: tuple[int, ...] = (),
+        count: int = 1,
     ) -> None:
         self.gpu = gpu
         self.waited_s = waited_s
         self.holder_pid = holder_pid
         self.holder_name = holder_name
         self.queue_ahead = queue_ahead
+        self.gpus = tuple(gpus) or (gpu,)  # the set it waited for (a set ticket's)
+        self.count = count  # how many of them at once
         held_by = ""
         if holder_pid is not None:
             held_by = f" (held by pid {holder_pid}"
             held_by += f", {holder_name!r})" if holder_name else ")"
         ahead = f", {queue_ahead} ahead in the queue" if queue_ahead else ""
-        super().__init__(
-            f"gpu{gpu} busy after {waited_s:.1f} s{held_by}{ahead}",
-            hint="gpulock status",
-        )
+        what = f"gpu{gpu} busy"
+        if len(self.gpus) > 1 or count > 1:
+            from gpulock.core.units import format_gpus
+
+            many = f"{count} of " if count > 1 else "any of "
+            what = f"{many}{format_gpus(self.gpus)} busy"
+        super().__init__(f"{what} after {waited_s:.1f} s{held_by}{ahead}", hint="gpulock status")
 
 
 class NeedTooLarge(LockError, ValueError):
@@ -165,6 +173,22 @@ class NoSuchGpu(LockError, ValueError):
                 if source == "simulated"
                 else "check --gpu and the config's default_gpu; nvidia-smi -L lists the GPUs"
             ),
+        )
+
+
+class TooFewGpus(LockError, ValueError):
+    """More GPUs at once (``--gpus N``) than the set asked for has: a usage error (exit 2)."""
+
+    exit_code = 2
+
+    def __init__(self, count: int, gpus: tuple[int, ...], why: str) -> None:
+        self.count = count
+        self.gpus = tuple(gpus)
+        self.why = why
+        have = ", ".join(f"gpu{i}" for i in self.gpus) or "none"
+        super().__init__(
+            f"{count} GPUs at once cannot be had: {why} ({have})",
+            hint="ask for fewer with --gpus, or for a larger set with --gpu any or --gpu 0,1,...",
         )
 
 

@@ -15,18 +15,26 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 
 __all__ = [
     "MIN_GPU_BYTES",
     "format_duration",
+    "format_gpus",
     "format_size",
     "format_usd",
     "gpu_size_mistake",
     "parse_clock",
     "parse_duration",
+    "parse_gpus",
     "parse_size",
 ]
+
+# What a ticket may ask for (``--gpu``, ``default_gpu``, ``acquire(gpu=...)``): one GPU, a set of
+# GPUs, or "any" (every GPU this machine has).
+GpuSpec = int | tuple[int, ...] | str
+_GPUS_EXAMPLE = "expected a GPU index like 0, a set like 0,2, or any"
 
 _SIZE_EXAMPLE = "expected a size like 6GiB, 800MiB or 10%"
 _DURATION_EXAMPLE = "expected a duration like 30s, 5m or 1h"
@@ -316,3 +324,52 @@ def format_usd(amount: float) -> str:
     rounding a $0.005 budget to "$0.01" would misstate it by half."""
     whole, _, cents = f"{amount:.6f}".rstrip("0").partition(".")
     return f"${whole}.{cents.ljust(2, '0')}"
+
+
+def parse_gpus(value: object, *, key: str | None = None) -> GpuSpec:
+    """``0`` -> 0; ``"0,2"`` or ``[0, 2]`` -> (0, 2) (sorted, each once); ``"any"`` -> "any".
+
+    A set of one (``"1,"``, ``[1]``) is that index.  Anything else is a ValueError naming it.
+    """
+    prefix = f"{key}: " if key else ""
+    if isinstance(value, bool):
+        raise ValueError(f"{prefix}{_GPUS_EXAMPLE}, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"{prefix}{_GPUS_EXAMPLE}, got {value!r}")
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "any":
+            return "any"
+        parts = [p.strip() for p in text.split(",")]
+        parts = parts[:-1] if len(parts) > 1 and not parts[-1] else parts
+        if not parts or not all(p.isascii() and p.isdigit() for p in parts):
+            raise ValueError(f"{prefix}{_GPUS_EXAMPLE}, got {value!r}")
+        items: list[object] = [int(p) for p in parts]
+    elif isinstance(value, list | tuple | set | frozenset):
+        items = list(value)
+    else:
+        raise ValueError(f"{prefix}{_GPUS_EXAMPLE}, got {value!r}")
+    if not items or not all(type(i) is int and i >= 0 for i in items):
+        raise ValueError(f"{prefix}{_GPUS_EXAMPLE}, got {value!r}")
+    gpus = tuple(sorted({i for i in items if isinstance(i, int)}))
+    return gpus[0] if len(gpus) == 1 else gpus
+
+
+def format_gpus(gpus: Sequence[int]) -> str:
+    """``gpu1``; ``gpus 0,2``; ``gpus 0-3`` (a run of three or more)."""
+    if len(gpus) == 1:
+        return f"gpu{gpus[0]}"
+    ordered = sorted(gpus)
+    runs: list[str] = []
+    start = prev = ordered[0]
+    for g in [*ordered[1:], None]:
+        if g is not None and g == prev + 1:
+            prev = g
+            continue
+        run = range(start, prev + 1)
+        runs.append(f"{start}-{prev}" if len(run) >= 3 else ",".join(map(str, run)))
+        if g is not None:
+            start = prev = g
+    return "gpus " + ",".join(runs)

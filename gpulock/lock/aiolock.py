@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from gpulock.core.config import Config
-from gpulock.lock.lease import Lease, Queued, enqueue
+from gpulock.lock.lease import GpuArg, Lease, Prefer, Queued, enqueue
 from gpulock.lock.room import Room, require
 
 
@@ -73,14 +73,14 @@ async def _wait(got: Queued) -> Lease:
             waiter.woken(ready)
         # Asking other processes' idle models to leave may take seconds: not on the loop.
         await asyncio.to_thread(waiter._make_room)
-        granted = waiter._grant()
+        waiter._grant()
     except BaseException:
         waiter.close()
         poller.close()
         raise
     waiter.close(granted=True)
     poller.close()
-    return Lease(got.settings, got.qdir, granted, got.fd, time.monotonic() - got.start)
+    return Lease(got.settings, waiter.granted_spots(), time.monotonic() - got.start)
 
 
 class AsyncAcquire:
@@ -119,16 +119,18 @@ class AsyncAcquire:
 
 
 def acquire_async(
-    gpu: int | None = None,
+    gpu: GpuArg = None,
     need: int | str | None = None,
     timeout: float | str | None = None,
     name: str | None = None,
     lease: float | str | None = None,
     *,
+    gpus: int | None = None,
     config: Config | str | None = None,
     state_dir: str | None = None,
     command: Sequence[str] | None = None,
     prefetch: Sequence[str] | None = None,
+    prefer: Prefer = None,
     room: Room,
 ) -> AsyncAcquire:
     """``acquire`` for asyncio: ``async with acquire_async(...) as lease`` or ``await``.
@@ -142,6 +144,8 @@ def acquire_async(
     queue cleanly; LockTimeout at ``timeout``, having left the queue.
     """
     kwargs: dict[str, Any] = {
+        "gpus": gpus,
+        "prefer": prefer,
         "config": config,
         "state_dir": state_dir,
         "command": command,

@@ -243,9 +243,12 @@ class ExitWatch:
         fields = {"dead_ticket": t.seq, "dead_pid": t.pid, "dead_child_pid": t.child_pid}
         self._drop_running(d, now, fields)
         if not d.pidfds and now >= d.nvml_next:  # exited: does the driver agree yet?
-            on_gpu = self.gpu_pids(t.gpu)
             gone = frozenset(processes(t)) - d.running
-            d.listed = None if on_gpu is None else on_gpu & gone
+            d.listed = None
+            for g in t.held_gpus or (t.gpu,):  # a multi-GPU holder: on every GPU it held
+                on_gpu = self.gpu_pids(g)
+                if on_gpu is not None:
+                    d.listed = (d.listed or frozenset()) | (on_gpu & gone)
             d.nvml_next = now + d.nvml_every
             d.nvml_every = min(d.nvml_every * 2, NVML_MAX_S)
         listed = d.listed if not d.pidfds else None

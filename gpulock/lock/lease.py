@@ -34,25 +34,31 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
 from gpulock.core import devices, identity
 from gpulock.core.config import Config
-from gpulock.core.errors import LockTimeout, NeedTooLarge
+from gpulock.core.errors import LockTimeout, NeedTooLarge, TooFewGpus
 from gpulock.core.settings import Settings, load
 from gpulock.core.state import atomic_write
-from gpulock.core.units import parse_duration, parse_size
+from gpulock.core.units import format_gpus, parse_duration, parse_gpus, parse_size
 from gpulock.lock import prefetch as prefetch_mod
 from gpulock.lock.exitwait import Poller
-from gpulock.lock.queuedir import QueueDir, owner_fds, pause, unlink_quietly
+from gpulock.lock.queuedir import QueueDir, Spot, enqueue_set, owner_fds, pause, unlink_quietly
 from gpulock.lock.room import Room, require
 from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
 from gpulock.lock.waiter import Waiter
 
 ENV_TICKET = "GPULOCK_TICKET"  # set by `gpulock run` for its command: "<gpu>:<seq>"
+ENV_GPUS = "GPULOCK_GPUS"  # ...and every GPU it holds: "1,3"
+
+# What ``gpu=`` takes: an index, a set of indices (a list, or "0,2"), "any", or None (default).
+GpuArg = int | str | Sequence[int] | None
+# GPUs where the job is warm already (``prefer=``): a list, or GPU -> why.
+Prefer = Sequence[int] | Mapping[int, str] | None
 
 
 _held = threading.local()  # gpu -> Lease held by this thread, for re-entrancy
@@ -66,7 +72,8 @@ os.register_at_fork(after_in_child=_forget_leases_in_child)
 
 
 class Lease:
-    """A granted claim on one GPU.  Release it (or leave the ``with`` block) to pass it on.
+    """A granted claim on one GPU (or on several, for a set ticket).  Release it (or leave the
+    ``with`` block) to pass it on.
 
     ``acquire()`` in a thread that already holds the same GPU returns the same Lease with a
     deeper nesting count instead of queueing behind itself; only the outermost release frees
@@ -77,23 +84,24 @@ class Lease:
     def __init__(
         self,
         settings: Settings,
-        qdir: QueueDir,
-        ticket: Ticket,
-        fd: int | None,
+        spots: Sequence[Spot],
         waited_s: float,
         *,
         inherited: bool = False,
     ) -> None:
         self.settings = settings
-        self._qdir = qdir
-        self._ticket = ticket
-        self._fd = fd
+        self._spots = list(spots)  # one per GPU held, in GPU order
         self._owner_pid = os.getpid()
         self._depth = 1
+        self._released = False
         self.waited_s = waited_s
         self.inherited = inherited
 
-    gpu = property(lambda self: self._ticket.gpu, doc="The GPU index granted.")
+    @property
+    def _ticket(self) -> Ticket:
+        return self._spots[0].ticket
+
+    gpu = property(lambda self: self._spots[0].gpu, doc="The GPU granted (the first of gpus).")
     ticket = property(lambda self: self._ticket.seq, doc="The ticket number (unique per folder).")
     name = property(lambda self: self._ticket.name)
     need_bytes = property(lambda self: self._ticket.need_bytes, doc="None: exclusive.")
@@ -101,21 +109,33 @@ class Lease:
     granted_wall = property(lambda self: self._ticket.granted_wall)
 
     @property
+    def gpus(self) -> tuple[int, ...]:
+        """Every GPU granted, in order (one for a ticket pinned or granted one of a set)."""
+        return tuple(spot.gpu for spot in self._spots)
+
+    @property
     def path(self) -> Path:
-        return self._qdir.ticket_path(self._ticket.seq)
+        return self._spots[0].qdir.ticket_path(self._ticket.seq)
 
     @property
     def held(self) -> bool:
-        return self._depth > 0 and (self._fd is not None or self.inherited)
+        return self._depth > 0 and not self._released
 
     @property
     def cuda_visible_devices(self) -> str:
-        return str(self._ticket.gpu)
+        return ",".join(map(str, self.gpus))
 
     @property
     def claim_fd(self) -> int | None:
         """The claim's descriptor, if this process has one (an inherited lease may not)."""
-        return self._fd if self.held else None
+        return self._spots[0].fd if self.held else None
+
+    @property
+    def claim_fds(self) -> tuple[int, ...]:
+        """Every claim's descriptor this process has (one per GPU held)."""
+        if not self.held:
+            return ()
+        return tuple(spot.fd for spot in self._spots if spot.fd is not None)
 
     def fileno(self) -> int:
         """The claim's descriptor; a child that inherits it keeps the GPU claimed until it exits."""
@@ -124,33 +144,40 @@ class Lease:
         return self.claim_fd
 
     def waiting_behind(self) -> bool:
-        """Whether a live ticket waits behind this one in the GPU's line (not yet granted).
+        """Whether a live ticket waits behind this one in the line of a GPU it holds.
 
         A holder that shares its grant between requests (``gpulock serve``) asks this before
         taking another one in: fairness says it must not once someone waits.
         """
-        for seq in self._qdir.seqs():
-            if seq <= self._ticket.seq:
-                continue
-            try:
-                tf = self._qdir.read(seq)
-            except TicketFormatError:
-                continue  # garbage in the folder waits for nobody
-            if tf is not None and not tf.ticket.holding and self._qdir.alive(seq):
-                return True
+        for spot in self._spots:
+            qdir = spot.qdir
+            for seq in qdir.seqs():
+                if seq <= self._ticket.seq:
+                    continue
+                try:
+                    tf = qdir.read(seq)
+                except TicketFormatError:
+                    continue  # garbage in the folder waits for nobody
+                if tf is not None and not tf.ticket.holding and qdir.alive(seq):
+                    return True
         return False
 
     def heartbeat(self) -> None:
         """Show that the holder is alive and working: renews the lease (touches the ticket)."""
         if self.held:
-            os.utime(self.path)
+            for spot in self._spots:
+                os.utime(spot.qdir.ticket_path(spot.ticket.seq))
 
     def set_child(self, pid: int) -> None:
         """Record the process that really uses the GPU (``gpulock run``'s command)."""
-        self._ticket = replace(
-            self._ticket, child_pid=pid, child_start_ticks=identity.start_ticks(pid)
-        )
-        atomic_write(self.path, encode(self._ticket), mode=self.settings.file_mode)
+        ticks = identity.start_ticks(pid)
+        for spot in self._spots:
+            spot.ticket = replace(spot.ticket, child_pid=pid, child_start_ticks=ticks)
+            atomic_write(
+                spot.qdir.ticket_path(spot.ticket.seq),
+                encode(spot.ticket),
+                mode=self.settings.file_mode,
+            )
 
     def release(self) -> None:
         """Give the GPU back.  Safe to call twice; a no-op in a forked child."""
@@ -159,26 +186,35 @@ class Lease:
         self._depth -= 1
         if self._depth > 0 or self.inherited:
             return
-        fd, self._fd = self._fd, None
+        self._released = True
         held = getattr(_held, "leases", {})
-        if held.get(self._ticket.gpu) is self:
-            del held[self._ticket.gpu]
-        if fd is None or os.getpid() != self._owner_pid:
+        for gpu in self.gpus:
+            if held.get(gpu) is self:
+                del held[gpu]
+        if os.getpid() != self._owner_pid:
             return
-        seq = self._ticket.seq
-        try:
-            pause("release-ticket")  # (test hooks: gpulock.lock.steps)
-            unlink_quietly(self._qdir.ticket_path(seq))  # new scans no longer see it...
-            now_w = time.time()
-            # ...the FIFO goes while we still hold it, so a FIFO without a ticket that nobody
-            # holds is always debris (see gpulock.lock.queuedir), never a release in progress...
-            pause("release-fifo")
-            unlink_quietly(self._qdir.fifo_path(seq))
-        finally:
-            owner_fds.discard(fd)
-            pause("release-close")
-            os.close(fd)  # ...and this wakes whoever watches it: the handoff happens here
-            pause("release-done")
+        now_w = None
+        for spot in self._spots:
+            fd, spot.fd = spot.fd, None
+            if fd is None:
+                continue
+            seq = spot.ticket.seq
+            try:
+                pause("release-ticket")  # (test hooks: gpulock.lock.steps)
+                unlink_quietly(spot.qdir.ticket_path(seq))  # new scans no longer see it...
+                now_w = time.time() if now_w is None else now_w
+                # ...the FIFO goes while we still hold it, so a FIFO without a ticket that nobody
+                # holds is always debris (see gpulock.lock.queuedir), never a release in
+                # progress...
+                pause("release-fifo")
+                unlink_quietly(spot.qdir.fifo_path(seq))
+            finally:
+                owner_fds.discard(fd)
+                pause("release-close")
+                os.close(fd)  # ...and this wakes whoever watches it: the handoff happens here
+                pause("release-done")
+        if now_w is None:
+            return
         granted = self._ticket.granted_wall
         self.settings.emit(
             "release",
@@ -200,20 +236,23 @@ class Lease:
 
     def __repr__(self) -> str:
         state = "held" if self.held else "released"
-        return f"<Lease gpu{self.gpu} ticket {self.ticket} {self.name!r} {state}>"
+        where = format_gpus(self.gpus)
+        return f"<Lease {where} ticket {self.ticket} {self.name!r} {state}>"
 
 
 def acquire(
-    gpu: int | None = None,
+    gpu: GpuArg = None,
     need: int | str | None = None,
     timeout: float | str | None = None,
     name: str | None = None,
     lease: float | str | None = None,
     *,
+    gpus: int | None = None,
     config: Config | str | None = None,
     state_dir: str | os.PathLike[str] | None = None,
     command: Sequence[str] | None = None,
     prefetch: Sequence[str | os.PathLike[str]] | None = None,
+    prefer: Prefer = None,
     room: Room,
 ) -> Lease:
     """Wait in line for a GPU and return the granted Lease (also a context manager).
@@ -221,13 +260,17 @@ def acquire(
     The lock's own entry point: ``room`` makes room before the grant (``gpulock.lock.room``);
     users call ``gpulock.acquire``, which passes the residents' room.
 
-    gpu: index (default: the config's ``default_gpu``, else 0).  need: VRAM this holder will
-    use, e.g. ``"6GiB"``; None means the whole GPU, exclusively.  timeout: seconds (or
-    ``"5m"``) to wait before giving up with LockTimeout, having left the queue; None waits for
-    ever, 0 tries once.  name: shown in ``gpulock status`` (default: the program's name).
-    lease: the longest the holder may go without ``heartbeat()`` before it counts as hung.
-    prefetch: files the holder will load (a model's GGUF...): read into the page cache while
-    the ticket waits among the first ``prefetch.ahead`` (see ``gpulock.lock.prefetch``).
+    gpu: an index, a set of indices (``[0, 2]``, ``"0,2"``) or ``"any"`` (every GPU of this
+    machine); a set is granted whichever of its GPUs can take the ticket first (default: the
+    config's ``default_gpu``, else 0).  gpus: how many GPUs at once, all or nothing (default
+    1; with no set given, from every GPU).  need: VRAM this holder will use on each, e.g.
+    ``"6GiB"``; None means the whole GPU, exclusively.  timeout: seconds (or ``"5m"``) to wait
+    before giving up with LockTimeout, having left the queue; None waits for ever, 0 tries
+    once.  name: shown in ``gpulock status`` (default: the program's name).  lease: the
+    longest the holder may go without ``heartbeat()`` before it counts as hung.  prefetch:
+    files the holder will load (a model's GGUF...): read into the page cache while the ticket
+    waits among the first ``prefetch.ahead`` (see ``gpulock.lock.prefetch``).  prefer: GPUs
+    (or GPU -> why) where the job is warm already, taken first among those free at once.
     """
     got = enqueue(
         gpu,
@@ -235,23 +278,31 @@ def acquire(
         timeout,
         name,
         lease,
+        gpus=gpus,
         config=config,
         state_dir=state_dir,
         command=command,
         prefetch=prefetch,
+        prefer=prefer,
         room=room,
     )
     if isinstance(got, Lease):
         return got
     held: dict[int, Lease] = _held.__dict__.setdefault("leases", {})
+    result: Lease | None = None
     try:
-        granted = got.waiter().wait()
+        waiter = got.waiter()
+        waiter.wait()
         # Inside the try: an exception (a signal handler's) between the grant and the
         # Lease must still give the GPU back, not leave a granted ticket behind.
-        result = Lease(got.settings, got.qdir, granted, got.fd, time.monotonic() - got.start)
-        held[granted.gpu] = result
+        result = Lease(got.settings, waiter.granted_spots(), time.monotonic() - got.start)
+        for g in result.gpus:
+            held[g] = result
     except BaseException as e:
-        held.pop(got.ticket.gpu, None)
+        if result is not None:
+            for g in result.gpus:
+                if held.get(g) is result:
+                    del held[g]
         got.leave(e)
         raise
     return result
@@ -262,28 +313,32 @@ class Queued:
     """A ticket in line, not yet granted: what ``acquire`` and ``acquire_async`` wait with."""
 
     settings: Settings
-    qdir: QueueDir
-    ticket: Ticket
-    fd: int
-    budget: int | None
+    spots: tuple[Spot, ...]  # its copy in each line of its set (one for a pinned ticket)
+    budgets: dict[int, int | None]  # each GPU's memory less the reserve, where a need asks
     deadline: float | None
     start: float
     room: Room  # makes room before the grant
     warm: prefetch_mod.Prefetch | None = None  # warms the job's files while it waits
+    prefer: dict[int, str] | None = None  # GPU -> why the job is warm there (the caller's word)
+    models: tuple[str, ...] = ()  # the files it will load (its prefetch), for placing it
+
+    @property
+    def ticket(self) -> Ticket:
+        return self.spots[0].ticket
 
     def waiter(self, poller: Poller | None = None) -> Waiter:
         """The Waiter for this ticket (``poller``: an event loop's, for ``acquire_async``)."""
         return Waiter(
             self.settings,
-            self.qdir,
-            self.ticket,
-            self.fd,
-            self.budget,
+            self.spots,
+            self.budgets,
             self.deadline,
             self.start,
             room=self.room,
             poller=poller,
             prefetch=self.warm,
+            prefer=self.prefer,
+            models=self.models,
         )
 
     def leave(self, cause: BaseException | None = None) -> None:
@@ -291,11 +346,10 @@ class Queued:
 
         ``cause``, what cut the wait short, is logged as a ``leave`` event (``waited_s``, the
         ``signal``), so that history and the report see the wait end; a LockTimeout has its
-        own ``timeout`` event already.
+        own ``timeout`` event already.  A copy the waiter had granted is given back too.
         """
-        self.qdir.remove(self.ticket.seq)
-        owner_fds.discard(self.fd)
-        os.close(self.fd)
+        for spot in self.spots:
+            spot.leave()
         if cause is not None and not isinstance(cause, LockTimeout):
             sig = _signal_of(cause)
             self.settings.emit(
@@ -328,16 +382,18 @@ def _reason_of(cause: BaseException) -> str:
 
 
 def enqueue(
-    gpu: int | None = None,
+    gpu: GpuArg = None,
     need: int | str | None = None,
     timeout: float | str | None = None,
     name: str | None = None,
     lease: float | str | None = None,
     *,
+    gpus: int | None = None,
     config: Config | str | None = None,
     state_dir: str | os.PathLike[str] | None = None,
     command: Sequence[str] | None = None,
     prefetch: Sequence[str | os.PathLike[str]] | None = None,
+    prefer: Prefer = None,
     nested: bool = True,
     room: Room,
 ) -> Lease | Queued:
@@ -349,9 +405,8 @@ def enqueue(
     room = require(room)
     settings = load(config, state_dir)
     cfg = settings.config
-    gpu_i = cfg.default_gpu if gpu is None else gpu
-    if isinstance(gpu_i, bool) or not isinstance(gpu_i, int) or gpu_i < 0:
-        raise ValueError(f"gpu must be a GPU index >= 0, got {gpu!r}")
+    count = _count(gpus)
+    gset = gpu_set(cfg, gpu, count)
     timeout_s = None if timeout is None else parse_duration(timeout, key="timeout")
     lease_s = None if lease is None else parse_duration(lease, key="lease")
     need_bytes = None if need is None else parse_size(need, key="need")
@@ -360,27 +415,23 @@ def enqueue(
     warm_paths = prefetch_mod.check_paths(prefetch or ())
 
     # Before QueueDir() creates gpu<N>/: a refused GPU must leave no queue folder behind.
-    devices.check_gpu(gpu_i, cfg)  # NoSuchGpu, naming the GPUs there are
+    for g in gset:
+        devices.check_gpu(g, cfg)  # NoSuchGpu, naming the GPUs there are
     held: dict[int, Lease] = _held.__dict__.setdefault("leases", {})
-    mine = held.get(gpu_i) if nested else None
-    if mine is not None and mine.held:
+    mine = _mine(held, gset, count) if nested else None
+    if mine is not None:
         mine._depth += 1
         return mine
-    qdir = QueueDir(settings, gpu_i)
-    inherited = _inherited_lease(settings, qdir)
+    inherited = _inherited_lease(settings, gset, count)
     if inherited is not None:
         if nested:
-            held[gpu_i] = inherited
+            for g in inherited.gpus:
+                held[g] = inherited
         return inherited
 
-    budget = None
-    if need_bytes is not None:
-        total = devices.total_bytes(gpu_i, cfg)
-        if total is not None:
-            budget = total - cfg.reserve_bytes(total)
-            if need_bytes > budget:
-                raise NeedTooLarge(gpu_i, need_bytes, budget)
-
+    budgets, gset = _budgets(cfg, gset, count, need_bytes)
+    qdirs = [QueueDir(settings, g) for g in gset]
+    spans = len(gset) > 1 or count > 1
     start = time.monotonic()
     deadline = None if timeout_s is None else start + timeout_s
     me = identity.current()
@@ -390,7 +441,7 @@ def enqueue(
     def make(seq: int) -> Ticket:
         return Ticket(
             seq=seq,
-            gpu=gpu_i,
+            gpu=gset[0],
             pid=me.pid,
             uid=me.uid,
             user=me.user,
@@ -403,26 +454,138 @@ def enqueue(
             command=argv,
             need_bytes=need_bytes,
             lease_s=lease_s,
+            gpus=gset if spans else (),
+            count=count,
         )
 
     warm = prefetch_mod.for_waiter(settings, warm_paths)
     try:
-        ticket, fd = qdir.enqueue(make, deadline)
+        _ticket, spots = enqueue_set(qdirs, make, deadline)
     except LockTimeout:
         # Out of time before a ticket could be taken (the sequence mutex stayed busy): a
         # timeout all the same, and the event log says so like any other.
         settings.emit(
             "timeout",
-            gpu=gpu_i,
+            gpu=gset[0],
             ticket=None,
             pid=me.pid,
             name=label,
             need_bytes=need_bytes,
+            **({"gpus": asked_of(gset, count), "granted": []} if spans else {}),
             waited_s=round(time.monotonic() - start, 6),
             reason="no ticket yet: the sequence mutex stayed busy",
         )
         raise
-    return Queued(settings, qdir, ticket, fd, budget, deadline, start, room, warm)
+    return Queued(
+        settings,
+        tuple(spots),
+        budgets,
+        deadline,
+        start,
+        room,
+        warm,
+        _prefer(prefer, gset),
+        tuple(warm_paths) if spans else (),
+    )
+
+
+def _count(gpus: int | None) -> int:
+    if gpus is None:
+        return 1
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus must be a number of GPUs >= 1, got {gpus!r}")
+    return gpus
+
+
+def gpu_set(cfg: Config, gpu: GpuArg, count: int = 1) -> tuple[int, ...]:
+    """The GPUs a ticket may be granted on, from ``gpu`` (or the config's ``default_gpu``):
+    one index, a set, or ``any`` (the GPUs this machine has; gpu0 when it cannot tell).
+
+    ``count`` GPUs at once need a set: without ``gpu`` it is every GPU (``default_gpu``'s set
+    if it names one).  ValueError names a bad value; TooFewGpus a set smaller than ``count``.
+    """
+    asked = cfg.default_gpus if gpu is None else gpu
+    if type(asked) is int and asked >= 0 and count == 1:
+        return (asked,)  # one GPU: the common case, as cheap as it always was
+    if isinstance(asked, bool) or (isinstance(asked, int) and asked < 0):
+        raise ValueError(f"gpu must be a GPU index >= 0, a set of them or 'any', got {gpu!r}")
+    try:
+        spec = parse_gpus(asked, key="gpu")
+    except ValueError as e:
+        raise ValueError(str(e)) from None
+    if isinstance(spec, int) and count > 1:
+        if gpu is not None:
+            raise TooFewGpus(count, (spec,), "a single GPU was named")
+        spec = "any"
+    if spec == "any":
+        known = devices.known_gpus(cfg)
+        if known is None and count > 1:
+            raise TooFewGpus(count, (0,), "this machine's GPUs cannot be counted")
+        found = known[0] if known is not None else (0,)
+        if not found:
+            found = (0,)
+        if len(found) < count:
+            raise TooFewGpus(count, found, f"this machine has {len(found)}")
+        return found
+    gset = (spec,) if isinstance(spec, int) else tuple(int(g) for g in spec)
+    if len(gset) < count:
+        raise TooFewGpus(count, gset, f"the set has {len(gset)}")
+    return gset
+
+
+def asked_of(gset: Sequence[int], count: int) -> int | list[int]:
+    """What a ticket asked for, as JSON says it (``gpus``): the number of GPUs at once when
+    more than one, else the set."""
+    return count if count > 1 else list(gset)
+
+
+def _budgets(
+    cfg: Config, gset: tuple[int, ...], count: int, need_bytes: int | None
+) -> tuple[dict[int, int | None], tuple[int, ...]]:
+    """Each GPU's budget (its memory less the reserve) where a need asks, and the set less
+    the GPUs the need can never fit (NeedTooLarge when fewer than ``count`` are left)."""
+    if need_bytes is None:
+        return dict.fromkeys(gset), gset
+    if len(gset) == 1:  # one GPU: exactly as it always was
+        total = devices.total_bytes(gset[0], cfg)
+        budget = None if total is None else total - cfg.reserve_bytes(total)
+        if budget is not None and need_bytes > budget:
+            raise NeedTooLarge(gset[0], need_bytes, budget)
+        return {gset[0]: budget}, gset
+    report = devices.probe(cfg)
+    budgets: dict[int, int | None] = {}
+    unfit: list[tuple[int, int]] = []
+    for g in gset:
+        dev = report.get(g)
+        total = dev.total_bytes if dev is not None else None
+        budget = None if total is None else total - cfg.reserve_bytes(total)
+        if budget is not None and need_bytes > budget:
+            unfit.append((g, budget))
+        else:
+            budgets[g] = budget
+    if len(budgets) < count:
+        g, budget = max(unfit, key=lambda u: u[1])
+        raise NeedTooLarge(g, need_bytes, budget)
+    return budgets, tuple(budgets)
+
+
+def _prefer(prefer: Prefer, gset: Sequence[int]) -> dict[int, str] | None:
+    if not prefer:
+        return None
+    if isinstance(prefer, Mapping):
+        return {int(g): str(why) for g, why in prefer.items() if g in gset}
+    return {int(g): "preferred by the caller" for g in prefer if g in gset}
+
+
+def _mine(held: dict[int, Lease], gset: Sequence[int], count: int) -> Lease | None:
+    """A lease this thread holds that covers the ask: ``count`` of its GPUs in ``gset``."""
+    if len(gset) == 1 and count == 1:
+        mine = held.get(gset[0])
+        return mine if mine is not None and mine.held else None
+    for lease in dict.fromkeys(held.values()):
+        if lease.held and len(set(lease.gpus) & set(gset)) >= count:
+            return lease
+    return None
 
 
 def leases_held() -> list[Lease]:
@@ -440,29 +603,45 @@ def _own_command() -> tuple[str, ...]:
         return ()
 
 
-def _inherited_lease(settings: Settings, qdir: QueueDir) -> Lease | None:
-    """The lease ``gpulock run`` holds for this process tree on this GPU, if any.
+def _inherited_lease(settings: Settings, gset: Sequence[int], count: int) -> Lease | None:
+    """The lease ``gpulock run`` holds for this process tree on these GPUs, if any.
 
-    Accepted only when the ticket still holds and its owner (or its recorded command) is an
-    ancestor of this process, so a copied environment variable grants nothing.
+    ``GPULOCK_TICKET`` names the ticket (``<gpu>:<seq>``), ``GPULOCK_GPUS`` every GPU it holds.
+    Accepted only when the ticket still holds ``count`` GPUs of ``gset`` and its owner (or its
+    recorded command) is an ancestor of this process, so a copied environment variable grants
+    nothing.
     """
     spec = os.environ.get(ENV_TICKET, "")
     gpu_s, _, seq_s = spec.partition(":")
-    if not (gpu_s.isdigit() and seq_s.isdigit()) or int(gpu_s) != qdir.gpu:
+    if not (gpu_s.isdigit() and seq_s.isdigit()):
         return None
-    try:
-        tf = qdir.read(int(seq_s))
-    except TicketFormatError:
+    held_s = os.environ.get(ENV_GPUS, "")
+    outer = [int(g) for g in held_s.split(",") if g.isdigit()] or [int(gpu_s)]
+    if int(gpu_s) not in outer:
         return None
-    if tf is None or not tf.ticket.holding or not qdir.alive(tf.ticket.seq):
+    family: set[int] | None = None
+    spots: list[Spot] = []
+    for g in outer:
+        if g not in gset or len(spots) >= count:
+            continue
+        qdir = QueueDir(settings, g, create=False)
+        try:
+            tf = qdir.read(int(seq_s))
+        except TicketFormatError:
+            return None
+        if tf is None or not tf.ticket.holding or not qdir.alive(tf.ticket.seq):
+            return None
+        t = tf.ticket
+        if t.pidns != identity.pid_namespace():
+            return None
+        if family is None:
+            family = set(identity.ancestors()) | {os.getpid()}
+        if not ({t.pid, t.child_pid} & family):
+            return None
+        spots.append(Spot(qdir, t, _open_fd_of(qdir.fifo_path(t.seq))))
+    if len(spots) < count or not spots:
         return None
-    t = tf.ticket
-    if t.pidns != identity.pid_namespace():
-        return None
-    family = set(identity.ancestors()) | {os.getpid()}
-    if not ({t.pid, t.child_pid} & family):
-        return None
-    return Lease(settings, qdir, t, _open_fd_of(qdir.fifo_path(t.seq)), 0.0, inherited=True)
+    return Lease(settings, spots, 0.0, inherited=True)
 
 
 def _open_fd_of(path: Path) -> int | None:

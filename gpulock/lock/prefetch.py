@@ -53,11 +53,16 @@ if TYPE_CHECKING:
 
 
 class InLine(Protocol):
-    """What warming reads of the ticket's ``gpulock.lock.waiter.Waiter``: its place in line."""
+    """What warming reads of the ticket's place in one line (``gpulock.lock.waiter.Line``)."""
 
-    qdir: QueueDir
-    me: Ticket
-    ahead_seqs: list[int] | None
+    @property
+    def qdir(self) -> QueueDir: ...
+
+    @property
+    def me(self) -> Ticket: ...
+
+    @property
+    def ahead_seqs(self) -> list[int] | None: ...
 
 
 CHUNK_BYTES: Final = 8 << 20  # read and memory-check unit: stop latency is one chunk's read

@@ -5,6 +5,10 @@ removes tickets and their claims.
 * ``<seq>.fifo`` -- its claim (``gpulock.core.claim``): the owner holds it open for its life;
 * ``<state>/.seq`` -- the last number handed out, under a short ``flock``.
 
+A ticket for a set of GPUs has a copy (``<seq>.ticket`` and its own ``<seq>.fifo``) in the
+folder of every GPU of its set, all made under one hold of the sequence mutex (``enqueue_set``):
+a ``Spot`` each.
+
 A ``<seq>.fifo`` without its ticket that no process holds is an orphan: the debris of an owner
 killed between removing its ticket and its FIFO (``Lease.release``), or inside ``enqueue``.
 Nothing would ever remove it, so ``enqueue`` (already under the sequence mutex) and ``gpulock
@@ -21,8 +25,8 @@ import fcntl
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpulock.core import claim
@@ -33,6 +37,7 @@ from gpulock.lock.ticket import (
     Ticket,
     TicketFormatError,
     encode,
+    event_fields,
     fifo_name,
     file_name,
     parse,
@@ -57,6 +62,34 @@ class TicketFile:
 
     ticket: Ticket
     mtime_wall: float
+
+
+@dataclass(slots=True, eq=False)
+class Spot:
+    """One ticket's copy in one GPU's queue folder, and its owner's claim on it.
+
+    ``fd`` is the claim's read end while this process holds it (None once the copy is gone:
+    released, left, or handed to a successor); a ticket pinned to one GPU has one spot.
+    """
+
+    qdir: QueueDir
+    ticket: Ticket
+    fd: int | None
+
+    @property
+    def gpu(self) -> int:
+        return self.qdir.gpu
+
+    def leave(self) -> None:
+        """Remove this copy (ticket, then FIFO), then let go of its claim: its watchers wake."""
+        fd, self.fd = self.fd, None
+        if fd is None:
+            return
+        try:
+            self.qdir.remove(self.ticket.seq)
+        finally:
+            owner_fds.discard(fd)
+            os.close(fd)
 
 
 class QueueDir:
@@ -288,35 +321,60 @@ class QueueDir:
 
     def enqueue(self, make: Callable[[int], Ticket], deadline: float | None) -> tuple[Ticket, int]:
         """Take the next number, create the FIFO (read end held), then publish the ticket."""
-        mode = self.settings.file_mode
-        mpath = self.settings.state_dir / ".seq"
-        mfd = open_seq(mpath, mode)
-        try:
-            _flock_until(mfd, deadline, self.gpu)
-            raw = os.pread(mfd, 32, 0).strip()
-            counter = int(raw) if raw.isdigit() else 0
-            names = os.listdir(self.path)
-            present = sorted(s for s in map(seq_of, names) if s is not None)
+        ticket, (spot,) = enqueue_set([self], make, deadline)
+        assert spot.fd is not None
+        return ticket, spot.fd
+
+
+def enqueue_set(
+    qdirs: Sequence[QueueDir], make: Callable[[int], Ticket], deadline: float | None
+) -> tuple[Ticket, list[Spot]]:
+    """Take the next number and publish the ticket in every folder of ``qdirs`` (its set), each
+    copy's FIFO made (read end held) before the copy appears, all under one hold of the
+    sequence mutex: a later ticket can only be numbered once every copy is in place.
+
+    ``make(seq)`` gives the ticket of the first folder; each other copy differs in ``gpu``.
+    """
+    first = qdirs[0]
+    mode = first.settings.file_mode
+    mfd = open_seq(first.settings.state_dir / ".seq", mode)
+    spots: list[Spot] = []
+    try:
+        _flock_until(mfd, deadline, first.gpu)
+        raw = os.pread(mfd, 32, 0).strip()
+        counter = int(raw) if raw.isdigit() else 0
+        top = 0
+        for q in qdirs:
+            names = os.listdir(q.path)
+            present = [s for s in map(seq_of, names) if s is not None]
             if len(names) > 2 * len(present):  # a FIFO without a ticket is here: an orphan?
-                self._clean_orphans_locked(names)
-            # Never below a ticket still present, even if the counter file was lost: a smaller
-            # number would jump the queue.
-            seq = max(counter, present[-1] if present else 0) + 1
-            fifo = self.fifo_path(seq)
-            fd = claim.create(fifo, mode)
-            try:
-                ticket = make(seq)
-                atomic_write(self.ticket_path(seq), encode(ticket), mode=mode)
-            except BaseException:
-                os.close(fd)
-                unlink_quietly(fifo)
-                raise
-            os.ftruncate(mfd, 0)
-            os.pwrite(mfd, f"{seq}\n".encode(), 0)
-        finally:
-            os.close(mfd)  # drops the flock
-        owner_fds.add(fd)
-        return ticket, fd
+                q._clean_orphans_locked(names)
+            top = max(top, max(present, default=0))
+        # Never below a ticket still present, even if the counter file was lost: a smaller
+        # number would jump the queue.
+        seq = max(counter, top) + 1
+        ticket = make(seq)
+        try:
+            for q in qdirs:
+                copy = ticket if q.gpu == ticket.gpu else replace(ticket, gpu=q.gpu)
+                spots.append(Spot(q, copy, claim.create(q.fifo_path(seq), mode)))
+                atomic_write(q.ticket_path(seq), encode(copy), mode=mode)
+        except BaseException:
+            for spot in spots:
+                fd, spot.fd = spot.fd, None
+                if fd is not None:
+                    os.close(fd)
+                unlink_quietly(spot.qdir.ticket_path(seq))
+                unlink_quietly(spot.qdir.fifo_path(seq))
+            raise
+        os.ftruncate(mfd, 0)
+        os.pwrite(mfd, f"{seq}\n".encode(), 0)
+    finally:
+        os.close(mfd)  # drops the flock
+    for spot in spots:
+        assert spot.fd is not None
+        owner_fds.add(spot.fd)
+    return ticket, spots
 
 
 def queue_gpus(settings: Settings) -> list[int]:
@@ -352,6 +410,38 @@ def holder_pids(settings: Settings) -> set[int]:
             if t.child_pid is not None:
                 pids.add(t.child_pid)
     return pids
+
+
+def remove_dead_copies(settings: Settings, t: Ticket) -> list[int]:
+    """Remove the copies of ticket ``t`` (one for a set of GPUs) in the other folders of its
+    set that no process holds any more; the GPUs cleaned.
+
+    For a caller that found ``t``'s owner dead and may remove it (its owner or root): the other
+    copies died with it (one owner holds every copy's claim), and a line nobody waits in would
+    keep them until the next ticket there.  A copy that someone holds is left alone.
+    """
+    cleaned = []
+    for g in t.gpu_set:
+        if g == t.gpu:
+            continue
+        q = QueueDir(settings, g, create=False)
+        try:
+            tf = q.read(t.seq)
+        except TicketFormatError:
+            continue
+        if tf is None or (tf.ticket.pid, tf.ticket.created_wall) != (t.pid, t.created_wall):
+            continue
+        if q.alive(t.seq) or not q.remove(t.seq):
+            continue
+        cleaned.append(g)
+        settings.emit(
+            "cleanup",
+            **event_fields(tf.ticket),
+            holding=tf.ticket.holding,
+            reason="owner gone: no process holds its FIFO open (a copy of a set ticket)",
+            by_pid=os.getpid(),
+        )
+    return cleaned
 
 
 def tickets_of(settings: Settings, pid: int, ticks: int | None) -> list[tuple[int, int]]:

@@ -1,4 +1,8 @@
-"""``gpulock break``: remove dead tickets and end hung holders, by their owner or root only."""
+"""``gpulock break``: remove dead tickets and end hung holders, by their owner or root only.
+
+A ticket for a set of GPUs has a copy in each GPU's folder (``gpulock.lock.ticket``): it is
+broken once, through its first copy's claim, and every copy goes with it.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +15,8 @@ from gpulock.core import claim, identity, proof
 from gpulock.core.errors import LockError, NotPermitted
 from gpulock.core.settings import Settings
 from gpulock.lock import queue
-from gpulock.lock.queuedir import QueueDir, TicketFile, queue_gpus
-from gpulock.lock.ticket import TicketFormatError
+from gpulock.lock.queuedir import QueueDir, TicketFile, queue_gpus, remove_dead_copies
+from gpulock.lock.ticket import Ticket, TicketFormatError
 from gpulock.lock.waiter import signal_holder, ticket_evidence
 
 
@@ -25,7 +29,7 @@ class BreakResult:
 
 
 def find(settings: Settings, seq: int) -> tuple[QueueDir, TicketFile] | None:
-
+    """Ticket ``seq`` (its first copy, for a set ticket), wherever it is."""
     for gpu in queue_gpus(settings):
         qdir = QueueDir(settings, gpu, create=False)
         if seq in qdir.seqs():
@@ -36,6 +40,20 @@ def find(settings: Settings, seq: int) -> tuple[QueueDir, TicketFile] | None:
             if tf is not None:
                 return qdir, tf
     return None
+
+
+def find_all(settings: Settings, seq: int) -> list[tuple[QueueDir, TicketFile]]:
+    """Every copy of ticket ``seq``: one for a pinned ticket, one per GPU of a set's."""
+    out = []
+    for gpu in queue_gpus(settings):
+        qdir = QueueDir(settings, gpu, create=False)
+        try:
+            tf = qdir.read(seq)
+        except TicketFormatError:
+            continue
+        if tf is not None:
+            out.append((qdir, tf))
+    return out
 
 
 def break_ticket(
@@ -100,6 +118,7 @@ def break_stale(settings: Settings, *, grace_s: float | None = None) -> list[Bre
 
     results = []
     now_w = time.time()
+    done: set[int] = set()  # a set ticket is met in each of its GPUs' folders: broken once
     for gpu in queue_gpus(settings):
         qdir = QueueDir(settings, gpu, create=False)
         for seq, tf, why in qdir.scan():
@@ -108,9 +127,12 @@ def break_stale(settings: Settings, *, grace_s: float | None = None) -> list[Bre
                 if cleaned is not None:
                     results.append(cleaned)
                 continue
+            if seq in done:
+                continue
             alive = qdir.alive(tf.ticket.seq)
             if alive and not queue.is_hung(tf.ticket, tf.mtime_wall, now_w):
                 continue
+            done.add(seq)
             try:
                 results.append(_break(settings, qdir, tf, force=False, grace_s=grace_s))
             except LockError as e:  # NotPermitted, unproven, another namespace
@@ -135,6 +157,7 @@ def _break(
         fd = None  # its .fifo is not a FIFO: no process can be holding it
     if fd is None:
         qdir.remove(t.seq)
+        _other_copies(settings, t)
         settings.emit(
             "break", **evidence, action="removed", reason="owner gone", by_pid=os.getpid()
         )
@@ -180,5 +203,21 @@ def _break(
     finally:
         os.close(fd)
     qdir.remove(t.seq)
+    _other_copies(settings, t)
     settings.emit("break", **evidence, action="killed", reason=why, by_pid=os.getpid())
     return BreakResult(t.seq, t.gpu, "killed", f"pid {t.pid} ({t.name}): {why}")
+
+
+def _other_copies(settings: Settings, t: Ticket) -> None:
+    """A set ticket's copies in its other GPUs' folders: their owner is gone (its first copy's
+    claim closed), and the kernel closes all of a process's claims together; a moment's grace
+    for the last of them."""
+    if not t.spans:
+        return
+    others = [QueueDir(settings, g, create=False) for g in t.gpu_set if g != t.gpu]
+    deadline = time.monotonic() + claim.KILL_WAIT_S
+    while True:
+        remove_dead_copies(settings, t)
+        if not any(q.alive(t.seq) for q in others) or time.monotonic() >= deadline:
+            return
+        time.sleep(0.01)

@@ -34,6 +34,8 @@ class Request:
     calls: frozenset[str]  # the tenant models this ticket is a routed call to: never evicted
     timeout_s: float  # for all the room-making together: the ticket has a deadline
     reason: str
+    gpus: tuple[int, ...] = ()  # the set it may be granted on (a set ticket's; else its gpu)
+    models: tuple[str, ...] = ()  # what it will load (its prefetch files), for where_warm
 
 
 # What stayed on the GPU and why, for the grant event: {"id", "why", "tenant"} ("tenant": its
@@ -55,6 +57,19 @@ class Room(Protocol):
     def unblock(self, settings: Settings, request: Request) -> Kept | None:
         """An exclusive ticket waits behind a command tenant's server, which holds its own
         ticket for as long as it runs: stop the idle ones now, or the wait never ends."""
+        ...
+
+
+class Placer(Protocol):
+    """What a Room may also say (optional): where a ticket's model is warm already.
+
+    Asked only when a ticket for a set of GPUs could take more of them than it needs: the
+    waiter prefers those returned (``gpulock.lock.queue.place``).
+    """
+
+    def where_warm(self, settings: Settings, request: Request) -> dict[int, str]:
+        """GPU -> why (``"qwen.gguf resident (pid 4711)"``) for each GPU of ``request.gpus``
+        where one of ``request.models`` is loaded now."""
         ...
 
 

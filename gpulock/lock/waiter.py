@@ -17,7 +17,8 @@ import os
 import select
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,7 @@ from gpulock.core.settings import Settings
 from gpulock.core.state import atomic_write
 from gpulock.lock import exitwait, queue, sigwake
 from gpulock.lock.exitwait import Poller
-from gpulock.lock.queuedir import QueueDir, TicketFile, tickets_of
+from gpulock.lock.queuedir import QueueDir, Spot, TicketFile, remove_dead_copies, tickets_of
 from gpulock.lock.room import Kept, Request, Room, calls_of, require
 from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
 
@@ -37,48 +38,81 @@ if TYPE_CHECKING:
 SAFETY_RECHECK_S = 2.0  # first guard re-check; doubles while nothing happens...
 SAFETY_RECHECK_MAX_S = 30.0  # ...up to this, so hundreds of idle waiters cost ~nothing
 ENV_SAFETY_RECHECK = "GPULOCK_SAFETY_RECHECK_S"  # test/debug knob (see the module docstring)
-GOVERNOR_WATCH = 0  # the key of the governor's claim among watched FIFOs (tickets start at 1)
+# The key of the governor's claim among watched FIFOs (tickets are keyed (gpu, seq), gpu >= 0).
+GOVERNOR_WATCH = (-1, 0)
+
+
+@dataclass(slots=True, eq=False)
+class Line:
+    """One GPU's line as a waiting ticket sees it: its copy there, what is ahead of it."""
+
+    spot: Spot
+    budget: int | None  # the GPU's memory less the reserve; None: unknown (or exclusive)
+    ahead_seqs: list[int] | None = None  # listed once per wait (see Waiter._scan_ahead)
+    ahead: list[TicketFile] = field(default_factory=list)  # live ones, from the last scan
+    exit_blockers: list[int] = field(default_factory=list)  # dead holders still exiting
+
+    @property
+    def qdir(self) -> QueueDir:
+        return self.spot.qdir
+
+    @property
+    def me(self) -> Ticket:
+        return self.spot.ticket
+
+    @property
+    def gpu(self) -> int:
+        return self.spot.qdir.gpu
 
 
 class Waiter:
-    """One ticket's wait for its grant: scan, decide, watch, sleep until the kernel says."""
+    """One ticket's wait for its grant: scan, decide, watch, sleep until the kernel says.
+
+    A ticket pinned to one GPU waits in one line; a ticket for a set of GPUs in the line of
+    each (``gpulock.lock.queue.decide_set``), woken by whatever changes any of them.
+    """
 
     def __init__(
         self,
         settings: Settings,
-        qdir: QueueDir,
-        me: Ticket,
-        fd: int,
-        budget: int | None,
+        spots: Sequence[Spot],
+        budgets: Mapping[int, int | None],
         deadline: float | None,
         start: float,
         *,
         room: Room,
         poller: Poller | None = None,
         prefetch: Prefetch | None = None,
+        prefer: Mapping[int, str] | None = None,
+        models: Sequence[str] = (),
     ) -> None:
         self.settings = settings
         self.room = require(room)  # makes room before the grant (gpulock.lock.room)
-        self.qdir = qdir
-        self.me = me
-        self.fd = fd
-        self.budget = budget
+        self.lines = [Line(spot, budgets.get(spot.gpu)) for spot in spots]
+        self.me = spots[0].ticket  # the first copy: what events and reasons name
+        self.spans = self.me.spans  # several lines (or GPUs): else exactly the one-GPU path
         self.deadline = deadline
         self.start = start
-        self.watched: dict[int, int] = {}
+        self.prefer = dict(prefer or {})  # GPU -> why the caller knows the job is warm there
+        self.models = tuple(models)  # what the job will load (its prefetch files), for placing
+        self.chosen: tuple[int, ...] = ()  # the GPUs decided on, once step() returns None
+        self.watched: dict[tuple[int, int], int] = {}  # (gpu, seq) -> a write end of its FIFO
         # The blocking form sleeps in poll(); ``gpulock.lock.aiolock`` passes its event loop's.
         self._poll: select.poll | None = None
         if poller is None:
             poller = self._poll = select.poll()
         self.poller: Poller = poller
-        self.poller.register(fd, select.POLLIN)
+        self.mine: set[int] = set()  # my claims' read ends: a byte in one is a doorbell
+        for spot in spots:
+            assert spot.fd is not None
+            self.mine.add(spot.fd)
+            self.poller.register(spot.fd, select.POLLIN)
         self.reported: set[tuple[int, float]] = set()
         self.kills: dict[int, tuple[float, bool]] = {}  # seq -> (SIGTERM sent at, SIGKILL sent)
         self.announced = False
         self.safety_first_s = safety_recheck_s()
         self.safety_s = self.safety_first_s
         self.freeze_ends: float | None = None  # monotonic time the governor's freeze goes stale
-        self.ahead_seqs: list[int] | None = None
         self.kept: Kept | None = None  # what stayed after an exclusive clear
         self.cleared_early = False  # command tenants stopped while this exclusive one waits
         # Dead holders ahead whose processes have not finished exiting (gpulock.lock.exitwait).
@@ -86,12 +120,10 @@ class Waiter:
             self.poller,
             settings.config.exit_wait_s,
             lambda gpu: devices.gpu_pids(gpu, settings.config),
-            lambda kind, **f: settings.emit(kind, **event_fields(me), **f),
+            lambda kind, **f: settings.emit(kind, **event_fields(self.me), **f),
             tickets_of=lambda pid, ticks: tickets_of(settings, pid, ticks),
         )
-        self.exit_blockers: list[int] = []  # their sequence numbers, from the last scan
         self.rescan = True  # look at the queue on the next step
-        self.ahead: list[TicketFile] = []
         self.prefetch = prefetch  # warms the job's files while it waits (gpulock.lock.prefetch)
 
     def wait(self) -> Ticket:
@@ -125,74 +157,162 @@ class Waiter:
             self.close(granted=granted)
 
     def close(self, *, granted: bool = False) -> None:
-        """Stop watching (the tickets ahead, any dead holder's processes) and warming."""
+        """Stop watching (the tickets ahead, any dead holder's processes, my own claims) and
+        warming.  The claims themselves stay open: the Lease (or ``Queued.leave``) owns them."""
         self._unwatch_all()
+        for fd in list(self.mine):
+            self.poller.unregister(fd)
+        self.mine.clear()
         self.exits.close()
         if self.prefetch is not None:
             self.prefetch.stop(granted=granted)
+
+    def granted_spots(self) -> list[Spot]:
+        """The copies of the GPUs chosen (after the grant: those it holds), in GPU order."""
+        if not self.spans:
+            return [self.lines[0].spot]
+        chosen = self.chosen or (self.me.gpu,)
+        return [line.spot for line in self.lines if line.gpu in chosen]
 
     # One step of the wait, shared by the blocking ``wait`` above and the event loop's
     # ``gpulock.lock.aiolock``: the two differ only in how they sleep until ``step``'s wake time.
     def step(self) -> float | None:
         """Look at the queue if something changed: None when this ticket may hold the GPU now
-        (the caller makes room and grants), else the monotonic time to wake at the latest.
-        Raises LockTimeout at the deadline."""
+        (the caller makes room and grants; ``chosen`` says which GPUs), else the monotonic
+        time to wake at the latest.  Raises LockTimeout at the deadline."""
         if self.rescan:
-            self.ahead, fds = self._scan_ahead()
-            d = queue.decide(self.me, [tf.ticket for tf in self.ahead], self.budget)
-            if d.grant and self.exit_blockers:
-                d = queue.Decision(
-                    False,
-                    (),
-                    f"holder {self.exit_blockers[0]} died: waiting for its processes to exit",
-                )
-            frozen = level.freeze(self.settings) if d.grant else None
-            if d.grant and frozen is None:
+            fds: dict[tuple[int, int], int] = {}
+            for line in self.lines:
+                line.ahead, got = self._scan_ahead(line)
+                fds.update(((line.gpu, seq), fd) for seq, fd in got.items())
+            grant, watch, reason = self._decide()
+            frozen = level.freeze(self.settings) if grant else None
+            if grant and frozen is None:
                 for fd in fds.values():
                     os.close(fd)
+                self.chosen = grant
                 return None
-            if not d.grant and not self.cleared_early and self._command_tenant_holds(self.ahead):
+            if not grant and not self.cleared_early and self._command_tenant_holds():
                 # A command tenant's server holds its ticket for as long as it runs: an
                 # exclusive waiter would wait for ever behind it.  Stop it (if idle) now.
                 self.cleared_early = True
-                kept = self.room.unblock(
-                    self.settings, self._room_request("exclusive ticket", 30.0)
-                )
-                if kept is not None:
-                    self.kept = kept
-            self._rewatch(d.watch, fds)
+                for line in self._tenant_lines():
+                    kept = self.room.unblock(
+                        self.settings, self._room_request("exclusive ticket", 30.0, line.gpu)
+                    )
+                    if kept is not None:
+                        self.kept = (self.kept or []) + kept
+            self._rewatch(watch, fds)
             self.freeze_ends = None
             if frozen is not None:
-                d = queue.Decision(False, (), "the governor froze new GPU admissions")
+                reason = "the governor froze new GPU admissions"
                 self._watch_governor(frozen)
             if not self.announced:
                 self.announced = True
-                n_ahead = sum(1 for q in self.qdir.seqs() if q < self.me.seq)
-                self.settings.emit("wait", **event_fields(self.me), ahead=n_ahead, reason=d.reason)
+                self.settings.emit(
+                    "wait", **event_fields(self.me), ahead=self._n_ahead(), reason=reason
+                )
             if self.prefetch is not None:
-                self.prefetch.on_rescan(self, self.ahead)
+                line = self._nearest_line()
+                self.prefetch.on_rescan(line, line.ahead)
         now = time.monotonic()
         if self.deadline is not None and now >= self.deadline:
-            raise self._timeout(self.ahead)
+            raise self._timeout()
         wake = now + self.safety_s
         if self.deadline is not None:
             wake = min(wake, self.deadline)
-        wake = min(wake, self._hung_holders(self.ahead, now))
+        wake = min(wake, self._hung_holders(now))
         if self.freeze_ends is not None:
             wake = min(wake, self.freeze_ends)
         return min(wake, self.exits.wake_at())
 
+    def _decide(self) -> tuple[tuple[int, ...], set[tuple[int, int]], str]:
+        """The rule over this ticket's lines: (GPUs to take now, (gpu, seq) to watch, why)."""
+        if not self.spans:  # one GPU: the one-GPU rule, exactly as it always was
+            line = self.lines[0]
+            d = queue.decide(self.me, [tf.ticket for tf in line.ahead], line.budget)
+            if d.grant and line.exit_blockers:
+                why = f"holder {line.exit_blockers[0]} died: waiting for its processes to exit"
+                return (), set(), why
+            return ((line.gpu,) if d.grant else ()), {(line.gpu, s) for s in d.watch}, d.reason
+        lines = {line.gpu: [tf.ticket for tf in line.ahead] for line in self.lines}
+        budgets = {line.gpu: line.budget for line in self.lines}
+        blocked = {
+            line.gpu: f"holder {line.exit_blockers[0]} died: waiting for its processes to exit"
+            for line in self.lines
+            if line.exit_blockers
+        }
+        sd = queue.decide_set(self.me, lines, budgets, blocked=blocked)
+        if sd.grant and len(sd.ready) > self.me.count:  # a real choice: where is it warm?
+            warm, free = self._placing(sd.ready)
+            sd = queue.decide_set(self.me, lines, budgets, blocked=blocked, warm=warm, free=free)
+        return sd.grant, set(sd.watch), sd.reason
+
+    def _placing(self, ready: Sequence[int]) -> tuple[dict[int, str], dict[int, int | None]]:
+        """Where the job's model is warm (the caller's word, then the room's: resident models)
+        and each ready GPU's free memory (the device's, else its budget less its holders')."""
+        warm = {g: why for g, why in self.prefer.items() if g in ready}
+        where = getattr(self.room, "where_warm", None)
+        if where is not None:
+            try:
+                for g, why in where(self.settings, self._room_request("placing", 5.0)).items():
+                    warm.setdefault(g, why)
+            except Exception:  # a placement hint must never stop a grant
+                pass
+        free: dict[int, int | None] = {}
+        for line in self.lines:
+            if line.gpu not in ready:
+                continue
+            claimed = [tf.ticket.need_bytes for tf in line.ahead if tf.ticket.holding]
+            if line.budget is None:
+                free[line.gpu] = None
+            elif any(n is None for n in claimed):
+                free[line.gpu] = 0
+            else:
+                free[line.gpu] = line.budget - sum(n or 0 for n in claimed)
+        report = devices.probe(self.settings.config) if free else None
+        if report is not None and report.source == "nvml":
+            for g in free:
+                dev = report.get(g)
+                if dev is not None and dev.free_bytes is not None:
+                    free[g] = dev.free_bytes
+        return warm, free
+
+    def _leave_other_lines(self) -> None:
+        """Granted: the copies in the lines of GPUs not taken leave (their successors wake).
+        Only now, after the grant's event: until then the ticket stands in every line of its
+        set, so the event log shows no later ticket granted one of them while it waited."""
+        if not self.spans:
+            return
+        for line in self.lines:
+            if line.gpu in self.chosen or line.spot.fd is None:
+                continue
+            fd = line.spot.fd
+            self.poller.unregister(fd)
+            self.mine.discard(fd)
+            line.spot.leave()
+
+    def _nearest_line(self) -> Line:
+        """The line where this ticket stands nearest the front (for warming its files)."""
+        live = [line for line in self.lines if line.spot.fd is not None]
+        return min(live, key=lambda line: sum(1 for tf in line.ahead if not tf.ticket.holding))
+
+    def _n_ahead(self) -> int:
+        """Tickets ahead in any of its lines (each counted once)."""
+        seqs = {s for line in self.lines for s in line.qdir.seqs() if s < self.me.seq}
+        return len(seqs)
+
     def woken(self, ready: Sequence[int]) -> None:
         """After the sleep: ``ready`` are the descriptors that woke us (none: a timed wake)."""
-        self.rescan = bool(ready) or self._due(self.ahead)
+        self.rescan = bool(ready) or self._due()
         self.safety_s = (
             self.safety_first_s
             if self.rescan
             else min(self.safety_s * 2, max(SAFETY_RECHECK_MAX_S, self.safety_first_s))
         )
         for fd in ready:
-            if fd == self.fd:
-                claim.drain(self.fd)  # doorbells
+            if fd in self.mine:
+                claim.drain(fd)  # doorbells
             else:
                 self.exits.on_ready(fd)  # a dead holder's process exited (if it is one)
 
@@ -207,37 +327,41 @@ class Waiter:
             self.watched[GOVERNOR_WATCH] = fd
             self.poller.register(fd, 0)
 
-    def _due(self, ahead: list[TicketFile]) -> bool:
+    def _due(self) -> bool:
         """After a timed wake: does anything need a fresh look?"""
         if self.freeze_ends is not None and time.monotonic() >= self.freeze_ends:
             return True
-        if self.exit_blockers and time.monotonic() >= self.exits.wake_at():
+        blockers = any(line.exit_blockers for line in self.lines)
+        if blockers and time.monotonic() >= self.exits.wake_at():
             return True
         now_w = time.time()
-        for tf in ahead:
-            if tf.ticket.seq not in self.watched:
-                continue
-            if not self.qdir.ticket_path(tf.ticket.seq).exists():
-                return True  # the guard: released while a stray fork kept its FIFO open
-            expiry = queue.lease_expiry_wall(tf.ticket, tf.mtime_wall)
-            reported = (tf.ticket.seq, tf.mtime_wall) in self.reported
-            if expiry is not None and now_w >= expiry and not reported:
-                return True
+        for line in self.lines:
+            for tf in line.ahead:
+                if (line.gpu, tf.ticket.seq) not in self.watched:
+                    continue
+                if not line.qdir.ticket_path(tf.ticket.seq).exists():
+                    return True  # the guard: released while a stray fork kept its FIFO open
+                expiry = queue.lease_expiry_wall(tf.ticket, tf.mtime_wall)
+                reported = (tf.ticket.seq, tf.mtime_wall) in self.reported
+                if expiry is not None and now_w >= expiry and not reported:
+                    return True
         return bool(self.kills)
 
-    def _scan_ahead(self) -> tuple[list[TicketFile], dict[int, int]]:
-        """Live tickets ahead of me, nearest waiter only if one is ahead; with watch fds."""
+    def _scan_ahead(self, line: Line) -> tuple[list[TicketFile], dict[int, int]]:
+        """Live tickets ahead of me in one line, nearest waiter only if one is ahead; with
+        watch fds."""
         live: list[TicketFile] = []
         fds: dict[int, int] = {}
-        if self.ahead_seqs is None:
+        qdir = line.qdir
+        if line.ahead_seqs is None:
             # Listed once per wait: nobody is ever inserted ahead of a ticket, so later scans
             # only drop the ones that left (O(1) per handoff instead of O(queue length)).
-            self.ahead_seqs = [s for s in self.qdir.seqs() if s < self.me.seq]
+            line.ahead_seqs = [s for s in qdir.seqs() if s < self.me.seq]
         gone: set[int] = set()
-        self.exit_blockers = []
-        for seq in reversed(self.ahead_seqs):
+        line.exit_blockers = []
+        for seq in reversed(line.ahead_seqs):
             try:
-                seen = self.qdir.look(seq)
+                seen = qdir.look(seq)
             except TicketFormatError:
                 continue  # garbage is skipped: it never holds the GPU
             if seen is None:
@@ -246,9 +370,9 @@ class Waiter:
             tf, fd = seen
             if fd is None:
                 if tf.ticket.holding and self.exits.blocks(tf.ticket):
-                    self.exit_blockers.append(seq)  # cleaned once its processes are gone
+                    line.exit_blockers.append(seq)  # cleaned once its processes are gone
                     continue
-                self._clean_dead(tf)
+                self._clean_dead(qdir, tf)
                 gone.add(seq)
                 continue
             live.append(tf)
@@ -257,14 +381,14 @@ class Waiter:
                 break  # a waiter ahead: it is all that can change my answer
         live.reverse()
         if gone:
-            self.ahead_seqs = [s for s in self.ahead_seqs if s not in gone]
+            line.ahead_seqs = [s for s in line.ahead_seqs if s not in gone]
         return live, fds
 
-    def _clean_dead(self, tf: TicketFile) -> None:
+    def _clean_dead(self, qdir: QueueDir, tf: TicketFile) -> None:
         t = tf.ticket
         if not identity.may_signal(t.uid):
             return  # not ours to remove; it is skipped all the same
-        if self.qdir.remove(t.seq):
+        if qdir.remove(t.seq):
             self.settings.emit(
                 "cleanup",
                 **event_fields(t),
@@ -272,12 +396,14 @@ class Waiter:
                 reason="owner gone: no process holds its FIFO open",
                 by_pid=os.getpid(),
             )
+        if t.spans:  # its copies in the other lines of its set died with it
+            remove_dead_copies(self.settings, t)
 
-    def _rewatch(self, want: Sequence[int], fds: dict[int, int]) -> None:
+    def _rewatch(self, want: set[tuple[int, int]], fds: dict[tuple[int, int], int]) -> None:
         self._unwatch_all()
-        for seq, fd in fds.items():
-            if seq in want:
-                self.watched[seq] = fd
+        for key, fd in fds.items():
+            if key in want:
+                self.watched[key] = fd
                 self.poller.register(fd, 0)  # POLLERR/POLLHUP are always reported
             else:
                 os.close(fd)
@@ -288,11 +414,11 @@ class Waiter:
             os.close(fd)
         self.watched.clear()
 
-    def _room_request(self, reason: str, cap_s: float) -> Request:
+    def _room_request(self, reason: str, cap_s: float, gpu: int | None = None) -> Request:
         left = None if self.deadline is None else self.deadline - time.monotonic()
         me = self.me
         return Request(
-            gpu=me.gpu,
+            gpu=me.gpu if gpu is None else gpu,
             need_bytes=me.need_bytes,
             seq=me.seq,
             name=me.name,
@@ -300,32 +426,54 @@ class Waiter:
             calls=calls_of(me.command),
             timeout_s=cap_s if left is None else max(min(left, cap_s), 0.5),
             reason=f"{reason} {me.seq} ({me.name})",
+            gpus=me.gpu_set,
+            models=self.models,
         )
 
     def _make_room(self) -> None:
-        """Before the grant: idle models of other processes leave first (``self.room``).
+        """Before the grant: idle models of other processes leave first (``self.room``), on
+        each GPU it takes.
 
         Models kept in GPU memory between calls (by processes that do not hold the lock) would
         otherwise make a granted load fail with a CUDA OOM; an exclusive holder gets the GPU to
         itself.  What stays (pinned, busy, an unload that failed) is named in the grant event.
         """
-        if self.me.need_bytes is None:
-            kept = self.room.make(self.settings, self._room_request("exclusive ticket", 30.0))
-            if kept is not None:
-                self.kept = kept
-            return
-        self.room.make(self.settings, self._room_request("room for ticket", 10.0))
+        for gpu in self.chosen or (self.me.gpu,):
+            if self.me.need_bytes is None:
+                req = self._room_request("exclusive ticket", 30.0, gpu)
+                kept = self.room.make(self.settings, req)
+                if kept is not None:
+                    self.kept = (self.kept or []) + kept if self.spans else kept
+                continue
+            self.room.make(self.settings, self._room_request("room for ticket", 10.0, gpu))
 
-    def _command_tenant_holds(self, ahead: list[TicketFile]) -> bool:
+    def _command_tenant_holds(self) -> bool:
+        return bool(self._tenant_lines())
+
+    def _tenant_lines(self) -> list[Line]:
         if self.me.need_bytes is not None or not self.settings.config.exclusive_clears_tenants:
-            return False
-        return any(tf.ticket.holding and tf.ticket.name.startswith("tenant:") for tf in ahead)
+            return []
+        return [
+            line
+            for line in self.lines
+            if any(tf.ticket.holding and tf.ticket.name.startswith("tenant:") for tf in line.ahead)
+        ]
 
     def _grant(self) -> Ticket:
-        granted = self.me.granted(time.time())
-        atomic_write(
-            self.qdir.ticket_path(granted.seq), encode(granted), mode=self.settings.file_mode
-        )
+        """Mark the copies of the GPUs chosen granted (one event), ring each line's next."""
+        now_w = time.time()
+        spots = self.granted_spots()
+        held = tuple(spot.gpu for spot in spots)
+        for spot in spots:
+            spot.ticket = spot.ticket.granted(now_w)
+            if self.spans:
+                spot.ticket = replace(spot.ticket, granted_gpus=held)
+            atomic_write(
+                spot.qdir.ticket_path(spot.ticket.seq),
+                encode(spot.ticket),
+                mode=self.settings.file_mode,
+            )
+        granted = spots[0].ticket
         extra: dict[str, Any] = {}
         if self.kept is not None:  # after an exclusive clear: the models that stayed on its GPU
             extra["tenants_kept"] = [_kept(k) for k in self.kept if k.get("tenant")]
@@ -340,15 +488,20 @@ class Waiter:
         # The one behind me may share the GPU with me, or now watches a holder with a lease:
         # ring it so it looks again.  Only the nearest live one: no herd.  (Its look also
         # prunes the tickets that left ahead of it now, while I hold, not at my release.)
-        self.qdir.ring_successor(granted.seq)
+        for spot in spots:
+            spot.qdir.ring_successor(granted.seq)
+        self._leave_other_lines()
         return granted
 
-    def _timeout(self, ahead: list[TicketFile]) -> LockTimeout:
+    def _timeout(self) -> LockTimeout:
         waited = time.monotonic() - self.start
+        ahead = [tf for line in self.lines for tf in line.ahead]
         holder = next((tf.ticket for tf in ahead if tf.ticket.holding), None)
         if holder is None:
-            holder = next(iter(self.qdir.holders()), None)
-        n_ahead = sum(1 for s in self.qdir.seqs() if s < self.me.seq)
+            for line in self.lines:
+                holder = next(iter(line.qdir.holders()), None)
+                if holder is not None:
+                    break
         self.settings.emit(
             "timeout",
             **event_fields(self.me),
@@ -361,27 +514,32 @@ class Waiter:
             waited,
             holder.pid if holder else None,
             holder.name if holder else None,
-            queue_ahead=n_ahead,
+            queue_ahead=self._n_ahead(),
+            gpus=self.me.gpu_set if self.spans else (),
+            count=self.me.count,
         )
 
-    def _hung_holders(self, ahead: list[TicketFile], now: float) -> float:
+    def _hung_holders(self, now: float) -> float:
         """Handle watched holders past their lease; return when to look at them next."""
         wake = math.inf
         now_w = time.time()
-        for tf in ahead:
-            t = tf.ticket
-            if t.seq not in self.watched:
-                continue
-            expiry = queue.lease_expiry_wall(t, tf.mtime_wall)
-            if expiry is None:
-                continue
-            if now_w <= expiry:
-                wake = min(wake, now + (expiry - now_w))
-                continue
-            wake = min(wake, self._on_hung(tf, now, now_w))
+        seen: set[int] = set()  # a multi-GPU holder ahead in two lines is one holder
+        for line in self.lines:
+            for tf in line.ahead:
+                t = tf.ticket
+                if (line.gpu, t.seq) not in self.watched or t.seq in seen:
+                    continue
+                seen.add(t.seq)
+                expiry = queue.lease_expiry_wall(t, tf.mtime_wall)
+                if expiry is None:
+                    continue
+                if now_w <= expiry:
+                    wake = min(wake, now + (expiry - now_w))
+                    continue
+                wake = min(wake, self._on_hung(line.qdir, tf, now, now_w))
         return wake
 
-    def _on_hung(self, tf: TicketFile, now: float, now_w: float) -> float:
+    def _on_hung(self, qdir: QueueDir, tf: TicketFile, now: float, now_w: float) -> float:
         t = tf.ticket
         cfg = self.settings.config
         evidence = ticket_evidence(tf, now_w)
@@ -391,7 +549,7 @@ class Waiter:
                 why_not = f"not permitted: owner uid {t.uid}"
             elif t.pidns != identity.pid_namespace():
                 why_not = "owner is in another pid namespace"
-        fifo = self.qdir.fifo_path(t.seq)
+        fifo = qdir.fifo_path(t.seq)
         sent = self.kills.get(t.seq)
         if (
             cfg.on_hung == "kill"

@@ -94,14 +94,23 @@ def _queues(snap: Mapping[str, Any], g: Gauges) -> None:
     now = _num(snap.get("generated_wall"))
     for q in _dicts(snap.get("gpus")):
         gpu = str(q.get("gpu"))
-        entries = [*_dicts(q.get("holders")), *_dicts(q.get("waiters"))]
+        # A ticket waiting for a set of GPUs (status shows it once, under its set) waits in
+        # the line of each GPU of it: each GPU's gauges count it.
+        set_waiters = [
+            e
+            for line in _dicts(snap.get("sets"))
+            if q.get("gpu") in (line.get("gpus") or [])
+            for e in _dicts(line.get("waiters"))
+        ]
+        waiting = [*_dicts(q.get("waiters")), *set_waiters]
+        entries = [*_dicts(q.get("holders")), *waiting]
         states = [e.get("state") for e in entries]
         _set(g, "queue_holders", (gpu,), sum(1 for s in states if s in ("holding", "hung")))
         _set(g, "queue_waiters", (gpu,), sum(1 for s in states if s == "waiting"))
         _set(g, "queue_stale", (gpu,), sum(1 for s in states if s in ("hung", "dead")))
         waits = [
             now - created
-            for e in _dicts(q.get("waiters"))
+            for e in waiting
             if e.get("state") == "waiting"
             and now is not None
             and (created := _num(e.get("created_wall"))) is not None

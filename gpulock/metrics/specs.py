@@ -45,8 +45,18 @@ def _h(name: str, help: str, buckets: tuple[float, ...], *labels: str) -> Spec:
 # --- from the event log (monotonic across restarts: the tally is persisted) -------------------
 
 COUNTERS = (
-    _c("grants", "GPU grants (acquire events) by GPU and holder name", "gpu", "owner"),
-    _c("timeouts", "waits that gave up past their --timeout, by GPU and name", "gpu", "owner"),
+    _c(
+        "grants",
+        "GPU grants (acquire events) by GPU and holder name; a multi-GPU grant on each GPU",
+        "gpu",
+        "owner",
+    ),
+    _c(
+        "timeouts",
+        "waits that gave up past their --timeout, by GPU and name; a set's on each of its GPUs",
+        "gpu",
+        "owner",
+    ),
     _c(
         "cut_short_holds",
         "holds that ended other than by a release: owner-gone, hung (killed past its lease), "

@@ -149,6 +149,18 @@ def _gpu(e: dict[str, Any]) -> str:
     return str(g) if isinstance(g, int) and not isinstance(g, bool) and 0 <= g < 1024 else ""
 
 
+def _gpus(e: dict[str, Any], *keys: str) -> list[str]:
+    """The GPU labels of an event: those of the first of ``keys`` that lists GPUs (a set
+    ticket's ``granted``, its ``gpu_set``...), else its ``gpu`` alone (a pinned ticket)."""
+    for key in keys:
+        v = e.get(key)
+        if isinstance(v, list) and v:
+            out = [str(g) for g in v[:1024] if type(g) is int and 0 <= g < 1024]
+            if out:
+                return out
+    return [_gpu(e)]
+
+
 def _num(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, int | float):
         return None
@@ -196,21 +208,23 @@ def fold(t: Tally, e: dict[str, Any]) -> None:
 
 
 def _acquire(t: Tally, e: dict[str, Any]) -> None:
-    gpu = _gpu(e)
-    t.add("gpulock_grants", (gpu, _text(e.get("name"))))
     waited = _num(e.get("waited_s"))
-    if waited is not None:
-        t.observe("gpulock_wait_seconds", (gpu,), waited)
+    for gpu in _gpus(e, "granted"):  # a multi-GPU grant is a grant of each GPU it holds
+        t.add("gpulock_grants", (gpu, _text(e.get("name"))))
+        if waited is not None:
+            t.observe("gpulock_wait_seconds", (gpu,), waited)
 
 
 def _release(t: Tally, e: dict[str, Any]) -> None:
     held = _num(e.get("held_s"))
     if held is not None:
-        t.observe("gpulock_hold_seconds", (_gpu(e),), held)
+        for gpu in _gpus(e, "granted"):
+            t.observe("gpulock_hold_seconds", (gpu,), held)
 
 
 def _timeout(t: Tally, e: dict[str, Any]) -> None:
-    t.add("gpulock_timeouts", (_gpu(e), _text(e.get("name"))))
+    for gpu in _gpus(e, "gpu_set", "gpus"):  # a set ticket gave up on each GPU of its set
+        t.add("gpulock_timeouts", (gpu, _text(e.get("name"))))
 
 
 def _cleanup(t: Tally, e: dict[str, Any]) -> None:

@@ -4,9 +4,12 @@ Format ``gpulock.pool/1``, written atomically by the pool on every change and re
 ends::
 
     {"format": "gpulock.pool/1", "name": "tts", "pid": 4711, "start_ticks": ..., "boot_id": ...,
-     "pidns": ..., "gpu": 0, "need_bytes": 9556302233, "max": 4, "min": 1,
-     "workers": [{"index": 0, "pid": 4712, "ticket": 12}], "waiting_ticket": 14,
+     "pidns": ..., "gpu": 0, "gpus": [0, 1], "need_bytes": 9556302233, "max": 4, "min": 1,
+     "workers": [{"index": 0, "pid": 4712, "ticket": 12, "gpus": [0]}], "waiting_ticket": 14,
      "started_wall": 1764000000.0}
+
+``gpus``: the GPUs its workers may run on (``--gpu any``: all; ``gpu`` is the first), and each
+worker's the GPUs it holds.
 
 A reader keeps a record only on proof that its pool still runs (same pid, start time, boot and
 pid namespace): a pool killed with SIGKILL leaves a file that nobody shows.

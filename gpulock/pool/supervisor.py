@@ -2,8 +2,10 @@
 
 Each worker holds its own ticket with the pool's ``need``, taken through the public
 ``gpulock.acquire_async``, so the lock's sharing rule decides how many run at once (needs plus
-the reserve within the GPU's size, FIFO kept, exclusive tickets respected).  The pool runs on
-one asyncio loop, and:
+the reserve within the GPU's size, FIFO kept, exclusive tickets respected).  With ``--gpu any``
+(or a set) each worker's ticket waits for every GPU of the set and runs on whichever admits it
+first, the GPUs where the pool's earlier workers run preferred (their model is warm there).
+The pool runs on one asyncio loop, and:
 
 * while fewer than ``max`` workers run, exactly one more ticket waits in line (never two, so a
   pool never crowds other jobs out of the line); when it is granted, a worker starts with it;
@@ -34,7 +36,7 @@ from gpulock.api import acquire_async
 from gpulock.core import devices
 from gpulock.core.errors import GpulockError, LockTimeout
 from gpulock.core.settings import Settings
-from gpulock.lock.lease import ENV_TICKET, Lease
+from gpulock.lock.lease import ENV_TICKET, GpuArg, Lease, gpu_set
 from gpulock.pool import ENV_SIZE, ENV_WORKER, policy, record
 from gpulock.runner import command_env, terminal_delivers
 
@@ -71,7 +73,7 @@ class PoolSpec:
     max_workers: int
     min_workers: int = 1
     retries: int = 3
-    gpu: int | None = None
+    gpu: GpuArg = None  # an index, a set or "any" (default: the config's default_gpu)
     name: str | None = None
     timeout_s: float | None = None
 
@@ -103,8 +105,13 @@ class Pool:
         return self.spec.name or os.path.basename(self.spec.command[0])
 
     @property
+    def gpus(self) -> tuple[int, ...]:
+        """The GPUs its workers may run on: one, or a set (``--gpu any``, ``--gpu 0,2``)."""
+        return gpu_set(self.settings.config, self.spec.gpu)
+
+    @property
     def gpu(self) -> int:
-        return self.spec.gpu if self.spec.gpu is not None else self.settings.config.default_gpu
+        return self.gpus[0]
 
     @property
     def finishing(self) -> bool:
@@ -187,6 +194,8 @@ class Pool:
         timeout = None
         if not self.started_any and self.spec.timeout_s is not None:
             timeout = max(self.deadline - self.clock(), 0.0)
+        # On a set of GPUs: where earlier workers run, their model is warm (gpulock.lock.queue).
+        warm = {w.lease.gpu: f"earlier workers of pool {self.name}" for w in self.running.values()}
         try:
             lease = await acquire_async(
                 self.spec.gpu,
@@ -196,6 +205,7 @@ class Pool:
                 config=self.settings.config,
                 state_dir=str(self.settings.state_dir),
                 command=self.spec.command,
+                prefer=warm or None,
             )
         except LockTimeout as e:
             self.events.put_nowait(("timeout", e))
@@ -226,7 +236,7 @@ class Pool:
         env = command_env(lease, self.settings)
         env[ENV_WORKER] = str(index)
         env[ENV_SIZE] = str(size)
-        fds = () if lease.claim_fd is None else (lease.claim_fd,)
+        fds = lease.claim_fds
         try:
             proc = await asyncio.create_subprocess_exec(*self.spec.command, env=env, pass_fds=fds)
         except OSError as e:
@@ -242,6 +252,7 @@ class Pool:
             worker=index,
             worker_pid=proc.pid,
             ticket=lease.ticket,
+            worker_gpus=list(lease.gpus),
             size=size,
             waited_s=round(lease.waited_s, 6),
         )
@@ -342,9 +353,11 @@ class Pool:
         self._start_at = self.clock()
 
     def _emit(self, event: str, **fields: Any) -> None:
+        where = {"gpu_set": list(self.gpus)} if len(self.gpus) > 1 else {}
         self.settings.emit(
             event,
             gpu=self.gpu,
+            **where,
             pid=os.getpid(),
             name=self.name,
             need_bytes=self.spec.need_bytes,
@@ -358,11 +371,17 @@ class Pool:
             {
                 "name": self.name,
                 "gpu": self.gpu,
+                "gpus": list(self.gpus),
                 "need_bytes": self.spec.need_bytes,
                 "max": self.spec.max_workers,
                 "min": self.spec.min_workers,
                 "workers": [
-                    {"index": w.index, "pid": w.proc.pid, "ticket": w.lease.ticket}
+                    {
+                        "index": w.index,
+                        "pid": w.proc.pid,
+                        "ticket": w.lease.ticket,
+                        "gpus": list(w.lease.gpus),
+                    }
                     for w in sorted(self.running.values(), key=lambda w: w.index)
                 ],
                 "started_wall": time.time() - (self.clock() - self._start_at),
@@ -370,12 +389,15 @@ class Pool:
         )
 
 
-def max_for(settings: Settings, gpu: int | None, need_bytes: int) -> int:
-    """``--max`` left out: as many as the GPU's budget could ever hold."""
-    gpu_i = settings.config.default_gpu if gpu is None else gpu
-    total = devices.total_bytes(gpu_i, settings.config)
-    budget = None if total is None else total - settings.config.reserve_bytes(total)
-    return policy.default_max(budget, need_bytes)
+def max_for(settings: Settings, gpu: GpuArg, need_bytes: int) -> int:
+    """``--max`` left out: as many as the GPU's budget could ever hold (on a set of GPUs, as
+    many as all of theirs could)."""
+    out = 0
+    for g in gpu_set(settings.config, gpu):
+        total = devices.total_bytes(g, settings.config)
+        budget = None if total is None else total - settings.config.reserve_bytes(total)
+        out += policy.default_max(budget, need_bytes)
+    return out
 
 
 def run_pool(settings: Settings, spec: PoolSpec) -> int:

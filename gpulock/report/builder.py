@@ -101,12 +101,14 @@ class _Builder:
     routes: list[dict[str, Any]] = field(default_factory=list)
     calls: list[dict[str, Any]] = field(default_factory=list)
 
-    # Events that can end a hold or a wait (of the same gpu + ticket).
-    def ticket_event(self, ts: float, kind: str, e: dict[str, Any]) -> None:
+    # Events that can end a hold or a wait (of the same gpu + ticket).  ``echo``: the same
+    # event again for another GPU of a multi-GPU ticket (``per_gpu``): its hold and wait are
+    # drawn on that GPU too, but it is counted once.
+    def ticket_event(self, ts: float, kind: str, e: dict[str, Any], echo: bool = False) -> None:
         gpu, ticket = as_int(e.get("gpu")), as_int(e.get("ticket"))
         name = as_text(e.get("name"), "?")
         key: Key = (gpu, ticket if ticket is not None else "name:" + name)
-        inside = ts >= self.lo
+        inside = ts >= self.lo and not echo
         if kind == "wait":
             self._close_wait(key, ts, "open")  # a repeated wait: keep the latest
             self.open_waits[key] = _Open(ts, gpu, ticket, name)
@@ -114,6 +116,8 @@ class _Builder:
             waited = as_span(e.get("waited_s"))
             if not self._close_wait(key, ts, "acquire") and _lost_wait(waited, ts, self.first_ts):
                 self.waits.append(Wait(gpu, ticket, name, ts - (waited or 0.0), ts, "acquire"))
+            if e.get("_line_only"):
+                return  # granted another GPU of its set: its wait in this line ends here
             self._close_hold(key, ts, "open")  # acquired twice: the first never ended
             self.open_holds[key] = _Open(ts, gpu, ticket, name, need=as_int(e.get("need_bytes")))
             if inside:
@@ -235,6 +239,30 @@ class _Builder:
 
 
 _VRAM_KEY = re.compile(r"^vram\.gpu(\d{1,4})$")
+
+
+def per_gpu(kind: str, e: dict[str, Any]) -> list[dict[str, Any]]:
+    """A set ticket's event once per GPU it is about: its wait, grant (which ends its wait in
+    every line of its set), timeout or leave in the line of each GPU of its set; its release
+    on each GPU it held.  A copy for a GPU of its set it was not granted says ``_line_only``."""
+    if kind in ("cleanup", "break"):
+        return [e]  # about its copy in one folder already
+    held = e.get("granted")
+    granted: list[Any] = held if isinstance(held, list) else []
+    gpus: Any = granted
+    if kind != "release":
+        gpus = e.get("gpu_set") if isinstance(e.get("gpu_set"), list) else e.get("gpus")
+    if not isinstance(gpus, list) or (len(gpus) < 2 and len(granted) < 2):
+        return [e]  # a pinned ticket: as it was
+    ordered = [e.get("gpu"), *(g for g in gpus if g != e.get("gpu"))]
+    out = []
+    for g in ordered:
+        if isinstance(g, int):
+            line_only = kind == "acquire" and g not in granted
+            out.append({**e, "gpu": g, "_line_only": True} if line_only else {**e, "gpu": g})
+    return out
+
+
 _TICKET_KINDS = frozenset(
     {"wait", "acquire", "release", "timeout", "leave", "cleanup", "break", "kill", "stale"}
 )
@@ -305,7 +333,8 @@ def _dispatch(b: _Builder, ts: float, kind: str, e: dict[str, Any]) -> None:
     if kind in ("cleanup", "kill") and e.get("resident") is not None:
         b.resident_event(ts, kind, e)
     elif kind in _TICKET_KINDS:
-        b.ticket_event(ts, kind, e)
+        for i, copy in enumerate(per_gpu(kind, e)):
+            b.ticket_event(ts, kind, copy, echo=i > 0)
     elif kind in _RESIDENT_KINDS:
         b.resident_event(ts, kind, e)
     elif kind in _GOVERNOR_KINDS:

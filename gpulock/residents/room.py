@@ -7,6 +7,7 @@ survey) loads only when a grant actually has residents or tenants to ask.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from gpulock.lock.room import Kept, Request, Room
@@ -39,6 +40,25 @@ class _EvictingRoom:
 
     def unblock(self, settings: Settings, request: Request) -> Kept | None:
         return self._clear(settings, request, residents=False)
+
+    def where_warm(self, settings: Settings, request: Request) -> dict[int, str]:
+        """The GPUs of ``request.gpus`` where a model it will load is resident now: a
+        resident named as one of ``request.models`` (a model name, or a file's name with or
+        without its extension: ``/models/qwen-7b.gguf`` is ``qwen-7b``).  Library residents
+        only: asking the tenants' servers would put network calls on the grant's path."""
+        if not request.models or not (settings.state_dir / "residents").is_dir():
+            return {}
+        from gpulock.residents import registry
+
+        names = set()
+        for m in request.models:
+            base = os.path.basename(m)
+            names |= {m, base, os.path.splitext(base)[0]}
+        out: dict[int, str] = {}
+        for r in registry.Registry(settings, create=False).records(clean=False):
+            if r.gpu in request.gpus and (r.name in names or r.id in names):
+                out.setdefault(r.gpu, f"{r.name} resident (pid {r.pid})")
+        return out
 
     def _clear(self, settings: Settings, request: Request, *, residents: bool) -> Kept | None:
         """An exclusive grant: the tenants' models (``exclusive_clears_tenants``) and the

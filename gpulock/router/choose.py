@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpulock.core.units import format_duration, format_size, format_usd
+from gpulock.core.units import format_duration, format_gpus, format_size, format_usd
 from gpulock.router.routes import Candidate
 from gpulock.router.tools import ToolSupport, support
 from gpulock.router.waitest import HoldHistory, Queued, estimate_wait
@@ -106,6 +106,10 @@ class Verdict:
     # remote penalty), so that a peer that sends nothing by then (plus cluster.peer_timeout)
     # is given up (gpulock.router.backends.peer).  None: not a peer's.
     start_s: float | None = None
+    # The GPUs its ticket may wait for (one line in front of them): every usable GPU for a
+    # model run in this process without ``gpu:`` on a machine of several; () for one GPU
+    # (``gpu``).  ``gpu`` is then the one that looked best, for the estimates.
+    gpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,8 +292,14 @@ def _judge_gpu(c: Candidate, host: Host, deadline_s: float | None, warm: bool) -
     else:
         wait = f", ~{format_duration(_wait_s(best, need))} queue wait"
     size = f"needs {format_size(need)}" if need is not None else "needs the whole GPU"
-    reason = f"gpu{best.index}: {size}{wait}" + (" (warm)" if warm else "") + note
-    return Verdict(c, True, reason, gpu=best.index, need_bytes=need, warm=warm)
+    # A model this process loads, with no gpu: pinned, waits in one line in front of every
+    # GPU it fits (its ticket is granted whichever frees first), not the one that looks best.
+    spread: tuple[int, ...] = ()
+    if c.gpu is None and c.tenant is None and c.local and len(usable) > 1:
+        spread = tuple(sorted(g.index for g in usable))
+    where = f"gpu{best.index}" if not spread else f"any of {format_gpus(spread)}"
+    reason = f"{where}: {size}{wait}" + (" (warm)" if warm else "") + note
+    return Verdict(c, True, reason, gpu=best.index, need_bytes=need, warm=warm, gpus=spread)
 
 
 def line_wait(host: Host, v: Verdict) -> tuple[float | None, int]:

@@ -134,6 +134,7 @@ def choice_json(
             "chosen": v is choice.chosen,
             "reason": v.reason,
             "gpu": v.gpu,
+            "gpus": list(v.gpus) or ([v.gpu] if v.gpu is not None else []),
             "need_bytes": v.need_bytes,
             "warm": v.warm,
             **({"tools": {"ok": can.ok, "how": can.how}} if can is not None else {}),

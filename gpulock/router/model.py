@@ -221,7 +221,7 @@ class Model:
 
     def _backend(self, v: Verdict) -> Any:
         c = v.candidate
-        key = f"{cid(c)}|{c.n_ctx}|{v.gpu}"
+        key = f"{cid(c)}|{c.n_ctx}|{v.gpus or v.gpu}"
         b: Any = self._backends.get(key)
         if b is None:
             if c.host is not None:  # a cluster peer's gateway
@@ -237,7 +237,9 @@ class Model:
             elif c.local:
                 from gpulock.router.backends import llama_cpp
 
-                b = llama_cpp.backend_for(c, self._settings, gpu=v.gpu, need=v.need_bytes)
+                b = llama_cpp.backend_for(
+                    c, self._settings, gpu=v.gpu, need=v.need_bytes, gpus=v.gpus
+                )
             elif c.tenant is not None:
                 from gpulock.router.backends.tenant import TenantBackend
 

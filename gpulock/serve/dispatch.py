@@ -331,8 +331,10 @@ class Dispatcher:
             timeout = c.timeout_s if left is None else min(c.timeout_s, left)
             slot = await stack.enter_async_context(
                 self.line.slot(
-                    f"{cid(c)}|{v.gpu}",
+                    f"{cid(c)}|{v.gpus or v.gpu}",
                     gpu=v.gpu,
+                    gpus=v.gpus,
+                    prefer=self._loaded_on(c) if v.gpus else None,
                     need=v.need_bytes,
                     parallel=c.parallel,
                     name=agent,
@@ -341,6 +343,8 @@ class Dispatcher:
                 )
             )
             ticket = slot.ticket
+            if v.gpus:  # one line for several GPUs: the model runs where the ticket was granted
+                v = replace(v, gpu=slot.gpu)
         if ask.kind != "embed" and "max_tokens" not in ask.params:
             ask = replace(ask, params={**ask.params, "max_tokens": c.max_tokens})  # the route's
         host = self.cluster.cc.host if self.cluster is not None else None
@@ -463,11 +467,19 @@ class Dispatcher:
             b.unload()  # a larger context is asked for than the loaded one has
             b = None
         if b is None:
-            b = self._local[key] = kind(c, self.settings, gpu=v.gpu, need=v.need_bytes)
+            b = self._local[key] = kind(c, self.settings, gpu=v.gpu, need=v.need_bytes, gpus=v.gpus)
         return b
 
     def loaded(self) -> list[_HeldLlama]:
         return [b for b in self._local.values() if b.loaded]
+
+    def _loaded_on(self, c: Candidate) -> dict[int, str]:
+        """The GPUs where this server has ``c``'s model loaded: its ticket prefers them."""
+        return {
+            b.gpu: "loaded in gpulock serve"
+            for b in self._local.values()
+            if b.loaded and b.gpu is not None and cid(b.candidate) == cid(c)
+        }
 
     def broke(self, opened: Opened, agent: str, e: BackendError) -> None:
         """A stream that broke after its first word: too late to fall back, but the call is

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -101,8 +101,14 @@ class Line:
         name: str,
         timeout_s: float | None,
         command: Sequence[str] = (),
+        gpus: Sequence[int] = (),
+        prefer: Mapping[int, str] | None = None,
     ) -> AsyncIterator[Slot]:
-        """Hold a place on ``gpu`` for one request to model ``key`` (see the module doc)."""
+        """Hold a place on ``gpu`` for one request to model ``key`` (see the module doc).
+
+        ``gpus``: a set its ticket may be granted on instead (one line in front of them; the
+        Slot says which it got), ``prefer`` where its model is loaded already; the counts of
+        this server's requests stay under ``gpu``."""
         if self.stopping:
             raise Stopping("gpulock serve is stopping", hint="send it again to another server")
         if self.waiting >= self.max_queue:
@@ -117,7 +123,7 @@ class Line:
                 self._waiters.add(me)
             try:
                 group, shared = await self._enter(
-                    key, gpu, need, parallel, name, timeout_s, command
+                    key, gpu, need, parallel, name, timeout_s, command, tuple(gpus), prefer
                 )
             except asyncio.CancelledError:
                 if me is None or not self.stopping or me.cancelling() != 1:
@@ -131,7 +137,7 @@ class Line:
                 if me is not None:
                     self._waiters.discard(me)
             try:
-                yield Slot(gpu, group.lease.ticket, time.monotonic() - start, shared)
+                yield Slot(group.lease.gpu, group.lease.ticket, time.monotonic() - start, shared)
                 served = True
             finally:
                 self._leave(group)
@@ -147,6 +153,8 @@ class Line:
         name: str,
         timeout_s: float | None,
         command: Sequence[str],
+        gpus: tuple[int, ...] = (),
+        prefer: Mapping[int, str] | None = None,
     ) -> tuple[_Group, bool]:
         begun = time.monotonic()
         deadline = None if timeout_s is None else begun + timeout_s
@@ -175,13 +183,14 @@ class Line:
             # The ticket closed while we waited here: take one of our own (below).
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         lease = await acquire_async(
-            gpu,
+            list(gpus) if len(gpus) > 1 else gpu,
             need,
             left,
             name,
             config=self.settings.config,
             state_dir=str(self.settings.state_dir),
             command=(*command, *_tenant_call(key)),
+            prefer=prefer or None,
         )
         g = _Group(key, lease, max(1, parallel))
         current = self._open.get(key)

@@ -32,6 +32,7 @@ from gpulock.router.backends import BackendError, Result
 from gpulock.router.routes import Candidate
 
 VERIFY_S = 5.0  # how long a cold-start unload may take to show on NVML
+SPLIT_MODE_NONE = 0  # llama.cpp's LLAMA_SPLIT_MODE_NONE: the whole model on main_gpu
 _lock = threading.Lock()
 
 
@@ -97,10 +98,21 @@ def _log_since(mark: int) -> list[str]:
 class LlamaBackend:
     """One model file with one context size, loaded at most once in this process."""
 
-    def __init__(self, c: Candidate, settings: Settings, *, gpu: int | None, need: int | None):
+    def __init__(
+        self,
+        c: Candidate,
+        settings: Settings,
+        *,
+        gpu: int | None,
+        need: int | None,
+        gpus: Sequence[int] = (),
+    ):
         self.candidate = c
         self.settings = settings
         self.gpu = gpu if c.tier == "gpu" else None
+        # A candidate without gpu: on a machine of several: its ticket waits for the set (one
+        # line); the model loads where the ticket is granted and keeps that GPU while loaded.
+        self.gpus = tuple(gpus) if c.tier == "gpu" and len(gpus) > 1 else ()
         self.need = need
         self._llm: Any = None
         self._resident: Any = None
@@ -213,7 +225,7 @@ class LlamaBackend:
                 return
             try:
                 lease = acquire(
-                    gpu=self.gpu,
+                    gpu=self._ask(),
                     need=self.need,
                     timeout=wait_s,
                     name=label,
@@ -224,6 +236,7 @@ class LlamaBackend:
             except LockTimeout as e:
                 raise BackendError("busy", str(e)) from None
             with lease:
+                self._on(lease.gpu)
                 if self._resident is None:
                     self._resident = self._register()
                 try:
@@ -233,6 +246,21 @@ class LlamaBackend:
                     # A failed call too: cold-start leaves nothing loaded, whatever happened.
                     if self.candidate.policy == "cold-start":
                         self.unload()
+
+    def _ask(self) -> int | list[int] | None:
+        """What its ticket waits for: the GPU its model is loaded on, else its set."""
+        if self.gpus and not self.loaded:
+            return list(self.gpus)
+        return self.gpu
+
+    def _on(self, gpu: int) -> None:
+        """Granted ``gpu`` of its set: the model is (re)registered and loaded there."""
+        if not self.gpus or gpu == self.gpu:
+            return
+        if self._resident is not None:  # evicted from the GPU it had: let its record go
+            res, self._resident = self._resident, None
+            res.release()
+        self.gpu = gpu
 
     def _prefetch(self) -> list[str]:
         """The GGUF to warm while the call waits in line: only when it will be loaded (a model
@@ -258,6 +286,7 @@ class LlamaBackend:
         }
         if c.n_threads:
             kwargs["n_threads"] = c.n_threads
+        kwargs.update(self._placement())
         start = time.monotonic()
         mark = _log_mark()
         try:
@@ -278,6 +307,23 @@ class LlamaBackend:
             load_s=round(time.monotonic() - start, 6),
         )
         return llm
+
+    def _placement(self) -> dict[str, Any]:
+        """On a real machine of several GPUs, a model of a set loads on the GPU granted alone:
+        llama.cpp's ``main_gpu`` (as CUDA numbers it in this process) and no split."""
+        if not self.gpus or self.gpu is None or devices.simulated_sizes(self.settings.config):
+            return {}
+        # gpulock numbers GPUs as NVML does; CUDA too, told before it starts (see runner).
+        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        seen = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        if seen.strip():
+            ids = [int(x) for x in seen.split(",") if x.strip().isdigit()]
+            if self.gpu not in ids:
+                return {}  # not visible here: llama.cpp decides, as without a set
+            index = ids.index(self.gpu)
+        else:
+            index = self.gpu
+        return {"main_gpu": index, "split_mode": SPLIT_MODE_NONE}
 
     def _failed(self, e: BaseException, kind: str, log: Sequence[str] = ()) -> Any:
         """Raise the BackendError for ``e``; ``log``: llama.cpp's lines meanwhile (the why)."""
@@ -412,7 +458,12 @@ _cache: dict[tuple[Any, ...], LlamaBackend] = {}
 
 
 def backend_for(
-    c: Candidate, settings: Settings, *, gpu: int | None, need: int | None
+    c: Candidate,
+    settings: Settings,
+    *,
+    gpu: int | None,
+    need: int | None,
+    gpus: Sequence[int] = (),
 ) -> LlamaBackend:
     """This process's backend for a candidate: persistent models are shared between handles.
 
@@ -421,7 +472,8 @@ def backend_for(
     would add memory at the very moment memory is short); when a larger context is asked for
     than the loaded one has, the loaded one is unloaded before the new one loads.
     """
-    same = (c.model, c.tier, c.policy, c.n_gpu_layers, gpu, str(settings.state_dir))
+    where = tuple(gpus) if len(gpus) > 1 else gpu  # a set: one backend, wherever it loads
+    same = (c.model, c.tier, c.policy, c.n_gpu_layers, where, str(settings.state_dir))
     key = (*same, c.n_ctx, c.n_batch)
     with _lock:
         b = _cache.get(key)
@@ -431,7 +483,7 @@ def backend_for(
             if roomy is not None:
                 return roomy
         if b is None:
-            b = _cache[key] = LlamaBackend(c, settings, gpu=gpu, need=need)
+            b = _cache[key] = LlamaBackend(c, settings, gpu=gpu, need=need, gpus=gpus)
     for o in others:  # outside _lock: a reload inside another call may need it
         o.unload()
     return b
