@@ -27,13 +27,15 @@ Per row: the median grant -> first token (the best run in brackets: others' load
 machine only adds), and what the governor's pass did.  The three modes of a round run back to
 back (in an order that alternates between rounds), so a round's pre-warm / warm ratio sees
 the same neighbours; target (issue 27): the median of those ratios within 1.1x, for both
-agents.  Each run asks with a new prompt, as a cron agent does (a server's prompt cache
-would otherwise favour the warm runs).  Prints tables and a final ``summary:`` line.
+agents.  Each run asks with a new prompt, as a cron agent does, that shares nothing past the
+chat template's opening with the run before (a server's prompt cache would otherwise favour
+the warm runs).  Prints tables and a final ``summary:`` line.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -83,11 +85,15 @@ TENANT_AGENT = textwrap.dedent(
     """\
     import json, sys, time
     from gpulock import router
-    state, config = sys.argv[1], sys.argv[2]
+    state, config, run = sys.argv[1], sys.argv[2], int(sys.argv[3])
     m = router.get_model("digest", config=config, state_dir=state, agent="digest")
     start = time.monotonic()
-    # a new prompt each run, as a cron agent's (no prompt cache to help the warm runs)
-    note = f"note {time.time()}"
+    # A new prompt each run, as a cron agent's, that shares no first character with the run
+    # before (nor with the pre-warm's own "warm"): the server's prompt cache then holds the
+    # chat template's opening alone, whichever run came before.  (A time stamp first gave the
+    # warm runs a dozen more cached characters of the run before's "note 17957...".)
+    words = ("apple", "bread", "chair", "daisy", "eagle", "fable", "grape")
+    note = f"{words[run % len(words)]} note"
     for piece in m.chat([{"role": "user", "content": note}], stream=True, max_tokens=1):
         break
     first = time.monotonic()
@@ -252,6 +258,7 @@ def tenant(work: Path, model: Path, runs: int, exe: str) -> dict[str, list[dict[
         f"    - {{tier: gpu, tenant: llama, model: {MODEL}, vram: {size}, max_tokens: 1}}\n"
     )
     rows: dict[str, list[dict[str, Any]]] = {"cold": [], "warm": [], "pre-warm": []}
+    counter = itertools.count()
     try:
         until(up, "llama-server up", 60)
         for r in range(runs):
@@ -270,7 +277,7 @@ def tenant(work: Path, model: Path, runs: int, exe: str) -> dict[str, list[dict[
                         until(lambda: state() == "unloaded", "unloaded")
                     cold(model)
                 pre = governor_pass(st, config) if mode == "pre-warm" else None
-                res = run_agent(TENANT_AGENT, [str(st), str(config)], config)
+                res = run_agent(TENANT_AGENT, [str(st), str(config), str(next(counter))], config)
                 rows[mode].append({**res, "prewarm": pre})
                 shutil.rmtree(st, ignore_errors=True)
     finally:
