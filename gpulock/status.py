@@ -1,4 +1,4 @@
-"""What every GPU queue looks like now: a JSON-able snapshot (``gpulock.status_text`` renders it).
+"""What every GPU queue looks like now: a JSON-able snapshot.
 
 ``snapshot()`` is the documented ``gpulock status --json`` object (``"version": 1``):
 
@@ -47,7 +47,9 @@
   ``tokens_out``, ``cost_usd``; None when the router has not been used today.  In a cluster
   ``day`` is the UTC day, as the cluster's budgets count it; on a host alone, the local day.
 
-Reading status never changes the queue.
+The GPUs' lines are gathered here; the sections beside them (residents, devices, governor,
+cluster, usage, prewarm) in ``gpulock.status_sections``; ``gpulock.status_text`` prints the
+whole as the table.  Reading status never changes the queue.
 """
 
 from __future__ import annotations
@@ -59,10 +61,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulock.core import clusterview, devices, level
-from gpulock.core.errors import GpulockError
+from gpulock import status_sections as sections
+from gpulock.core import devices
 from gpulock.core.settings import Settings
-from gpulock.core.units import calendar_day, parse_usd
 from gpulock.lock import prefetch_progress, queue
 from gpulock.lock.queuedir import QueueDir, TicketFile, queue_gpus
 from gpulock.lock.ticket import Ticket
@@ -240,77 +241,8 @@ def claimed_bytes(holders: Sequence[dict[str, Any]], total: int | None) -> int |
     return sum(int(e["need_bytes"]) for e in holders)
 
 
-def resident_entry(r: registry.Record, now_w: float) -> dict[str, Any]:
-    idle = None if r.in_use or not r.idle_known else round(max(0.0, now_w - r.last_used_wall), 3)
-    return {
-        "id": r.id,
-        "tenant": r.tenant,
-        "name": r.name,
-        "pid": r.pid,
-        "user": r.user,
-        "program": r.program,
-        "gpu": r.gpu,
-        "declared_bytes": r.declared_bytes,
-        "measured_bytes": r.measured_bytes,
-        "bytes": r.bytes,
-        "policy": r.policy,
-        "in_use": r.in_use,
-        "uses": r.uses,
-        "loaded_wall": r.loaded_wall,
-        "last_used_wall": r.last_used_wall,
-        "idle_s": idle,
-        "last_use_seen": r.use_seen and r.idle_known,
-        "tenant_state": r.tenant_state,
-        "torch_allocated_bytes": r.torch_allocated_bytes,
-        "torch_reserved_bytes": r.torch_reserved_bytes,
-    }
-
-
-def device_entry(d: devices.Device, registered: dict[int, str]) -> dict[str, Any]:
-    return {
-        "index": d.index,
-        "name": d.name,
-        "source": d.source,
-        "uuid": d.uuid,
-        "total_bytes": d.total_bytes,
-        "used_bytes": d.used_bytes,
-        "free_bytes": d.free_bytes,
-        "reserved_bytes": d.reserved_bytes,
-        "util_gpu_pct": d.util_gpu_pct,
-        "util_mem_pct": d.util_mem_pct,
-        "processes": [
-            {
-                "pid": p.pid,
-                "used_bytes": p.used_bytes,
-                "kind": p.kind,
-                "registered": p.pid in registered,
-                "as": registered.get(p.pid),
-            }
-            for p in d.processes
-        ],
-    }
-
-
-def governor_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
-    """The governor's published word, and whether it still counts (None: never ran here)."""
-    pub = level.read_raw(settings)
-    if pub is None:
-        return None
-    live = level.read(settings, now_wall=now_w) is not None
-    return {
-        "level": pub.level if live else "normal",
-        "published_level": pub.level,
-        "live": live,
-        "pid": pub.pid,
-        "since_wall": pub.since_wall,
-        "updated_wall": pub.updated_wall,
-        "interval_s": pub.interval_s,
-        "signals": pub.signals,
-        "thresholds": pub.thresholds,
-    }
-
-
 def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, Any]:
+    """The documented ``gpulock status --json`` object (above) as the state is at ``now_wall``."""
     now_w = time.time() if now_wall is None else now_wall
     tenants: list[dict[str, Any]] = []
     trecs: list[registry.Record] = []
@@ -331,6 +263,27 @@ def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, 
     ]
     sets = set_lines(copies, gpus, now_w)
     _mark_pools(gpus, pool_record.live(settings), sets)
+    registered = _registered(recs, gpus)
+    return {
+        "version": VERSION,
+        "state_dir": str(settings.state_dir),
+        "generated_wall": now_w,
+        "governor": sections.governor_entry(settings, now_w),
+        "devices": [sections.device_entry(d, registered) for d in report.devices],
+        "devices_problem": report.problem,
+        "gpus": gpus,
+        "sets": sets,
+        "residents": sections.with_next_use(settings, recs, now_w),
+        "tenants": tenants,
+        "usage": sections.usage_entry(settings, now_w),
+        "cluster": sections.cluster_entry(settings, now_w),
+        "prewarm": sections.prewarm_entry(settings),
+    }
+
+
+def _registered(recs: list[registry.Record], gpus: list[dict[str, Any]]) -> dict[int, str]:
+    """pid -> what it is to gpulock, for the devices' processes: a tenant's server, a resident's
+    owner, a holder, a holder's command."""
     registered: dict[int, str] = {
         r.pid: f"tenant {r.tenant}" if r.tenant else f"resident {r.name}" for r in recs if r.pid
     }
@@ -339,21 +292,7 @@ def snapshot(settings: Settings, *, now_wall: float | None = None) -> dict[str, 
             registered.setdefault(e["pid"], f"holder of ticket {e['ticket']}")
             if e["child_pid"] is not None:
                 registered.setdefault(e["child_pid"], f"command of ticket {e['ticket']}")
-    return {
-        "version": VERSION,
-        "state_dir": str(settings.state_dir),
-        "generated_wall": now_w,
-        "governor": governor_entry(settings, now_w),
-        "devices": [device_entry(d, registered) for d in report.devices],
-        "devices_problem": report.problem,
-        "gpus": gpus,
-        "sets": sets,
-        "residents": _with_next_use(settings, recs, now_w),
-        "tenants": tenants,
-        "usage": usage_entry(settings, now_w),
-        "cluster": cluster_entry(settings, now_w),
-        "prewarm": prewarm_entry(settings),
-    }
+    return registered
 
 
 def set_lines(
@@ -372,17 +311,6 @@ def set_lines(
         line = by_set.setdefault(t.gpu_set, [])
         line.append(entry(qdir, tf, len(line), now_w))
     return [{"gpus": list(k), "waiters": v} for k, v in sorted(by_set.items())]
-
-
-def prewarm_entry(settings: Settings) -> dict[str, Any] | None:
-    """What the governor is warming ahead of its predicted use, and why; None when nothing
-    (``gpulock.residents.prewarm``)."""
-    from gpulock.residents.prewarm_state import published
-
-    doc = published(settings)
-    if doc is None or not (doc["entries"] or doc["waiting"]):
-        return None
-    return doc
 
 
 def _mark_pools(
@@ -411,89 +339,3 @@ def _mark_pools(
                 "need_bytes": p.get("need_bytes"),
                 "worker": worker,
             }
-
-
-def _with_next_use(
-    settings: Settings, recs: list[registry.Record], now_w: float
-) -> list[dict[str, Any]]:
-    """``resident_entry`` with the predicted next use (``next_use``, ``next_use_source``,
-    ``next_use_by``: the agent or ticket expected to use it)."""
-    entries = [resident_entry(r, now_w) for r in recs]
-    fc = None
-    if recs:
-        from gpulock.residents.foresight_inputs import gather, model_key
-
-        fc = gather(settings, recs, sorted({r.gpu for r in recs}), now_wall=now_w)
-    for r, e in zip(recs, entries, strict=True):
-        nu = fc.next.get(model_key(r)) if fc is not None else None
-        e["next_use"] = None if nu is None else nu.at_wall
-        e["next_use_source"] = "unknown" if nu is None else nu.source
-        e["next_use_by"] = None if nu is None or not nu.label else nu.label
-    return entries
-
-
-def cluster_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
-    """This host's last view of its cluster (written by ``gpulock serve``); None without one."""
-    view = clusterview.read(settings, now_w)
-    if view is None:
-        return None
-    return {"host": view.host, "hosts": view.hosts, "redis": view.redis, "problem": view.problem}
-
-
-LEDGER_FORMAT = (
-    "gpulock.ledger/1"  # written by gpulock/router/ledger.py; read here without the router
-)
-
-
-def usage_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
-    """Today's router accounting, or None (no ledger, another day's, or unreadable)."""
-    import json
-
-    from gpulock.core.state import read_small
-
-    try:
-        data = read_small(settings.state_dir / "router" / "ledger.json")
-        raw = json.loads(data) if data else None
-    except (OSError, ValueError, RecursionError, GpulockError):
-        return None
-    # The ledger's day: the UTC day in a cluster (gpulock.router.ledger.utc_day), else the local
-    # day.
-    clustered = settings.config.section("cluster") is not None
-    day = calendar_day(now_w, utc=clustered)
-    if not isinstance(raw, dict) or raw.get("format") != LEDGER_FORMAT or raw.get("day") != day:
-        return None
-    usage: dict[str, Any] = raw["usage"] if isinstance(raw.get("usage"), dict) else {}
-    spend: dict[str, Any] = raw["spend_usd"] if isinstance(raw.get("spend_usd"), dict) else {}
-    cloud = sum(float(v) for v in spend.values() if isinstance(v, int | float))
-    budget = (settings.config.section("router") or {}).get("daily_budget")
-    try:
-        budget_usd = None if budget is None else parse_usd(budget)
-    except ValueError:
-        budget_usd = None
-    axes = ("agent", "task", "tier", "host") if clustered else ("agent", "task", "tier")
-    return {
-        "day": day,
-        "cloud_spend_usd": round(float(cloud), 6),
-        "daily_budget_usd": budget_usd,
-        **{f"by_{axis}": _usage_rows(usage.get(axis)) for axis in axes},
-    }
-
-
-def _usage_rows(rows: Any) -> dict[str, dict[str, Any]]:
-    """name -> counts as the documented types (the ledger keeps every figure as a float)."""
-    if not isinstance(rows, dict):
-        return {}
-    out: dict[str, dict[str, Any]] = {}
-    for name, row in rows.items():
-        if not isinstance(row, dict):
-            continue
-        try:
-            out[str(name)] = {
-                "calls": int(row.get("calls", 0)),
-                "tokens_in": int(row.get("tokens_in", 0)),
-                "tokens_out": int(row.get("tokens_out", 0)),
-                "cost_usd": round(float(row.get("cost_usd", 0)), 8),
-            }
-        except (TypeError, ValueError, OverflowError):
-            continue  # a damaged row: skip it, as every reader of state files does
-    return out

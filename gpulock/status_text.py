@@ -285,7 +285,7 @@ def _next_use(r: dict[str, Any]) -> str:
     at = r.get("next_use")
     if not isinstance(at, int | float):
         return "-"
-    from gpulock.core import foresight  # as _with_next_use: only where a resident is shown
+    from gpulock.core import foresight  # as status_sections: only where a resident is shown
 
     source, by = r.get("next_use_source"), r.get("next_use_by")
     nu = foresight.NextUse("", at, 1.0, source or foresight.UNKNOWN_SOURCE, by or "")
