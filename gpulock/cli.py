@@ -4,8 +4,9 @@ Exit codes: 0 ok; 1 error; 2 usage (bad flag or value); 75 (EX_TEMPFAIL) the GPU
 had in time, so cron simply tries again next run; ``run`` otherwise returns its command's code
 (126 not executable, 127 not found, 128+N killed by signal N).
 
-The library raises; this module maps errors to ``error:``/``hint:`` lines and exit codes and
-never shows a traceback for a user's mistake.  Commands of the packages above gpulock
+The library raises; the toolkit (``gpulock.cli_kit``, named here for every command to use) maps
+errors to ``error:``/``hint:`` lines and exit codes and never shows a traceback for a user's
+mistake.  Commands of the packages above gpulock
 (``governor``, ``route``, ``fleet``, ``agent``) are found through the ``gpulock.commands``
 entry-point group and imported only when they run, so the lock package never imports them and
 ``gpulock run`` stays light.
@@ -14,79 +15,61 @@ entry-point group and imported only when they run, so the lock package never imp
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from typing import Any, NoReturn
+from typing import Any
 
-from gpulock.core.errors import GpulockError, LockTimeout
-from gpulock.core.units import format_duration, format_size, parse_duration, parse_size
+# The toolkit is gpulock.cli_kit's; the packages above the lock's side, and the plugins of
+# docs/code-layout.md, reach it here, through the door named gpulock.cli.
+from gpulock.cli_kit import (
+    EX_ERROR,
+    EX_NOEXEC,
+    EX_NOTFOUND,
+    EX_OK,
+    EX_TEMPFAIL,
+    EX_USAGE,
+    Parser,
+    UsageError,
+    check_gpu,
+    common_args,
+    duration_arg,
+    gpu_set_arg,
+    index_arg,
+    parse_since,
+    print_json,
+    report,
+    run_command,
+    settings_of,
+    size_arg,
+    stdout_to_stderr,
+    wants_json,
+)
+from gpulock.core.errors import GpulockError
+from gpulock.core.units import format_duration, format_size
 
-EX_OK, EX_ERROR, EX_USAGE, EX_TEMPFAIL = 0, 1, 2, 75
-EX_NOEXEC, EX_NOTFOUND = 126, 127
-
-
-class UsageError(Exception):
-    """A mistake in how the command was called (exit 2)."""
-
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse whose usage errors become UsageError (exit 2, no traceback)."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message, hint=f"{self.prog} --help")
-
-    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
-        # argparse drops a '--' given as an option's value ('--lease=--') and hands the option
-        # an empty list, past its type= check: refuse it here as the usage error it is.
-        if action.option_strings and action.nargs is None and arg_strings == ["--"]:
-            self.error(f"argument {'/'.join(action.option_strings)}: expected one argument")
-        return super()._get_values(action, arg_strings)
-
-
-def _size(text: str) -> int:
-    try:
-        n = parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"expected a size above 0, got {text!r}")
-    return n
-
-
-def duration_arg(text: str) -> float:
-    """An argparse ``type=`` for durations (``30s``, ``5m``): a bad one is a usage error."""
-    try:
-        return parse_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _index(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a GPU index like 0 or 1, got {text!r}")
-    return int(text)
-
-
-def _gpu_set(text: str) -> int | str | tuple[int, ...]:
-    """``--gpu``: an index, a set (``0,2``) or ``any``."""
-    from gpulock.core.units import parse_gpus
-
-    try:
-        return parse_gpus(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a GPU index like 0, a set like 0,2, or any, got {text!r}"
-        ) from None
+__all__ = [
+    "EX_ERROR",
+    "EX_NOEXEC",
+    "EX_NOTFOUND",
+    "EX_OK",
+    "EX_TEMPFAIL",
+    "EX_USAGE",
+    "Parser",
+    "UsageError",
+    "build_parser",
+    "duration_arg",
+    "main",
+    "parse_since",
+    "print_json",
+    "report",
+    "run_command",
+    "stdout_to_stderr",
+    "wants_json",
+]
 
 
 def _gpu_count(text: str) -> int:
@@ -99,13 +82,6 @@ def _ticket_number(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"expected a ticket number like 12, got {text!r}")
     return int(text)
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", help="config file (default: the usual lookup)")
-    p.add_argument(
-        "--state-dir", metavar="DIR", help="state folder (default: $GPULOCK_STATE_DIR, config)"
-    )
 
 
 class _CommandsFormatter(argparse.HelpFormatter):
@@ -147,7 +123,7 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
     )
     p.add_argument(
         "--gpu",
-        type=_gpu_set,
+        type=gpu_set_arg,
         metavar="GPU",
         help="GPU index, a set (0,2) or any: granted whichever of the set can take it first "
         "(default: config default_gpu, else 0)",
@@ -160,7 +136,7 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
     )
     p.add_argument(
         "--need",
-        type=_size,
+        type=size_arg,
         metavar="SIZE",
         help="VRAM this job uses, e.g. 6GiB: jobs whose needs fit share the GPU "
         "(default: exclusive)",
@@ -186,7 +162,7 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
         help="a file CMD will load (a model): read into the page cache while waiting in line "
         "(repeat for several; see prefetch: in the config)",
     )
-    _common(p)
+    common_args(p)
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD [ARG...]")
 
     p = sub.add_parser(
@@ -203,7 +179,7 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
         metavar="S",
         help="redraw every S seconds (default 1) until Ctrl-C",
     )
-    _common(p)
+    common_args(p)
 
     p = sub.add_parser(
         "break",
@@ -220,7 +196,7 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
     p.add_argument("--force", action="store_true", help="with a TICKET: end it even if healthy")
     p.add_argument("--grace", type=duration_arg, metavar="S", help="SIGTERM to SIGKILL delay")
     p.add_argument("--json", action="store_true", help="print results as JSON")
-    _common(p)
+    common_args(p)
 
     p = sub.add_parser(
         "history",
@@ -232,11 +208,11 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
         metavar="WHEN",
         help="only events newer than this: a duration ago (10m, 2h) or an ISO time",
     )
-    p.add_argument("--gpu", type=_index, help="only this GPU (a multi-GPU ticket's too)")
+    p.add_argument("--gpu", type=index_arg, help="only this GPU (a multi-GPU ticket's too)")
     p.add_argument("--event", action="append", metavar="KIND", help="only these kinds")
     p.add_argument("--limit", type=int, metavar="N", help="only the last N events")
     p.add_argument("--json", action="store_true", help='print {"events": [...]}')
-    _common(p)
+    common_args(p)
 
     p = sub.add_parser(
         "heartbeat",
@@ -245,7 +221,7 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
         "(default: $GPULOCK_TICKET, set by 'gpulock run').",
     )
     p.add_argument("ticket", nargs="?", type=_ticket_number)
-    _common(p)
+    common_args(p)
 
     p = sub.add_parser(
         "evict",
@@ -257,7 +233,7 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
         ),
     )
     p.add_argument("target", metavar="NAME|ID", help="model name or resident id (see status)")
-    p.add_argument("--gpu", type=_index, help="only residents on this GPU")
+    p.add_argument("--gpu", type=index_arg, help="only residents on this GPU")
     p.add_argument(
         "--timeout",
         type=duration_arg,
@@ -269,7 +245,7 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
     p.add_argument("--force", action="store_true", help="evict pinned models too")
     p.add_argument("--tenant", metavar="T", help="only models of tenant T (see gpulock tenants)")
     p.add_argument("--json", action="store_true", help='print {"results": [...]}')
-    _common(p)
+    common_args(p)
 
     p = sub.add_parser(
         "tenants",
@@ -281,7 +257,7 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
         ),
     )
     p.add_argument("--json", action="store_true", help='print {"tenants": [...]}')
-    _common(p)
+    common_args(p)
 
     _pool_parser(sub)
     sub.add_parser("help", help="list every command, including those of installed packages")
@@ -303,95 +279,8 @@ def _plugins() -> dict[str, Any]:
     return plugins()
 
 
-def report(e: UsageError | GpulockError, *, as_json: bool = False) -> int:
-    """Print ``error:`` (and ``hint:``) for a user's mistake; return its exit code.
-
-    With ``as_json`` (the command line asked for ``--json``) the error is one JSON object on
-    stdout instead, so a script reading the output gets JSON whatever happened::
-
-        {"error": {"message": "...", "hint": "..." | null, "type": "UnknownTask",
-                   "exit_code": 2}}
-
-    Shared by the commands that packages add (``gpulock governor``...), so every command
-    speaks and exits alike.
-    """
-    if isinstance(e, UsageError):
-        code = EX_USAGE
-    elif isinstance(e, LockTimeout):
-        code = EX_TEMPFAIL
-    else:
-        code = getattr(e, "exit_code", EX_ERROR)  # RunError: 126/127, like a shell
-    if as_json:
-        print_json(
-            {
-                "error": {
-                    "message": str(e),
-                    "hint": e.hint,
-                    "type": type(e).__name__,
-                    "exit_code": code,
-                }
-            }
-        )
-        return code
-    _say("error", str(e))
-    if e.hint:
-        _say("hint", e.hint)
-    return code
-
-
-def wants_json(argv: Sequence[str]) -> bool:
-    """Whether a command line asks for JSON: ``--json`` before any ``--`` (what follows it is
-    a command's own arguments, as in ``gpulock run -- tool --json``)."""
-    args = list(argv)
-    ours = args[: args.index("--")] if "--" in args else args
-    return "--json" in ours
-
-
-def print_json(doc: Any) -> None:
-    """One JSON document on stdout (values JSON cannot hold are written as text)."""
-    print(json.dumps(doc, indent=2, default=str), flush=True)
-
-
-@contextlib.contextmanager
-def stdout_to_stderr() -> Iterator[None]:
-    """While it lasts, what this process and its children write to stdout goes to stderr, so
-    that a ``--json`` command's stdout carries its JSON document alone."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     return run_command(_dispatch, argv)
-
-
-def run_command(command: Callable[[list[str]], int], argv: Sequence[str] | None = None) -> int:
-    """Run one command's ``command(argv)`` as every gpulock command runs: the exit code it
-    returns; a user's mistake as ``error:``/``hint:`` lines (a JSON object with ``--json``) and
-    its exit code (``report``);
-    Ctrl-C before the command took over signals as 130; a reader that left the pipe
-    (``gpulock history | head``) as a quiet 0, never a traceback."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        return command(args)
-    except (UsageError, GpulockError) as e:
-        return report(e, as_json=wants_json(args))
-    except KeyboardInterrupt:
-        return 128 + signal.SIGINT
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EX_OK
-
-
-def _say(kind: str, text: str) -> None:
-    print(f"{kind}: {text}", file=sys.stderr, flush=True)
 
 
 def _dispatch(argv: list[str]) -> int:
@@ -423,21 +312,6 @@ def _dispatch(argv: list[str]) -> int:
     return handler(args)
 
 
-def _settings(args: argparse.Namespace, *, create: bool = True) -> Any:
-    """The config and state folder; ``create=False`` for commands that only read the state, so
-    a mistyped folder is an error (``NoStateDir``), never an empty world in a new folder."""
-    from gpulock.core.settings import load
-
-    return load(args.config, args.state_dir, create=create)
-
-
-def _check_gpu(settings: Any, gpu: int) -> None:
-    """A ``--gpu`` this machine does not have is a usage error naming the GPUs it has."""
-    from gpulock.core.devices import check_gpu
-
-    check_gpu(gpu, settings.config)
-
-
 # --- run -----------------------------------------------------------------------------------
 
 
@@ -449,7 +323,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise UsageError("missing command to run", hint="gpulock run [options] -- CMD [ARG...]")
-    settings = _settings(args)
+    settings = settings_of(args)
     if args.prefetch:
         from gpulock.lock.prefetch import check_paths
 
@@ -477,7 +351,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from gpulock import status
     from gpulock.core.sections import check_sections, line
 
-    settings = _settings(args, create=False)
+    settings = settings_of(args, create=False)
     # The sections status does not read itself (serve:, router:...), checked once by the
     # parts that read them: a typo there is seen now, not when that service next starts.
     problems = [line(e) for e in check_sections(settings.config)[0]]
@@ -513,7 +387,7 @@ def cmd_break(args: argparse.Namespace) -> int:
             "--force ends a healthy holder, so it takes one TICKET, not --stale",
             hint="gpulock status shows the tickets; gpulock break --force TICKET",
         )
-    settings = _settings(args, create=False)
+    settings = settings_of(args, create=False)
     if args.stale:
         results = repair.break_stale(settings, grace_s=args.grace)
     else:
@@ -531,27 +405,11 @@ def cmd_break(args: argparse.Namespace) -> int:
 # --- history -------------------------------------------------------------------------------
 
 
-def parse_since(text: str, now_wall: float) -> float:
-    """``10m`` (ago) or an ISO-8601 time -> epoch seconds."""
-    try:
-        return now_wall - parse_duration(text)
-    except ValueError:
-        pass
-    from datetime import datetime
-
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        raise UsageError(
-            f"--since: expected a duration like 10m or a time like 2026-11-20T07:00, got {text!r}"
-        ) from None
-
-
 def cmd_history(args: argparse.Namespace) -> int:
     from gpulock.core import events
 
     since = parse_since(args.since, time.time()) if args.since else None
-    settings = _settings(args, create=False)
+    settings = settings_of(args, create=False)
     kinds = set(args.event or ())
     logged = list(events.read(settings.state_dir, since_wall=since))
     known = set(events.KINDS) | {e["event"] for e in logged}  # a plugin's kinds too
@@ -562,7 +420,7 @@ def cmd_history(args: argparse.Namespace) -> int:
             f"--event: no event kind {kind!r}", hint=known_hint(kind, sorted(known), "kinds")
         )
     if args.gpu is not None and all(args.gpu not in _gpus_of(e) for e in logged):
-        _check_gpu(settings, args.gpu)  # a GPU of the past may be asked about, a typo not
+        check_gpu(settings, args.gpu)  # a GPU of the past may be asked about, a typo not
     selected = [
         e
         for e in logged
@@ -682,7 +540,7 @@ def cmd_heartbeat(args: argparse.Namespace) -> int:
                 hint="run this inside 'gpulock run', or pass the ticket number",
             )
         seq = int(tail)
-    settings = _settings(args, create=False)
+    settings = settings_of(args, create=False)
     found = repair.find_all(settings, seq)  # a multi-GPU holder: its copy on each GPU
     if not found:
         raise GpulockError(f"no ticket {seq} in {settings.state_dir}", hint="gpulock status")
@@ -700,9 +558,9 @@ def cmd_evict(args: argparse.Namespace) -> int:
     from gpulock.core.errors import known_hint
     from gpulock.residents import eviction, registry
 
-    settings = _settings(args)  # a tenant's models need no state folder
+    settings = settings_of(args)  # a tenant's models need no state folder
     if args.gpu is not None:
-        _check_gpu(settings, args.gpu)
+        check_gpu(settings, args.gpu)
     matches = eviction.find(settings, args.target, gpu=args.gpu, tenant=args.tenant)
     if not matches:
         known = sorted({r.id if r.tenant else r.name for r in registry.all_records(settings)})
@@ -730,7 +588,7 @@ def cmd_evict(args: argparse.Namespace) -> int:
 
 
 def cmd_tenants(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = settings_of(args)
     if not settings.config.tenants:
         if args.json:
             print(json.dumps({"tenants": []}, indent=2))
@@ -775,7 +633,9 @@ def _pool_parser(sub: Any) -> None:
         usage="gpulock pool --need SIZE [options] -- CMD [ARG...]",
         epilog="exit codes as 'gpulock run': 75 when no worker was granted within --timeout",
     )
-    p.add_argument("--need", type=_size, metavar="SIZE", help="VRAM each worker uses, e.g. 8.9GiB")
+    p.add_argument(
+        "--need", type=size_arg, metavar="SIZE", help="VRAM each worker uses, e.g. 8.9GiB"
+    )
     p.add_argument(
         "--max", type=_count, metavar="N", help="at most N workers (default: all that fit)"
     )
@@ -785,7 +645,7 @@ def _pool_parser(sub: Any) -> None:
     )  # fmt: skip
     p.add_argument(
         "--gpu",
-        type=_gpu_set,
+        type=gpu_set_arg,
         metavar="GPU",
         help="GPU index, a set (0,2) or any: each worker on whichever GPU admits it "
         "(default: config default_gpu, else 0)",
@@ -799,7 +659,7 @@ def _pool_parser(sub: Any) -> None:
         "--timeout", type=duration_arg, metavar="T",
         help="give up (exit 75) if no worker is granted within T (30, 90s, 5m)",
     )  # fmt: skip
-    _common(p)
+    common_args(p)
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD [ARG...]")
 
 
@@ -816,7 +676,7 @@ def cmd_pool(args: argparse.Namespace) -> int:
         raise UsageError("--need is required: each worker's VRAM decides how many fit")
     if args.max is not None and args.min > args.max:
         raise UsageError(f"--min {args.min} is above --max {args.max}")
-    settings = _settings(args)
+    settings = settings_of(args)
     resolve(command)  # 127/126 before queueing for nothing
     max_workers = args.max or supervisor.max_for(settings, args.gpu, args.need)
     if args.min > max_workers:
