@@ -4,23 +4,22 @@ Exit codes: 0 ok; 1 error; 2 usage (bad flag or value); 75 (EX_TEMPFAIL) the GPU
 had in time, so cron simply tries again next run; ``run`` otherwise returns its command's code
 (126 not executable, 127 not found, 128+N killed by signal N).
 
-The library raises; the toolkit (``gpulock.cli_kit``, named here for every command to use) maps
-errors to ``error:``/``hint:`` lines and exit codes and never shows a traceback for a user's
-mistake.  Commands of the packages above gpulock
-(``governor``, ``route``, ``fleet``, ``agent``) are found through the ``gpulock.commands``
-entry-point group and imported only when they run, so the lock package never imports them and
-``gpulock run`` stays light.
+Here is the grammar (every built-in command's flags and help texts) and the dispatch; the
+handlers live by what they serve (``gpulock.cli_line``: run, pool, status, break, heartbeat;
+``gpulock.cli_history``; ``gpulock.cli_models``: evict, tenants), each imported only when its
+command runs.  The library raises; the toolkit (``gpulock.cli_kit``, named here for every
+command to use) maps errors to ``error:``/``hint:`` lines and exit codes and never shows a
+traceback for a user's mistake.  Commands of the packages above gpulock (``governor``,
+``route``, ``fleet``, ``agent``) are found through the ``gpulock.commands`` entry-point group
+and imported only when they run, so the lock package never imports them and ``gpulock run``
+stays light.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from typing import Any
 
 # The toolkit is gpulock.cli_kit's; the packages above the lock's side, and the plugins of
@@ -34,7 +33,6 @@ from gpulock.cli_kit import (
     EX_USAGE,
     Parser,
     UsageError,
-    check_gpu,
     common_args,
     duration_arg,
     gpu_set_arg,
@@ -43,13 +41,10 @@ from gpulock.cli_kit import (
     print_json,
     report,
     run_command,
-    settings_of,
     size_arg,
     stdout_to_stderr,
     wants_json,
 )
-from gpulock.core.errors import GpulockError
-from gpulock.core.units import format_duration, format_size
 
 __all__ = [
     "EX_ERROR",
@@ -84,6 +79,18 @@ def _ticket_number(text: str) -> int:
     return int(text)
 
 
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of 1 or more, got {text!r}")
+    return int(text)
+
+
+def _retries(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of 0 or more, got {text!r}")
+    return int(text)
+
+
 class _CommandsFormatter(argparse.HelpFormatter):
     """Room for the longest command name (``heartbeat``), so that every summary starts on
     its command's line."""
@@ -108,6 +115,22 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
     parser.add_argument("--version", action="version", version=f"gpulock {_version()}")
     sub = parser.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser)
 
+    _run_parser(sub)
+    _status_parser(sub)
+    _break_parser(sub)
+    _history_parser(sub)
+    _heartbeat_parser(sub)
+    _evict_parser(sub)
+    _tenants_parser(sub)
+    _pool_parser(sub)
+    sub.add_parser("help", help="list every command, including those of installed packages")
+    for name, summary in (commands or {}).items():
+        if name not in sub.choices:  # a package may not shadow a built-in command
+            sub.add_parser(name, help=summary, add_help=False)
+    return parser
+
+
+def _run_parser(sub: Any) -> None:
     p = sub.add_parser(
         "run",
         help="run a command holding a GPU",
@@ -165,6 +188,8 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
     common_args(p)
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD [ARG...]")
 
+
+def _status_parser(sub: Any) -> None:
     p = sub.add_parser(
         "status",
         help="show holders and waiters of every GPU",
@@ -181,6 +206,8 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
     )
     common_args(p)
 
+
+def _break_parser(sub: Any) -> None:
     p = sub.add_parser(
         "break",
         help="remove dead tickets, end hung holders (owner or root)",
@@ -198,6 +225,8 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
     p.add_argument("--json", action="store_true", help="print results as JSON")
     common_args(p)
 
+
+def _history_parser(sub: Any) -> None:
     p = sub.add_parser(
         "history",
         help="print the event log",
@@ -214,6 +243,8 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
     p.add_argument("--json", action="store_true", help='print {"events": [...]}')
     common_args(p)
 
+
+def _heartbeat_parser(sub: Any) -> None:
     p = sub.add_parser(
         "heartbeat",
         help="renew a holder's lease (for commands under 'gpulock run --lease')",
@@ -223,6 +254,8 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
     p.add_argument("ticket", nargs="?", type=_ticket_number)
     common_args(p)
 
+
+def _evict_parser(sub: Any) -> None:
     p = sub.add_parser(
         "evict",
         help="ask the owner of a resident model to unload it",
@@ -247,6 +280,8 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
     p.add_argument("--json", action="store_true", help='print {"results": [...]}')
     common_args(p)
 
+
+def _tenants_parser(sub: Any) -> None:
     p = sub.add_parser(
         "tenants",
         help="the model servers in the config (tenants) and the models they hold",
@@ -258,364 +293,6 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
     )
     p.add_argument("--json", action="store_true", help='print {"tenants": [...]}')
     common_args(p)
-
-    _pool_parser(sub)
-    sub.add_parser("help", help="list every command, including those of installed packages")
-    for name, summary in (commands or {}).items():
-        if name not in sub.choices:  # a package may not shadow a built-in command
-            sub.add_parser(name, help=summary, add_help=False)
-    return parser
-
-
-def _version() -> str:
-    from gpulock import __version__  # not importlib.metadata: 20 ms on every command
-
-    return __version__
-
-
-def _plugins() -> dict[str, Any]:
-    from gpulock.commands import plugins
-
-    return plugins()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_command(_dispatch, argv)
-
-
-def _dispatch(argv: list[str]) -> int:
-    builtin = {*_HANDLERS, "help"}
-    if argv and not argv[0].startswith("-") and argv[0] not in builtin:
-        plugins = _plugins()
-        plugin = plugins.get(argv[0])
-        if plugin is None:
-            from gpulock.core.errors import known_hint
-
-            known = sorted(builtin | set(plugins))
-            raise UsageError(
-                f"unknown command {argv[0]!r}", hint=known_hint(argv[0], known, "commands")
-            )
-        func: Callable[[list[str]], int] = plugin.load()
-        return func(argv[1:])
-    listing = not argv or argv[0] in ("help", "-h", "--help")
-    if listing:  # only then: reading the packages' summaries is no cost for `gpulock run`
-        from gpulock.commands import summaries
-
-        parser = build_parser(summaries())
-    else:
-        parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.cmd is None or args.cmd == "help":
-        parser.print_help()
-        return EX_OK if args.cmd == "help" else EX_USAGE
-    handler: Callable[[argparse.Namespace], int] = _HANDLERS[args.cmd]
-    return handler(args)
-
-
-# --- run -----------------------------------------------------------------------------------
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from gpulock import runner
-
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise UsageError("missing command to run", hint="gpulock run [options] -- CMD [ARG...]")
-    settings = settings_of(args)
-    if args.prefetch:
-        from gpulock.lock.prefetch import check_paths
-
-        try:
-            args.prefetch = list(check_paths(args.prefetch))
-        except GpulockError as e:
-            raise UsageError(f"--prefetch: {e}", hint=e.hint) from None
-    return runner.run(
-        settings,
-        command,
-        gpu=args.gpu,
-        gpus=args.gpus,
-        need=args.need,
-        timeout=args.timeout,
-        name=args.name,
-        lease=args.lease,
-        prefetch=args.prefetch,
-    )
-
-
-# --- status --------------------------------------------------------------------------------
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    from gpulock import status
-    from gpulock.core.sections import check_sections, line
-
-    settings = settings_of(args, create=False)
-    # The sections status does not read itself (serve:, router:...), checked once by the
-    # parts that read them: a typo there is seen now, not when that service next starts.
-    problems = [line(e) for e in check_sections(settings.config)[0]]
-    if args.watch is None:
-        snap = status.snapshot(settings) | {"config_problems": problems}
-        print(json.dumps(snap, indent=2) if args.json else status.render(snap))
-        return EX_OK
-    interval = max(args.watch, 0.1)
-    try:
-        while True:
-            snap = status.snapshot(settings) | {"config_problems": problems}
-            text = json.dumps(snap) if args.json else status.render(snap)
-            if sys.stdout.isatty() and not args.json:
-                sys.stdout.write("\x1b[H\x1b[2J")  # home + clear: redraw in place
-                stamp = time.strftime("%H:%M:%S")
-                text = f"gpulock status - {stamp} - every {interval:g} s, Ctrl-C to stop\n{text}"
-            print(text, flush=True)
-            time.sleep(interval)  # a display refresh, not a lock wait
-    except KeyboardInterrupt:
-        return EX_OK
-
-
-# --- break ---------------------------------------------------------------------------------
-
-
-def cmd_break(args: argparse.Namespace) -> int:
-    from gpulock.lock import repair
-
-    if (args.ticket is None) == (not args.stale):
-        raise UsageError("give a TICKET or --stale (one of them)", hint="gpulock break --help")
-    if args.stale and args.force:
-        raise UsageError(
-            "--force ends a healthy holder, so it takes one TICKET, not --stale",
-            hint="gpulock status shows the tickets; gpulock break --force TICKET",
-        )
-    settings = settings_of(args, create=False)
-    if args.stale:
-        results = repair.break_stale(settings, grace_s=args.grace)
-    else:
-        results = [repair.break_ticket(settings, args.ticket, force=args.force, grace_s=args.grace)]
-    if args.json:
-        print(json.dumps({"results": [asdict(r) for r in results]}, indent=2))
-    elif not results:
-        print("nothing stale")
-    else:
-        for r in results:
-            print(f"ticket {r.ticket} (gpu{r.gpu}): {r.action}: {r.detail}")
-    return EX_ERROR if any(r.action == "skipped" for r in results) else EX_OK
-
-
-# --- history -------------------------------------------------------------------------------
-
-
-def cmd_history(args: argparse.Namespace) -> int:
-    from gpulock.core import events
-
-    since = parse_since(args.since, time.time()) if args.since else None
-    settings = settings_of(args, create=False)
-    kinds = set(args.event or ())
-    logged = list(events.read(settings.state_dir, since_wall=since))
-    known = set(events.KINDS) | {e["event"] for e in logged}  # a plugin's kinds too
-    for kind in sorted(kinds - known):
-        from gpulock.core.errors import known_hint
-
-        raise UsageError(
-            f"--event: no event kind {kind!r}", hint=known_hint(kind, sorted(known), "kinds")
-        )
-    if args.gpu is not None and all(args.gpu not in _gpus_of(e) for e in logged):
-        check_gpu(settings, args.gpu)  # a GPU of the past may be asked about, a typo not
-    selected = [
-        e
-        for e in logged
-        if (args.gpu is None or args.gpu in _gpus_of(e)) and (not kinds or e["event"] in kinds)
-    ]
-    if args.limit is not None:
-        selected = selected[-args.limit :] if args.limit > 0 else []
-    if args.json:
-        print(json.dumps({"events": selected}, indent=2))
-        return EX_OK
-    for line in history_lines(selected):
-        print(line)
-    return EX_OK
-
-
-_SHOWN = {"ts", "event", "gpu", "ticket", "pid", "name", "granted", "gpu_set"}
-
-
-def _gpus_of(e: dict[str, Any]) -> tuple[int, ...]:
-    """The GPUs an event is about: a multi-GPU holder's all, a set ticket's set, else its
-    ``gpu`` (none for an event of no GPU)."""
-    for key in ("granted", "gpu_set", "gpus"):
-        v = e.get(key)
-        if isinstance(v, list) and v and all(isinstance(g, int) for g in v):
-            return tuple(v)
-    return (e["gpu"],) if isinstance(e.get("gpu"), int) else ()
-
-
-def _gpu_cell(e: dict[str, Any]) -> str:
-    """history's GPU column: ``gpu0``; ``gpus 0,2`` for a multi-GPU holder or a set ticket."""
-    from gpulock.core.units import format_gpus
-
-    gpus = _gpus_of(e)
-    return format_gpus(gpus) if gpus else "-"
-
-
-_WHO_MAX = 32  # a longer name shifts its own line's details, not every column
-
-
-def history_lines(selected: Sequence[dict[str, Any]]) -> list[str]:
-    """``gpulock history``'s lines, columns as wide as the widest value shown (an event kind
-    like ``gateway-request`` does not push its line's columns out of step)."""
-    rows = [_history_row(e) for e in selected]
-    if not rows:
-        return []
-    widths = [max(len(r[i]) for r in rows) for i in range(1, 4)]
-    who_w = min(max(len(r[4]) for r in rows), _WHO_MAX)
-    out = []
-    for stamp, kind, gpu, ticket, who, details in rows:
-        line = f"{stamp}  {kind:<{widths[0]}}  {gpu:<{widths[1]}}  {ticket:>{widths[2]}}  "
-        out.append((line + f"{who:<{who_w}}  {details}").rstrip())
-    return out
-
-
-def _history_row(e: dict[str, Any]) -> tuple[str, str, str, str, str, str]:
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["ts"]))
-    gpu = _gpu_cell(e)
-    ticket = str(e["ticket"]) if e.get("ticket") is not None else "-"
-    # Agents' and the fleet's events name their agent; the lock's name their holder.
-    label_key = "name" if "name" in e else "agent"
-    who = f"{e.get(label_key, '')}[{e.get('pid', '')}]" if "pid" in e else ""
-    if not who and isinstance(e.get("name"), str):
-        who = e["name"]  # no pid to show (a tenant's model): the name all the same
-    details: list[str] = []
-    for k, v in e.items():
-        # Nothing to say (None, ""): a refused request has no task, tier or model.
-        if k in _SHOWN or v is None or v == "" or (who and k == label_key):
-            continue
-        _details(details, k, v, 0)
-    return stamp, str(e["event"]), gpu, ticket, who, " ".join(details)
-
-
-def _details(out: list[str], key: str, v: Any, depth: int) -> None:
-    """``key=value`` for history, readably: a mapping as ``key.sub=value`` (a governor's
-    ``evidence``, a route's ``model``), a list of plain values comma-joined, sizes and
-    durations in units; never a Python repr."""
-    if isinstance(v, dict) and depth < 4:
-        for sub, sv in v.items():
-            if sv is not None and sv != "":
-                _details(out, f"{key}.{sub}", sv, depth + 1)
-        return
-    out.append(f"{key}={_value(key, v)}")
-
-
-def _value(key: str, v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if key.endswith("_s") and isinstance(v, int | float):
-        return format_duration(v)
-    if key.endswith("_bytes") and isinstance(v, int):
-        return format_size(v)
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, int | str):
-        return str(v)
-    if isinstance(v, list) and all(isinstance(x, int | float | str) for x in v):
-        return ",".join(_value(key, x) for x in v) or "[]"
-    return json.dumps(v, separators=(",", ":"), default=str)
-
-
-# --- heartbeat -----------------------------------------------------------------------------
-
-
-def cmd_heartbeat(args: argparse.Namespace) -> int:
-    from gpulock.core import identity
-    from gpulock.core.errors import NotPermitted
-    from gpulock.lock import repair
-    from gpulock.lock.lease import ENV_TICKET
-
-    seq = args.ticket
-    if seq is None:
-        spec = os.environ.get(ENV_TICKET, "")
-        _, _, tail = spec.partition(":")
-        if not tail.isdigit():
-            raise UsageError(
-                "no TICKET given and $GPULOCK_TICKET is not set",
-                hint="run this inside 'gpulock run', or pass the ticket number",
-            )
-        seq = int(tail)
-    settings = settings_of(args, create=False)
-    found = repair.find_all(settings, seq)  # a multi-GPU holder: its copy on each GPU
-    if not found:
-        raise GpulockError(f"no ticket {seq} in {settings.state_dir}", hint="gpulock status")
-    for qdir, tf in found:
-        if not identity.may_signal(tf.ticket.uid):
-            raise NotPermitted(seq, tf.ticket.uid, action="renew")
-        os.utime(qdir.ticket_path(seq))
-    return EX_OK
-
-
-# --- evict ---------------------------------------------------------------------------------
-
-
-def cmd_evict(args: argparse.Namespace) -> int:
-    from gpulock.core.errors import known_hint
-    from gpulock.residents import eviction, registry
-
-    settings = settings_of(args)  # a tenant's models need no state folder
-    if args.gpu is not None:
-        check_gpu(settings, args.gpu)
-    matches = eviction.find(settings, args.target, gpu=args.gpu, tenant=args.tenant)
-    if not matches:
-        known = sorted({r.id if r.tenant else r.name for r in registry.all_records(settings)})
-        raise GpulockError(
-            f"no resident model {args.target!r}"
-            + (f" on gpu{args.gpu}" if args.gpu is not None else "")
-            + (f" in tenant {args.tenant}" if args.tenant is not None else ""),
-            hint=(
-                known_hint(args.target, known, "resident models") if known else "none is registered"
-            ),
-        )
-    results = [
-        eviction.evict(settings, r, force=args.force, timeout_s=args.timeout) for r in matches
-    ]
-    if args.json:
-        print(json.dumps({"results": [asdict(r) for r in results]}, indent=2))
-    else:
-        for r in results:
-            pid = f", pid {r.pid}" if r.pid is not None else ""  # a tenant's server: unknown
-            print(f"{r.name} ({r.id}{pid}, gpu{r.gpu}): {r.outcome}: {r.detail}")
-    return EX_OK if all(r.ok for r in results) else EX_ERROR
-
-
-# --- tenants -------------------------------------------------------------------------------
-
-
-def cmd_tenants(args: argparse.Namespace) -> int:
-    settings = settings_of(args)
-    if not settings.config.tenants:
-        if args.json:
-            print(json.dumps({"tenants": []}, indent=2))
-        else:
-            print("no tenants configured (add a 'tenants:' list to the config; see the README)")
-        return EX_OK
-    from gpulock.residents import registry
-    from gpulock.tenants import survey
-
-    entries = registry.tenant_entries(settings)
-    print(json.dumps({"tenants": entries}, indent=2) if args.json else survey.render(entries))
-    return EX_OK
-
-
-# --- pool (gpulock.pool) --------------------------------------------------------------------
-
-
-def _count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of 1 or more, got {text!r}")
-    return int(text)
-
-
-def _retries(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a whole number of 0 or more, got {text!r}")
-    return int(text)
 
 
 def _pool_parser(sub: Any) -> None:
@@ -663,43 +340,68 @@ def _pool_parser(sub: Any) -> None:
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD [ARG...]")
 
 
-def cmd_pool(args: argparse.Namespace) -> int:
-    from gpulock.pool import supervisor
-    from gpulock.runner import resolve
+def _version() -> str:
+    from gpulock import __version__  # not importlib.metadata: 20 ms on every command
 
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise UsageError("missing command to run", hint="gpulock pool --need SIZE -- CMD [ARG...]")
-    if args.need is None:
-        raise UsageError("--need is required: each worker's VRAM decides how many fit")
-    if args.max is not None and args.min > args.max:
-        raise UsageError(f"--min {args.min} is above --max {args.max}")
-    settings = settings_of(args)
-    resolve(command)  # 127/126 before queueing for nothing
-    max_workers = args.max or supervisor.max_for(settings, args.gpu, args.need)
-    if args.min > max_workers:
-        raise UsageError(
-            f"--min {args.min}: at most {max_workers} workers of {format_size(args.need)} fit"
-        )
-    spec = supervisor.PoolSpec(
-        tuple(command), args.need, max_workers, args.min, args.retries, args.gpu, args.name,
-        args.timeout,
-    )  # fmt: skip
-    return supervisor.run_pool(settings, spec)
+    return __version__
 
 
-_HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "pool": cmd_pool,
-    "evict": cmd_evict,
-    "tenants": cmd_tenants,
-    "run": cmd_run,
-    "status": cmd_status,
-    "break": cmd_break,
-    "history": cmd_history,
-    "heartbeat": cmd_heartbeat,
-}
+def _plugins() -> dict[str, Any]:
+    from gpulock.commands import plugins
+
+    return plugins()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(_dispatch, argv)
+
+
+def _dispatch(argv: list[str]) -> int:
+    builtin = {*_BUILTIN, "help"}
+    if argv and not argv[0].startswith("-") and argv[0] not in builtin:
+        plugins = _plugins()
+        plugin = plugins.get(argv[0])
+        if plugin is None:
+            from gpulock.core.errors import known_hint
+
+            known = sorted(builtin | set(plugins))
+            raise UsageError(
+                f"unknown command {argv[0]!r}", hint=known_hint(argv[0], known, "commands")
+            )
+        func: Callable[[list[str]], int] = plugin.load()
+        return func(argv[1:])
+    listing = not argv or argv[0] in ("help", "-h", "--help")
+    if listing:  # only then: reading the packages' summaries is no cost for `gpulock run`
+        from gpulock.commands import summaries
+
+        parser = build_parser(summaries())
+    else:
+        parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cmd is None or args.cmd == "help":
+        parser.print_help()
+        return EX_OK if args.cmd == "help" else EX_USAGE
+    return _handler(args.cmd)(args)
+
+
+# The built-in commands, in --help's order (their handlers: _handler).
+_BUILTIN = ("run", "status", "break", "history", "heartbeat", "evict", "tenants", "pool")
+
+
+def _handler(cmd: str) -> Callable[[argparse.Namespace], int]:
+    """The built-in command's handler: only its own module is imported, so ``gpulock run``
+    loads neither history's nor eviction's code."""
+    if cmd == "history":
+        from gpulock.cli_history import cmd_history
+
+        return cmd_history
+    if cmd in ("evict", "tenants"):
+        from gpulock.cli_models import HANDLERS as models
+
+        return models[cmd]
+    from gpulock.cli_line import HANDLERS as line
+
+    return line[cmd]
 
 
 if __name__ == "__main__":  # pragma: no cover
