@@ -31,7 +31,7 @@ EVENTS = [
 
 
 def test_history_shows_a_multi_gpu_ticket_on_its_gpus() -> None:
-    from gpulock.cli import _gpus_of, history_lines
+    from gpulock.cli_history import _gpus_of, history_lines
 
     lines = history_lines(EVENTS)
     acquire = next(ln for ln in lines if " acquire " in ln and "train" in ln)

@@ -1,7 +1,8 @@
 """``gpulock pool``: a batch that runs as many workers as the GPU's free memory admits.
 
 ``supervisor`` runs the workers, ``policy`` holds its rules (pure), ``record`` is what
-``gpulock status`` reads, ``cli`` is the command.  See docs/pool.md.
+``gpulock status`` reads; the command is ``gpulock.cli_line``'s (its flags: ``gpulock.cli``).
+See docs/pool.md.
 """
 
 # What each worker is told (besides what ``gpulock run`` sets): here, so that an agent can ask
