@@ -3,7 +3,8 @@ removes tickets and their claims.
 
 * ``<seq>.ticket`` -- the ticket record (``gpulock.lock.ticket``), written atomically;
 * ``<seq>.fifo`` -- its claim (``gpulock.core.claim``): the owner holds it open for its life;
-* ``<state>/.seq`` -- the last number handed out, under a short ``flock``.
+* ``<state>/.seq`` -- the last number handed out, under a short ``flock``
+  (``gpulock.lock.seqfile``).
 
 A ticket for a set of GPUs has a copy (``<seq>.ticket`` and its own ``<seq>.fifo``) in the
 folder of every GPU of its set, all made under one hold of the sequence mutex (``enqueue_set``):
@@ -21,7 +22,6 @@ The queue's rules are in ``gpulock.lock.queue``; the wait in ``gpulock.lock.wait
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import stat
 import time
@@ -32,7 +32,8 @@ from pathlib import Path
 from gpulock.core import claim
 from gpulock.core.errors import LockTimeout, StateDirError
 from gpulock.core.settings import Settings
-from gpulock.core.state import atomic_write, open_regular
+from gpulock.core.state import atomic_write
+from gpulock.lock.seqfile import flock_until, last_issued, open_seq, read_last, write_last
 from gpulock.lock.ticket import (
     Ticket,
     TicketFormatError,
@@ -191,15 +192,7 @@ class QueueDir:
         scans the queue itself, after my grant was written), and the folder is listed only
         past RING_PROBES numbers without a live ticket (many left, or other GPUs' numbers).
         """
-        try:
-            fd = open_regular(self.settings.state_dir / ".seq", os.O_RDONLY)
-            try:
-                raw = os.pread(fd, 32, 0).strip()
-            finally:
-                os.close(fd)
-            last = int(raw) if raw.isdigit() else None
-        except (OSError, StateDirError):
-            last = None
+        last = last_issued(self.settings.state_dir)
         probe_to = seq + RING_PROBES if last is None else min(last, seq + RING_PROBES)
         for s in range(seq + 1, probe_to + 1):
             if self.ring(s):
@@ -254,7 +247,7 @@ class QueueDir:
             return []  # no sequence file to lock (a read-only folder): nothing to clean safely
         try:
             try:
-                _flock_until(mfd, time.monotonic() + wait_s, self.gpu)
+                flock_until(mfd, time.monotonic() + wait_s, self.gpu)
             except LockTimeout:
                 return []
             return self._clean_orphans_locked(None)
@@ -340,9 +333,8 @@ def enqueue_set(
     mfd = open_seq(first.settings.state_dir / ".seq", mode)
     spots: list[Spot] = []
     try:
-        _flock_until(mfd, deadline, first.gpu)
-        raw = os.pread(mfd, 32, 0).strip()
-        counter = int(raw) if raw.isdigit() else 0
+        flock_until(mfd, deadline, first.gpu)
+        counter = read_last(mfd)
         top = 0
         for q in qdirs:
             names = os.listdir(q.path)
@@ -367,8 +359,7 @@ def enqueue_set(
                 unlink_quietly(spot.qdir.ticket_path(seq))
                 unlink_quietly(spot.qdir.fifo_path(seq))
             raise
-        os.ftruncate(mfd, 0)
-        os.pwrite(mfd, f"{seq}\n".encode(), 0)
+        write_last(mfd, seq)
     finally:
         os.close(mfd)  # drops the flock
     for spot in spots:
@@ -455,48 +446,6 @@ def tickets_of(settings: Settings, pid: int, ticks: int | None) -> list[tuple[in
             if t is not None and t.pid == pid and t.start_ticks == ticks and q.alive(seq):
                 out.append((gpu, seq))
     return out
-
-
-def open_seq(path: Path, mode: int) -> int:
-    """Open (or create, with exactly ``mode`` whatever the umask) the sequence file.
-
-    Refuses a symlink, a folder or a FIFO in its place, and explains a file the group's other
-    members cannot open, with a StateDirError naming the file and its mode (never a traceback).
-    """
-    try:
-        return open_regular(path, os.O_RDWR | os.O_CREAT, mode)
-    except PermissionError as e:
-        try:
-            st = os.lstat(path)
-            found = f"mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}, gid {st.st_gid}"
-        except OSError:
-            found = f"cannot create it in {path.parent}"
-        raise StateDirError(
-            str(path),
-            f"cannot open it: {e.strerror} ({found}; needs {mode:04o})",
-            hint=f"chmod {mode:o} {path}" if found.startswith("mode") else None,
-        ) from None
-    except OSError as e:
-        raise StateDirError(str(path), f"cannot open it: {e.strerror or e}") from None
-
-
-def _flock_until(fd: int, deadline: float | None, gpu: int) -> None:
-    """The sequence mutex is held for microseconds; only a stopped process can stall it."""
-    if deadline is None:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return
-    start = time.monotonic()
-    pause = 0.0005
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            now = time.monotonic()
-            if now >= deadline:
-                raise LockTimeout(gpu, now - start) from None
-            time.sleep(min(pause, deadline - now))
-            pause = min(pause * 2, 0.05)
 
 
 def unlink_quietly(path: Path) -> None:
