@@ -27,8 +27,9 @@ from gpulock.core.errors import LockTimeout
 from gpulock.core.settings import Settings
 from gpulock.core.state import atomic_write
 from gpulock.lock import exitwait, queue, sigwake
+from gpulock.lock.census import remove_dead_copies, tickets_of
 from gpulock.lock.exitwait import Poller
-from gpulock.lock.queuedir import QueueDir, Spot, TicketFile, remove_dead_copies, tickets_of
+from gpulock.lock.queuedir import QueueDir, Spot, TicketFile
 from gpulock.lock.room import Kept, Request, Room, calls_of, require
 from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
 
