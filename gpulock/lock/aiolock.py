@@ -26,7 +26,8 @@ from types import TracebackType
 from typing import Any
 
 from gpulock.core.config import Config
-from gpulock.lock.lease import GpuArg, Lease, Prefer, Queued, enqueue
+from gpulock.lock.gpuset import GpuArg, Prefer
+from gpulock.lock.lease import Lease, Queued, enqueue
 from gpulock.lock.room import Room, require
 
 

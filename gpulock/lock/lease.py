@@ -34,19 +34,21 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
 from gpulock.core import devices, identity
 from gpulock.core.config import Config
-from gpulock.core.errors import LockTimeout, NeedTooLarge, TooFewGpus
+from gpulock.core.errors import LockTimeout
 from gpulock.core.settings import Settings, load
 from gpulock.core.state import atomic_write
-from gpulock.core.units import format_gpus, parse_duration, parse_gpus, parse_size
+from gpulock.core.units import format_gpus, parse_duration, parse_size
+from gpulock.lock import gpuset
 from gpulock.lock import prefetch as prefetch_mod
 from gpulock.lock.exitwait import Poller
+from gpulock.lock.gpuset import GpuArg, Prefer
 from gpulock.lock.queuedir import QueueDir, Spot, enqueue_set, owner_fds, pause, unlink_quietly
 from gpulock.lock.room import Room, require
 from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
@@ -54,12 +56,6 @@ from gpulock.lock.waiter import Waiter
 
 ENV_TICKET = "GPULOCK_TICKET"  # set by `gpulock run` for its command: "<gpu>:<seq>"
 ENV_GPUS = "GPULOCK_GPUS"  # ...and every GPU it holds: "1,3"
-
-# What ``gpu=`` takes: an index, a set of indices (a list, or "0,2"), "any", or None (default).
-GpuArg = int | str | Sequence[int] | None
-# GPUs where the job is warm already (``prefer=``): a list, or GPU -> why.
-Prefer = Sequence[int] | Mapping[int, str] | None
-
 
 _held = threading.local()  # gpu -> Lease held by this thread, for re-entrancy
 
@@ -405,8 +401,8 @@ def enqueue(
     room = require(room)
     settings = load(config, state_dir)
     cfg = settings.config
-    count = _count(gpus)
-    gset = gpu_set(cfg, gpu, count)
+    count = gpuset.count_of(gpus)
+    gset = gpuset.gpu_set(cfg, gpu, count)
     timeout_s = None if timeout is None else parse_duration(timeout, key="timeout")
     lease_s = None if lease is None else parse_duration(lease, key="lease")
     need_bytes = None if need is None else parse_size(need, key="need")
@@ -429,7 +425,7 @@ def enqueue(
                 held[g] = inherited
         return inherited
 
-    budgets, gset = _budgets(cfg, gset, count, need_bytes)
+    budgets, gset = gpuset.budgets(cfg, gset, count, need_bytes)
     qdirs = [QueueDir(settings, g) for g in gset]
     spans = len(gset) > 1 or count > 1
     start = time.monotonic()
@@ -471,7 +467,7 @@ def enqueue(
             pid=me.pid,
             name=label,
             need_bytes=need_bytes,
-            **({"gpus": asked_of(gset, count), "granted": []} if spans else {}),
+            **({"gpus": gpuset.asked_of(gset, count), "granted": []} if spans else {}),
             waited_s=round(time.monotonic() - start, 6),
             reason="no ticket yet: the sequence mutex stayed busy",
         )
@@ -484,97 +480,9 @@ def enqueue(
         start,
         room,
         warm,
-        _prefer(prefer, gset),
+        gpuset.prefer_of(prefer, gset),
         tuple(warm_paths) if spans else (),
     )
-
-
-def _count(gpus: int | None) -> int:
-    if gpus is None:
-        return 1
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise ValueError(f"gpus must be a number of GPUs >= 1, got {gpus!r}")
-    return gpus
-
-
-def gpu_set(cfg: Config, gpu: GpuArg, count: int = 1) -> tuple[int, ...]:
-    """The GPUs a ticket may be granted on, from ``gpu`` (or the config's ``default_gpu``):
-    one index, a set, or ``any`` (the GPUs this machine has; gpu0 when it cannot tell).
-
-    ``count`` GPUs at once need a set: without ``gpu`` it is every GPU (``default_gpu``'s set
-    if it names one).  ValueError names a bad value; TooFewGpus a set smaller than ``count``.
-    """
-    asked = cfg.default_gpus if gpu is None else gpu
-    if type(asked) is int and asked >= 0 and count == 1:
-        return (asked,)  # one GPU: the common case, as cheap as it always was
-    if isinstance(asked, bool) or (isinstance(asked, int) and asked < 0):
-        raise ValueError(f"gpu must be a GPU index >= 0, a set of them or 'any', got {gpu!r}")
-    try:
-        spec = parse_gpus(asked, key="gpu")
-    except ValueError as e:
-        raise ValueError(str(e)) from None
-    if isinstance(spec, int) and count > 1:
-        if gpu is not None:
-            raise TooFewGpus(count, (spec,), "a single GPU was named")
-        spec = "any"
-    if spec == "any":
-        known = devices.known_gpus(cfg)
-        if known is None and count > 1:
-            raise TooFewGpus(count, (0,), "this machine's GPUs cannot be counted")
-        found = known[0] if known is not None else (0,)
-        if not found:
-            found = (0,)
-        if len(found) < count:
-            raise TooFewGpus(count, found, f"this machine has {len(found)}")
-        return found
-    gset = (spec,) if isinstance(spec, int) else tuple(int(g) for g in spec)
-    if len(gset) < count:
-        raise TooFewGpus(count, gset, f"the set has {len(gset)}")
-    return gset
-
-
-def asked_of(gset: Sequence[int], count: int) -> int | list[int]:
-    """What a ticket asked for, as JSON says it (``gpus``): the number of GPUs at once when
-    more than one, else the set."""
-    return count if count > 1 else list(gset)
-
-
-def _budgets(
-    cfg: Config, gset: tuple[int, ...], count: int, need_bytes: int | None
-) -> tuple[dict[int, int | None], tuple[int, ...]]:
-    """Each GPU's budget (its memory less the reserve) where a need asks, and the set less
-    the GPUs the need can never fit (NeedTooLarge when fewer than ``count`` are left)."""
-    if need_bytes is None:
-        return dict.fromkeys(gset), gset
-    if len(gset) == 1:  # one GPU: exactly as it always was
-        total = devices.total_bytes(gset[0], cfg)
-        budget = None if total is None else total - cfg.reserve_bytes(total)
-        if budget is not None and need_bytes > budget:
-            raise NeedTooLarge(gset[0], need_bytes, budget)
-        return {gset[0]: budget}, gset
-    report = devices.probe(cfg)
-    budgets: dict[int, int | None] = {}
-    unfit: list[tuple[int, int]] = []
-    for g in gset:
-        dev = report.get(g)
-        total = dev.total_bytes if dev is not None else None
-        budget = None if total is None else total - cfg.reserve_bytes(total)
-        if budget is not None and need_bytes > budget:
-            unfit.append((g, budget))
-        else:
-            budgets[g] = budget
-    if len(budgets) < count:
-        g, budget = max(unfit, key=lambda u: u[1])
-        raise NeedTooLarge(g, need_bytes, budget)
-    return budgets, tuple(budgets)
-
-
-def _prefer(prefer: Prefer, gset: Sequence[int]) -> dict[int, str] | None:
-    if not prefer:
-        return None
-    if isinstance(prefer, Mapping):
-        return {int(g): str(why) for g, why in prefer.items() if g in gset}
-    return {int(g): "preferred by the caller" for g in prefer if g in gset}
 
 
 def _mine(held: dict[int, Lease], gset: Sequence[int], count: int) -> Lease | None:
