@@ -45,7 +45,7 @@ from gpulock.core.errors import LockTimeout
 from gpulock.core.settings import Settings, load
 from gpulock.core.state import atomic_write
 from gpulock.core.units import format_gpus, parse_duration, parse_size
-from gpulock.lock import gpuset
+from gpulock.lock import gpuset, inherit
 from gpulock.lock import prefetch as prefetch_mod
 from gpulock.lock.exitwait import Poller
 from gpulock.lock.gpuset import GpuArg, Prefer
@@ -53,9 +53,6 @@ from gpulock.lock.queuedir import QueueDir, Spot, enqueue_set, owner_fds, pause,
 from gpulock.lock.room import Room, require
 from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
 from gpulock.lock.waiter import Waiter
-
-ENV_TICKET = "GPULOCK_TICKET"  # set by `gpulock run` for its command: "<gpu>:<seq>"
-ENV_GPUS = "GPULOCK_GPUS"  # ...and every GPU it holds: "1,3"
 
 _held = threading.local()  # gpu -> Lease held by this thread, for re-entrancy
 
@@ -74,7 +71,7 @@ class Lease:
     ``acquire()`` in a thread that already holds the same GPU returns the same Lease with a
     deeper nesting count instead of queueing behind itself; only the outermost release frees
     the GPU.  A process started by ``gpulock run`` inherits its parent's lease (see
-    ``ENV_TICKET``): its own ``acquire()`` on that GPU is satisfied at once.
+    ``gpulock.lock.inherit``): its own ``acquire()`` on that GPU is satisfied at once.
     """
 
     def __init__(
@@ -512,57 +509,7 @@ def _own_command() -> tuple[str, ...]:
 
 
 def _inherited_lease(settings: Settings, gset: Sequence[int], count: int) -> Lease | None:
-    """The lease ``gpulock run`` holds for this process tree on these GPUs, if any.
-
-    ``GPULOCK_TICKET`` names the ticket (``<gpu>:<seq>``), ``GPULOCK_GPUS`` every GPU it holds.
-    Accepted only when the ticket still holds ``count`` GPUs of ``gset`` and its owner (or its
-    recorded command) is an ancestor of this process, so a copied environment variable grants
-    nothing.
-    """
-    spec = os.environ.get(ENV_TICKET, "")
-    gpu_s, _, seq_s = spec.partition(":")
-    if not (gpu_s.isdigit() and seq_s.isdigit()):
-        return None
-    held_s = os.environ.get(ENV_GPUS, "")
-    outer = [int(g) for g in held_s.split(",") if g.isdigit()] or [int(gpu_s)]
-    if int(gpu_s) not in outer:
-        return None
-    family: set[int] | None = None
-    spots: list[Spot] = []
-    for g in outer:
-        if g not in gset or len(spots) >= count:
-            continue
-        qdir = QueueDir(settings, g, create=False)
-        try:
-            tf = qdir.read(int(seq_s))
-        except TicketFormatError:
-            return None
-        if tf is None or not tf.ticket.holding or not qdir.alive(tf.ticket.seq):
-            return None
-        t = tf.ticket
-        if t.pidns != identity.pid_namespace():
-            return None
-        if family is None:
-            family = set(identity.ancestors()) | {os.getpid()}
-        if not ({t.pid, t.child_pid} & family):
-            return None
-        spots.append(Spot(qdir, t, _open_fd_of(qdir.fifo_path(t.seq))))
-    if len(spots) < count or not spots:
-        return None
-    return Lease(settings, spots, 0.0, inherited=True)
-
-
-def _open_fd_of(path: Path) -> int | None:
-    """Our descriptor of ``path`` if we inherited one (``gpulock run`` passes its claim on)."""
-    target = str(path)
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:
-        return None
-    for name in names:
-        try:
-            if os.readlink(f"/proc/self/fd/{name}") == target:
-                return int(name)
-        except (OSError, ValueError):
-            continue
-    return None
+    """The lease ``gpulock run`` holds for this process tree on these GPUs, if any
+    (``gpulock.lock.inherit``)."""
+    spots = inherit.inherited_spots(settings, gset, count)
+    return None if spots is None else Lease(settings, spots, 0.0, inherited=True)
