@@ -27,7 +27,8 @@ from typing import Any
 
 from gpulock.core.config import Config
 from gpulock.lock.gpuset import GpuArg, Prefer
-from gpulock.lock.lease import Lease, Queued, enqueue
+from gpulock.lock.lease import Lease, enqueue
+from gpulock.lock.queued import Queued
 from gpulock.lock.room import Room, require
 
 

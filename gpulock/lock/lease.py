@@ -30,12 +30,10 @@ tickets it watches still exist every ``SAFETY_RECHECK_S`` seconds: nothing polls
 from __future__ import annotations
 
 import os
-import signal
-import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 
@@ -47,12 +45,11 @@ from gpulock.core.state import atomic_write
 from gpulock.core.units import format_gpus, parse_duration, parse_size
 from gpulock.lock import gpuset, inherit
 from gpulock.lock import prefetch as prefetch_mod
-from gpulock.lock.exitwait import Poller
 from gpulock.lock.gpuset import GpuArg, Prefer
+from gpulock.lock.queued import Queued
 from gpulock.lock.queuedir import QueueDir, Spot, enqueue_set, owner_fds, pause, unlink_quietly
 from gpulock.lock.room import Room, require
 from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
-from gpulock.lock.waiter import Waiter
 
 _held = threading.local()  # gpu -> Lease held by this thread, for re-entrancy
 
@@ -301,79 +298,6 @@ def acquire(
     return result
 
 
-@dataclass(frozen=True, slots=True)
-class Queued:
-    """A ticket in line, not yet granted: what ``acquire`` and ``acquire_async`` wait with."""
-
-    settings: Settings
-    spots: tuple[Spot, ...]  # its copy in each line of its set (one for a pinned ticket)
-    budgets: dict[int, int | None]  # each GPU's memory less the reserve, where a need asks
-    deadline: float | None
-    start: float
-    room: Room  # makes room before the grant
-    warm: prefetch_mod.Prefetch | None = None  # warms the job's files while it waits
-    prefer: dict[int, str] | None = None  # GPU -> why the job is warm there (the caller's word)
-    models: tuple[str, ...] = ()  # the files it will load (its prefetch), for placing it
-
-    @property
-    def ticket(self) -> Ticket:
-        return self.spots[0].ticket
-
-    def waiter(self, poller: Poller | None = None) -> Waiter:
-        """The Waiter for this ticket (``poller``: an event loop's, for ``acquire_async``)."""
-        return Waiter(
-            self.settings,
-            self.spots,
-            self.budgets,
-            self.deadline,
-            self.start,
-            room=self.room,
-            poller=poller,
-            prefetch=self.warm,
-            prefer=self.prefer,
-            models=self.models,
-        )
-
-    def leave(self, cause: BaseException | None = None) -> None:
-        """Leave the line (timeout, Ctrl-C, cancellation): the successor wakes.
-
-        ``cause``, what cut the wait short, is logged as a ``leave`` event (``waited_s``, the
-        ``signal``), so that history and the report see the wait end; a LockTimeout has its
-        own ``timeout`` event already.  A copy the waiter had granted is given back too.
-        """
-        for spot in self.spots:
-            spot.leave()
-        if cause is not None and not isinstance(cause, LockTimeout):
-            sig = _signal_of(cause)
-            self.settings.emit(
-                "leave",
-                **event_fields(self.ticket),
-                waited_s=round(time.monotonic() - self.start, 6),
-                signal=sig,
-                reason=f"interrupted by {sig}" if sig else _reason_of(cause),
-            )
-
-
-def _signal_of(cause: BaseException) -> str | None:
-    """The signal behind an exception: SIGINT for Ctrl-C, ``signum`` for a handler's own."""
-    if isinstance(cause, KeyboardInterrupt):
-        return "SIGINT"
-    signum = getattr(cause, "signum", None)  # gpulock run's SIGTERM/SIGHUP handler
-    if isinstance(signum, int):
-        try:
-            return signal.Signals(signum).name
-        except ValueError:
-            return f"signal {signum}"
-    return None
-
-
-def _reason_of(cause: BaseException) -> str:
-    aio = sys.modules.get("asyncio")  # loaded wherever a wait can be cancelled: never import it
-    if aio is not None and isinstance(cause, aio.CancelledError):
-        return "cancelled"  # acquire_async's task was cancelled (gpulock serve: a client left)
-    return f"error: {type(cause).__name__}"
-
-
 def enqueue(
     gpu: GpuArg = None,
     need: int | str | None = None,
@@ -410,17 +334,9 @@ def enqueue(
     # Before QueueDir() creates gpu<N>/: a refused GPU must leave no queue folder behind.
     for g in gset:
         devices.check_gpu(g, cfg)  # NoSuchGpu, naming the GPUs there are
-    held: dict[int, Lease] = _held.__dict__.setdefault("leases", {})
-    mine = _mine(held, gset, count) if nested else None
-    if mine is not None:
-        mine._depth += 1
-        return mine
-    inherited = _inherited_lease(settings, gset, count)
-    if inherited is not None:
-        if nested:
-            for g in inherited.gpus:
-                held[g] = inherited
-        return inherited
+    already = _held_already(settings, gset, count, nested)
+    if already is not None:
+        return already
 
     budgets, gset = gpuset.budgets(cfg, gset, count, need_bytes)
     qdirs = [QueueDir(settings, g) for g in gset]
@@ -480,6 +396,23 @@ def enqueue(
         gpuset.prefer_of(prefer, gset),
         tuple(warm_paths) if spans else (),
     )
+
+
+def _held_already(
+    settings: Settings, gset: Sequence[int], count: int, nested: bool
+) -> Lease | None:
+    """A lease on these GPUs held already, by this thread (one nesting deeper) or, through
+    ``gpulock run``, by this process tree; None: take a ticket."""
+    held: dict[int, Lease] = _held.__dict__.setdefault("leases", {})
+    mine = _mine(held, gset, count) if nested else None
+    if mine is not None:
+        mine._depth += 1
+        return mine
+    inherited = _inherited_lease(settings, gset, count)
+    if inherited is not None and nested:
+        for g in inherited.gpus:
+            held[g] = inherited
+    return inherited
 
 
 def _mine(held: dict[int, Lease], gset: Sequence[int], count: int) -> Lease | None:
