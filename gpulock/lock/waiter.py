@@ -15,18 +15,16 @@ from __future__ import annotations
 import math
 import os
 import select
-import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpulock.core import claim, devices, identity, level, proof
+from gpulock.core import claim, devices, identity, level
 from gpulock.core.errors import LockTimeout
 from gpulock.core.settings import Settings
 from gpulock.core.state import atomic_write
-from gpulock.lock import exitwait, queue, sigwake
+from gpulock.lock import exitwait, hung, queue, sigwake
 from gpulock.lock.census import remove_dead_copies, tickets_of
 from gpulock.lock.exitwait import Poller
 from gpulock.lock.queuedir import QueueDir, Spot, TicketFile
@@ -108,8 +106,7 @@ class Waiter:
             assert spot.fd is not None
             self.mine.add(spot.fd)
             self.poller.register(spot.fd, select.POLLIN)
-        self.reported: set[tuple[int, float]] = set()
-        self.kills: dict[int, tuple[float, bool]] = {}  # seq -> (SIGTERM sent at, SIGKILL sent)
+        self.hung = hung.HungHolders(settings, SAFETY_RECHECK_S)  # holders past their lease
         self.announced = False
         self.safety_first_s = safety_recheck_s()
         self.safety_s = self.safety_first_s
@@ -342,11 +339,9 @@ class Waiter:
                     continue
                 if not line.qdir.ticket_path(tf.ticket.seq).exists():
                     return True  # the guard: released while a stray fork kept its FIFO open
-                expiry = queue.lease_expiry_wall(tf.ticket, tf.mtime_wall)
-                reported = (tf.ticket.seq, tf.mtime_wall) in self.reported
-                if expiry is not None and now_w >= expiry and not reported:
+                if self.hung.overdue(tf, now_w):
                     return True
-        return bool(self.kills)
+        return self.hung.killing
 
     def _scan_ahead(self, line: Line) -> tuple[list[TicketFile], dict[int, int]]:
         """Live tickets ahead of me in one line, nearest waiter only if one is ahead; with
@@ -531,55 +526,8 @@ class Waiter:
                 if (line.gpu, t.seq) not in self.watched or t.seq in seen:
                     continue
                 seen.add(t.seq)
-                expiry = queue.lease_expiry_wall(t, tf.mtime_wall)
-                if expiry is None:
-                    continue
-                if now_w <= expiry:
-                    wake = min(wake, now + (expiry - now_w))
-                    continue
-                wake = min(wake, self._on_hung(line.qdir, tf, now, now_w))
+                wake = min(wake, self.hung.wake_at(line.qdir, tf, now, now_w))
         return wake
-
-    def _on_hung(self, qdir: QueueDir, tf: TicketFile, now: float, now_w: float) -> float:
-        t = tf.ticket
-        cfg = self.settings.config
-        evidence = ticket_evidence(tf, now_w)
-        why_not = None
-        if cfg.on_hung == "kill":
-            if not identity.may_signal(t.uid):
-                why_not = f"not permitted: owner uid {t.uid}"
-            elif t.pidns != identity.pid_namespace():
-                why_not = "owner is in another pid namespace"
-        fifo = qdir.fifo_path(t.seq)
-        sent = self.kills.get(t.seq)
-        if (
-            cfg.on_hung == "kill"
-            and not why_not
-            and sent is None
-            and not signal_holder(t, signal.SIGTERM, fifo)
-        ):
-            why_not = f"unproven: pid {t.pid} does not hold the ticket's claim"
-        if cfg.on_hung != "kill" or why_not:
-            key = (t.seq, tf.mtime_wall)
-            if key not in self.reported:
-                self.reported.add(key)
-                self.settings.emit(
-                    "stale", **evidence, action="report", policy=cfg.on_hung, why_not=why_not
-                )
-            return math.inf
-        grace = cfg.hung_grace_s
-        if sent is None:
-            self.kills[t.seq] = (now, False)
-            self.settings.emit("kill", **evidence, signal="SIGTERM", grace_s=grace)
-            return now + grace
-        at, hard = sent
-        if now < at + grace:
-            return at + grace
-        if not hard:
-            signal_holder(t, signal.SIGKILL, fifo)
-            self.kills[t.seq] = (at, True)
-            self.settings.emit("kill", **evidence, signal="SIGKILL")
-        return now + SAFETY_RECHECK_S
 
 
 def _kept(entry: dict[str, str]) -> dict[str, str]:
@@ -594,36 +542,3 @@ def safety_recheck_s() -> float:
     except ValueError:
         return SAFETY_RECHECK_S  # unset or garbage: a debugging knob never stops a wait
     return value if math.isfinite(value) and value > 0 else SAFETY_RECHECK_S
-
-
-def ticket_evidence(tf: TicketFile, now_w: float) -> dict[str, Any]:
-    t = tf.ticket
-    beat = queue.heartbeat_wall(t, tf.mtime_wall)
-    return {
-        **event_fields(t),
-        "user": t.user,
-        "child_pid": t.child_pid,
-        "held_s": round(now_w - (t.granted_wall or now_w), 3),
-        "lease_s": t.lease_s,
-        "heartbeat_age_s": round(now_w - beat, 3),
-    }
-
-
-def signal_holder(t: Ticket, sig: int, fifo: Path) -> bool:
-    """Signal the command first (it holds the GPU), then the owner; True if either was sent.
-
-    Each only on proof that it holds the ticket's claim ``fifo`` (``gpulock.core.proof``): the
-    pids in a ticket are what its writer says, and anyone in a shared folder can write one.
-    """
-    sent = False
-    if t.child_pid is not None:
-        sent = proof.send(
-            t.child_pid,
-            t.child_start_ticks,
-            t.uid,
-            t.pidns,
-            fifo,
-            sig,
-            via=(t.pid, t.start_ticks),
-        )
-    return proof.send(t.pid, t.start_ticks, t.uid, t.pidns, fifo, sig) or sent
