@@ -17,16 +17,17 @@ import os
 import select
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gpulock.core import claim, devices, identity, level
 from gpulock.core.errors import LockTimeout
 from gpulock.core.settings import Settings
 from gpulock.core.state import atomic_write
-from gpulock.lock import exitwait, hung, queue, sigwake
+from gpulock.lock import exitwait, hung, sigwake
 from gpulock.lock.census import remove_dead_copies, tickets_of
 from gpulock.lock.exitwait import Poller
+from gpulock.lock.lines import Line, count_ahead, decide_lines, free_memory, nearest_line
 from gpulock.lock.queuedir import QueueDir, Spot, TicketFile
 from gpulock.lock.room import Kept, Request, Room, calls_of, require
 from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
@@ -39,29 +40,6 @@ SAFETY_RECHECK_MAX_S = 30.0  # ...up to this, so hundreds of idle waiters cost ~
 ENV_SAFETY_RECHECK = "GPULOCK_SAFETY_RECHECK_S"  # test/debug knob (see the module docstring)
 # The key of the governor's claim among watched FIFOs (tickets are keyed (gpu, seq), gpu >= 0).
 GOVERNOR_WATCH = (-1, 0)
-
-
-@dataclass(slots=True, eq=False)
-class Line:
-    """One GPU's line as a waiting ticket sees it: its copy there, what is ahead of it."""
-
-    spot: Spot
-    budget: int | None  # the GPU's memory less the reserve; None: unknown (or exclusive)
-    ahead_seqs: list[int] | None = None  # listed once per wait (see Waiter._scan_ahead)
-    ahead: list[TicketFile] = field(default_factory=list)  # live ones, from the last scan
-    exit_blockers: list[int] = field(default_factory=list)  # dead holders still exiting
-
-    @property
-    def qdir(self) -> QueueDir:
-        return self.spot.qdir
-
-    @property
-    def me(self) -> Ticket:
-        return self.spot.ticket
-
-    @property
-    def gpu(self) -> int:
-        return self.spot.qdir.gpu
 
 
 class Waiter:
@@ -208,10 +186,13 @@ class Waiter:
             if not self.announced:
                 self.announced = True
                 self.settings.emit(
-                    "wait", **event_fields(self.me), ahead=self._n_ahead(), reason=reason
+                    "wait",
+                    **event_fields(self.me),
+                    ahead=count_ahead(self.me, self.lines),
+                    reason=reason,
                 )
             if self.prefetch is not None:
-                line = self._nearest_line()
+                line = nearest_line(self.lines)
                 self.prefetch.on_rescan(line, line.ahead)
         now = time.monotonic()
         if self.deadline is not None and now >= self.deadline:
@@ -226,25 +207,7 @@ class Waiter:
 
     def _decide(self) -> tuple[tuple[int, ...], set[tuple[int, int]], str]:
         """The rule over this ticket's lines: (GPUs to take now, (gpu, seq) to watch, why)."""
-        if not self.spans:  # one GPU: the one-GPU rule, exactly as it always was
-            line = self.lines[0]
-            d = queue.decide(self.me, [tf.ticket for tf in line.ahead], line.budget)
-            if d.grant and line.exit_blockers:
-                why = f"holder {line.exit_blockers[0]} died: waiting for its processes to exit"
-                return (), set(), why
-            return ((line.gpu,) if d.grant else ()), {(line.gpu, s) for s in d.watch}, d.reason
-        lines = {line.gpu: [tf.ticket for tf in line.ahead] for line in self.lines}
-        budgets = {line.gpu: line.budget for line in self.lines}
-        blocked = {
-            line.gpu: f"holder {line.exit_blockers[0]} died: waiting for its processes to exit"
-            for line in self.lines
-            if line.exit_blockers
-        }
-        sd = queue.decide_set(self.me, lines, budgets, blocked=blocked)
-        if sd.grant and len(sd.ready) > self.me.count:  # a real choice: where is it warm?
-            warm, free = self._placing(sd.ready)
-            sd = queue.decide_set(self.me, lines, budgets, blocked=blocked, warm=warm, free=free)
-        return sd.grant, set(sd.watch), sd.reason
+        return decide_lines(self.me, self.lines, self._placing)
 
     def _placing(self, ready: Sequence[int]) -> tuple[dict[int, str], dict[int, int | None]]:
         """Where the job's model is warm (the caller's word, then the room's: resident models)
@@ -257,24 +220,7 @@ class Waiter:
                     warm.setdefault(g, why)
             except Exception:  # a placement hint must never stop a grant
                 pass
-        free: dict[int, int | None] = {}
-        for line in self.lines:
-            if line.gpu not in ready:
-                continue
-            claimed = [tf.ticket.need_bytes for tf in line.ahead if tf.ticket.holding]
-            if line.budget is None:
-                free[line.gpu] = None
-            elif any(n is None for n in claimed):
-                free[line.gpu] = 0
-            else:
-                free[line.gpu] = line.budget - sum(n or 0 for n in claimed)
-        report = devices.probe(self.settings.config) if free else None
-        if report is not None and report.source == "nvml":
-            for g in free:
-                dev = report.get(g)
-                if dev is not None and dev.free_bytes is not None:
-                    free[g] = dev.free_bytes
-        return warm, free
+        return warm, free_memory(self.lines, ready, self.settings.config)
 
     def _leave_other_lines(self) -> None:
         """Granted: the copies in the lines of GPUs not taken leave (their successors wake).
@@ -289,16 +235,6 @@ class Waiter:
             self.poller.unregister(fd)
             self.mine.discard(fd)
             line.spot.leave()
-
-    def _nearest_line(self) -> Line:
-        """The line where this ticket stands nearest the front (for warming its files)."""
-        live = [line for line in self.lines if line.spot.fd is not None]
-        return min(live, key=lambda line: sum(1 for tf in line.ahead if not tf.ticket.holding))
-
-    def _n_ahead(self) -> int:
-        """Tickets ahead in any of its lines (each counted once)."""
-        seqs = {s for line in self.lines for s in line.qdir.seqs() if s < self.me.seq}
-        return len(seqs)
 
     def woken(self, ready: Sequence[int]) -> None:
         """After the sleep: ``ready`` are the descriptors that woke us (none: a timed wake)."""
@@ -510,7 +446,7 @@ class Waiter:
             waited,
             holder.pid if holder else None,
             holder.name if holder else None,
-            queue_ahead=self._n_ahead(),
+            queue_ahead=count_ahead(self.me, self.lines),
             gpus=self.me.gpu_set if self.spans else (),
             count=self.me.count,
         )
