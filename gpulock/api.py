@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from gpulock.lock import lease as _lease
-from gpulock.lock.lease import GpuArg, Lease, Prefer
+from gpulock.lock.gpuset import GpuArg, Prefer
+from gpulock.lock.lease import Lease
 from gpulock.residents.room import ROOM
 
 if TYPE_CHECKING:

@@ -25,7 +25,8 @@ from gpulock.core.level import Published
 from gpulock.core.proof import proven
 from gpulock.core.proof import send as signal_proven
 from gpulock.core.settings import Settings
-from gpulock.lock.queuedir import QueueDir, holder_pids, queue_gpus
+from gpulock.lock.census import holder_pids, queue_gpus
+from gpulock.lock.queuedir import QueueDir
 from gpulock.residents import registry
 from gpulock.residents.eviction import evict
 from gpulock.residents.outcome import EvictResult

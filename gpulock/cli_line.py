@@ -132,7 +132,7 @@ def cmd_heartbeat(args: argparse.Namespace) -> int:
     from gpulock.core import identity
     from gpulock.core.errors import NotPermitted
     from gpulock.lock import repair
-    from gpulock.lock.lease import ENV_TICKET
+    from gpulock.lock.inherit import ENV_TICKET
 
     seq = args.ticket
     if seq is None:

@@ -41,7 +41,9 @@ from gpulock.api import acquire
 from gpulock.core.errors import GpulockError
 from gpulock.core.settings import Settings
 from gpulock.core.state import ENV_STATE_DIR
-from gpulock.lock.lease import ENV_GPUS, ENV_TICKET, GpuArg, Lease, leases_held
+from gpulock.lock.gpuset import GpuArg
+from gpulock.lock.inherit import ENV_GPUS, ENV_TICKET
+from gpulock.lock.lease import Lease, leases_held
 
 FORWARDED = (
     signal.SIGTERM,

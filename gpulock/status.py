@@ -65,7 +65,8 @@ from gpulock import status_sections as sections
 from gpulock.core import devices
 from gpulock.core.settings import Settings
 from gpulock.lock import prefetch_progress, queue
-from gpulock.lock.queuedir import QueueDir, TicketFile, queue_gpus
+from gpulock.lock.census import queue_gpus
+from gpulock.lock.queuedir import QueueDir, TicketFile
 from gpulock.lock.ticket import Ticket
 from gpulock.pool import record as pool_record
 from gpulock.residents import registry

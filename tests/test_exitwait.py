@@ -26,7 +26,7 @@ from cli_helpers import Cli, pid_alive, wait_until
 from procs import IN_EXIT_PY, World, in_exit
 
 from gpulock.core import identity
-from gpulock.lock import exitwait, queuedir
+from gpulock.lock import census, exitwait
 from gpulock.lock.exitwait import PF_EXITING, PF_SIGNALED, SIGKILL_MASK, ProcState
 from gpulock.lock.ticket import Ticket
 
@@ -252,7 +252,7 @@ def test_the_event_names_the_live_tickets_the_process_holds_in_any_line(world: W
     settings = world.settings()
     w = exitwait.ExitWatch(
         select.poll(), 10.0, lambda gpu: None, lambda k, **f: events.append((k, f)),
-        tickets_of=lambda pid, ticks: queuedir.tickets_of(settings, pid, ticks),
+        tickets_of=lambda pid, ticks: census.tickets_of(settings, pid, ticks),
     )  # fmt: skip
     stale = dataclasses.replace(ticket_of(holder.pid), seq=holder.seq + 100)
     try:

@@ -26,7 +26,9 @@ from types import TracebackType
 from typing import Any
 
 from gpulock.core.config import Config
-from gpulock.lock.lease import GpuArg, Lease, Prefer, Queued, enqueue
+from gpulock.lock.gpuset import GpuArg, Prefer
+from gpulock.lock.lease import Lease, enqueue
+from gpulock.lock.queued import Queued
 from gpulock.lock.room import Room, require
 
 

@@ -30,36 +30,26 @@ tickets it watches still exist every ``SAFETY_RECHECK_S`` seconds: nothing polls
 from __future__ import annotations
 
 import os
-import signal
-import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 
 from gpulock.core import devices, identity
 from gpulock.core.config import Config
-from gpulock.core.errors import LockTimeout, NeedTooLarge, TooFewGpus
+from gpulock.core.errors import LockTimeout
 from gpulock.core.settings import Settings, load
 from gpulock.core.state import atomic_write
-from gpulock.core.units import format_gpus, parse_duration, parse_gpus, parse_size
+from gpulock.core.units import format_gpus, parse_duration, parse_size
+from gpulock.lock import gpuset, inherit
 from gpulock.lock import prefetch as prefetch_mod
-from gpulock.lock.exitwait import Poller
+from gpulock.lock.gpuset import GpuArg, Prefer
+from gpulock.lock.queued import Queued
 from gpulock.lock.queuedir import QueueDir, Spot, enqueue_set, owner_fds, pause, unlink_quietly
 from gpulock.lock.room import Room, require
 from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
-from gpulock.lock.waiter import Waiter
-
-ENV_TICKET = "GPULOCK_TICKET"  # set by `gpulock run` for its command: "<gpu>:<seq>"
-ENV_GPUS = "GPULOCK_GPUS"  # ...and every GPU it holds: "1,3"
-
-# What ``gpu=`` takes: an index, a set of indices (a list, or "0,2"), "any", or None (default).
-GpuArg = int | str | Sequence[int] | None
-# GPUs where the job is warm already (``prefer=``): a list, or GPU -> why.
-Prefer = Sequence[int] | Mapping[int, str] | None
-
 
 _held = threading.local()  # gpu -> Lease held by this thread, for re-entrancy
 
@@ -78,7 +68,7 @@ class Lease:
     ``acquire()`` in a thread that already holds the same GPU returns the same Lease with a
     deeper nesting count instead of queueing behind itself; only the outermost release frees
     the GPU.  A process started by ``gpulock run`` inherits its parent's lease (see
-    ``ENV_TICKET``): its own ``acquire()`` on that GPU is satisfied at once.
+    ``gpulock.lock.inherit``): its own ``acquire()`` on that GPU is satisfied at once.
     """
 
     def __init__(
@@ -308,79 +298,6 @@ def acquire(
     return result
 
 
-@dataclass(frozen=True, slots=True)
-class Queued:
-    """A ticket in line, not yet granted: what ``acquire`` and ``acquire_async`` wait with."""
-
-    settings: Settings
-    spots: tuple[Spot, ...]  # its copy in each line of its set (one for a pinned ticket)
-    budgets: dict[int, int | None]  # each GPU's memory less the reserve, where a need asks
-    deadline: float | None
-    start: float
-    room: Room  # makes room before the grant
-    warm: prefetch_mod.Prefetch | None = None  # warms the job's files while it waits
-    prefer: dict[int, str] | None = None  # GPU -> why the job is warm there (the caller's word)
-    models: tuple[str, ...] = ()  # the files it will load (its prefetch), for placing it
-
-    @property
-    def ticket(self) -> Ticket:
-        return self.spots[0].ticket
-
-    def waiter(self, poller: Poller | None = None) -> Waiter:
-        """The Waiter for this ticket (``poller``: an event loop's, for ``acquire_async``)."""
-        return Waiter(
-            self.settings,
-            self.spots,
-            self.budgets,
-            self.deadline,
-            self.start,
-            room=self.room,
-            poller=poller,
-            prefetch=self.warm,
-            prefer=self.prefer,
-            models=self.models,
-        )
-
-    def leave(self, cause: BaseException | None = None) -> None:
-        """Leave the line (timeout, Ctrl-C, cancellation): the successor wakes.
-
-        ``cause``, what cut the wait short, is logged as a ``leave`` event (``waited_s``, the
-        ``signal``), so that history and the report see the wait end; a LockTimeout has its
-        own ``timeout`` event already.  A copy the waiter had granted is given back too.
-        """
-        for spot in self.spots:
-            spot.leave()
-        if cause is not None and not isinstance(cause, LockTimeout):
-            sig = _signal_of(cause)
-            self.settings.emit(
-                "leave",
-                **event_fields(self.ticket),
-                waited_s=round(time.monotonic() - self.start, 6),
-                signal=sig,
-                reason=f"interrupted by {sig}" if sig else _reason_of(cause),
-            )
-
-
-def _signal_of(cause: BaseException) -> str | None:
-    """The signal behind an exception: SIGINT for Ctrl-C, ``signum`` for a handler's own."""
-    if isinstance(cause, KeyboardInterrupt):
-        return "SIGINT"
-    signum = getattr(cause, "signum", None)  # gpulock run's SIGTERM/SIGHUP handler
-    if isinstance(signum, int):
-        try:
-            return signal.Signals(signum).name
-        except ValueError:
-            return f"signal {signum}"
-    return None
-
-
-def _reason_of(cause: BaseException) -> str:
-    aio = sys.modules.get("asyncio")  # loaded wherever a wait can be cancelled: never import it
-    if aio is not None and isinstance(cause, aio.CancelledError):
-        return "cancelled"  # acquire_async's task was cancelled (gpulock serve: a client left)
-    return f"error: {type(cause).__name__}"
-
-
 def enqueue(
     gpu: GpuArg = None,
     need: int | str | None = None,
@@ -405,8 +322,8 @@ def enqueue(
     room = require(room)
     settings = load(config, state_dir)
     cfg = settings.config
-    count = _count(gpus)
-    gset = gpu_set(cfg, gpu, count)
+    count = gpuset.count_of(gpus)
+    gset = gpuset.gpu_set(cfg, gpu, count)
     timeout_s = None if timeout is None else parse_duration(timeout, key="timeout")
     lease_s = None if lease is None else parse_duration(lease, key="lease")
     need_bytes = None if need is None else parse_size(need, key="need")
@@ -417,19 +334,11 @@ def enqueue(
     # Before QueueDir() creates gpu<N>/: a refused GPU must leave no queue folder behind.
     for g in gset:
         devices.check_gpu(g, cfg)  # NoSuchGpu, naming the GPUs there are
-    held: dict[int, Lease] = _held.__dict__.setdefault("leases", {})
-    mine = _mine(held, gset, count) if nested else None
-    if mine is not None:
-        mine._depth += 1
-        return mine
-    inherited = _inherited_lease(settings, gset, count)
-    if inherited is not None:
-        if nested:
-            for g in inherited.gpus:
-                held[g] = inherited
-        return inherited
+    already = _held_already(settings, gset, count, nested)
+    if already is not None:
+        return already
 
-    budgets, gset = _budgets(cfg, gset, count, need_bytes)
+    budgets, gset = gpuset.budgets(cfg, gset, count, need_bytes)
     qdirs = [QueueDir(settings, g) for g in gset]
     spans = len(gset) > 1 or count > 1
     start = time.monotonic()
@@ -471,7 +380,7 @@ def enqueue(
             pid=me.pid,
             name=label,
             need_bytes=need_bytes,
-            **({"gpus": asked_of(gset, count), "granted": []} if spans else {}),
+            **({"gpus": gpuset.asked_of(gset, count), "granted": []} if spans else {}),
             waited_s=round(time.monotonic() - start, 6),
             reason="no ticket yet: the sequence mutex stayed busy",
         )
@@ -484,97 +393,26 @@ def enqueue(
         start,
         room,
         warm,
-        _prefer(prefer, gset),
+        gpuset.prefer_of(prefer, gset),
         tuple(warm_paths) if spans else (),
     )
 
 
-def _count(gpus: int | None) -> int:
-    if gpus is None:
-        return 1
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise ValueError(f"gpus must be a number of GPUs >= 1, got {gpus!r}")
-    return gpus
-
-
-def gpu_set(cfg: Config, gpu: GpuArg, count: int = 1) -> tuple[int, ...]:
-    """The GPUs a ticket may be granted on, from ``gpu`` (or the config's ``default_gpu``):
-    one index, a set, or ``any`` (the GPUs this machine has; gpu0 when it cannot tell).
-
-    ``count`` GPUs at once need a set: without ``gpu`` it is every GPU (``default_gpu``'s set
-    if it names one).  ValueError names a bad value; TooFewGpus a set smaller than ``count``.
-    """
-    asked = cfg.default_gpus if gpu is None else gpu
-    if type(asked) is int and asked >= 0 and count == 1:
-        return (asked,)  # one GPU: the common case, as cheap as it always was
-    if isinstance(asked, bool) or (isinstance(asked, int) and asked < 0):
-        raise ValueError(f"gpu must be a GPU index >= 0, a set of them or 'any', got {gpu!r}")
-    try:
-        spec = parse_gpus(asked, key="gpu")
-    except ValueError as e:
-        raise ValueError(str(e)) from None
-    if isinstance(spec, int) and count > 1:
-        if gpu is not None:
-            raise TooFewGpus(count, (spec,), "a single GPU was named")
-        spec = "any"
-    if spec == "any":
-        known = devices.known_gpus(cfg)
-        if known is None and count > 1:
-            raise TooFewGpus(count, (0,), "this machine's GPUs cannot be counted")
-        found = known[0] if known is not None else (0,)
-        if not found:
-            found = (0,)
-        if len(found) < count:
-            raise TooFewGpus(count, found, f"this machine has {len(found)}")
-        return found
-    gset = (spec,) if isinstance(spec, int) else tuple(int(g) for g in spec)
-    if len(gset) < count:
-        raise TooFewGpus(count, gset, f"the set has {len(gset)}")
-    return gset
-
-
-def asked_of(gset: Sequence[int], count: int) -> int | list[int]:
-    """What a ticket asked for, as JSON says it (``gpus``): the number of GPUs at once when
-    more than one, else the set."""
-    return count if count > 1 else list(gset)
-
-
-def _budgets(
-    cfg: Config, gset: tuple[int, ...], count: int, need_bytes: int | None
-) -> tuple[dict[int, int | None], tuple[int, ...]]:
-    """Each GPU's budget (its memory less the reserve) where a need asks, and the set less
-    the GPUs the need can never fit (NeedTooLarge when fewer than ``count`` are left)."""
-    if need_bytes is None:
-        return dict.fromkeys(gset), gset
-    if len(gset) == 1:  # one GPU: exactly as it always was
-        total = devices.total_bytes(gset[0], cfg)
-        budget = None if total is None else total - cfg.reserve_bytes(total)
-        if budget is not None and need_bytes > budget:
-            raise NeedTooLarge(gset[0], need_bytes, budget)
-        return {gset[0]: budget}, gset
-    report = devices.probe(cfg)
-    budgets: dict[int, int | None] = {}
-    unfit: list[tuple[int, int]] = []
-    for g in gset:
-        dev = report.get(g)
-        total = dev.total_bytes if dev is not None else None
-        budget = None if total is None else total - cfg.reserve_bytes(total)
-        if budget is not None and need_bytes > budget:
-            unfit.append((g, budget))
-        else:
-            budgets[g] = budget
-    if len(budgets) < count:
-        g, budget = max(unfit, key=lambda u: u[1])
-        raise NeedTooLarge(g, need_bytes, budget)
-    return budgets, tuple(budgets)
-
-
-def _prefer(prefer: Prefer, gset: Sequence[int]) -> dict[int, str] | None:
-    if not prefer:
-        return None
-    if isinstance(prefer, Mapping):
-        return {int(g): str(why) for g, why in prefer.items() if g in gset}
-    return {int(g): "preferred by the caller" for g in prefer if g in gset}
+def _held_already(
+    settings: Settings, gset: Sequence[int], count: int, nested: bool
+) -> Lease | None:
+    """A lease on these GPUs held already, by this thread (one nesting deeper) or, through
+    ``gpulock run``, by this process tree; None: take a ticket."""
+    held: dict[int, Lease] = _held.__dict__.setdefault("leases", {})
+    mine = _mine(held, gset, count) if nested else None
+    if mine is not None:
+        mine._depth += 1
+        return mine
+    inherited = _inherited_lease(settings, gset, count)
+    if inherited is not None and nested:
+        for g in inherited.gpus:
+            held[g] = inherited
+    return inherited
 
 
 def _mine(held: dict[int, Lease], gset: Sequence[int], count: int) -> Lease | None:
@@ -604,57 +442,7 @@ def _own_command() -> tuple[str, ...]:
 
 
 def _inherited_lease(settings: Settings, gset: Sequence[int], count: int) -> Lease | None:
-    """The lease ``gpulock run`` holds for this process tree on these GPUs, if any.
-
-    ``GPULOCK_TICKET`` names the ticket (``<gpu>:<seq>``), ``GPULOCK_GPUS`` every GPU it holds.
-    Accepted only when the ticket still holds ``count`` GPUs of ``gset`` and its owner (or its
-    recorded command) is an ancestor of this process, so a copied environment variable grants
-    nothing.
-    """
-    spec = os.environ.get(ENV_TICKET, "")
-    gpu_s, _, seq_s = spec.partition(":")
-    if not (gpu_s.isdigit() and seq_s.isdigit()):
-        return None
-    held_s = os.environ.get(ENV_GPUS, "")
-    outer = [int(g) for g in held_s.split(",") if g.isdigit()] or [int(gpu_s)]
-    if int(gpu_s) not in outer:
-        return None
-    family: set[int] | None = None
-    spots: list[Spot] = []
-    for g in outer:
-        if g not in gset or len(spots) >= count:
-            continue
-        qdir = QueueDir(settings, g, create=False)
-        try:
-            tf = qdir.read(int(seq_s))
-        except TicketFormatError:
-            return None
-        if tf is None or not tf.ticket.holding or not qdir.alive(tf.ticket.seq):
-            return None
-        t = tf.ticket
-        if t.pidns != identity.pid_namespace():
-            return None
-        if family is None:
-            family = set(identity.ancestors()) | {os.getpid()}
-        if not ({t.pid, t.child_pid} & family):
-            return None
-        spots.append(Spot(qdir, t, _open_fd_of(qdir.fifo_path(t.seq))))
-    if len(spots) < count or not spots:
-        return None
-    return Lease(settings, spots, 0.0, inherited=True)
-
-
-def _open_fd_of(path: Path) -> int | None:
-    """Our descriptor of ``path`` if we inherited one (``gpulock run`` passes its claim on)."""
-    target = str(path)
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:
-        return None
-    for name in names:
-        try:
-            if os.readlink(f"/proc/self/fd/{name}") == target:
-                return int(name)
-        except (OSError, ValueError):
-            continue
-    return None
+    """The lease ``gpulock run`` holds for this process tree on these GPUs, if any
+    (``gpulock.lock.inherit``)."""
+    spots = inherit.inherited_spots(settings, gset, count)
+    return None if spots is None else Lease(settings, spots, 0.0, inherited=True)

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 
 class InLine(Protocol):
-    """What warming reads of the ticket's place in one line (``gpulock.lock.waiter.Line``)."""
+    """What warming reads of the ticket's place in one line (``gpulock.lock.lines.Line``)."""
 
     @property
     def qdir(self) -> QueueDir: ...

@@ -3,7 +3,8 @@ removes tickets and their claims.
 
 * ``<seq>.ticket`` -- the ticket record (``gpulock.lock.ticket``), written atomically;
 * ``<seq>.fifo`` -- its claim (``gpulock.core.claim``): the owner holds it open for its life;
-* ``<state>/.seq`` -- the last number handed out, under a short ``flock``.
+* ``<state>/.seq`` -- the last number handed out, under a short ``flock``
+  (``gpulock.lock.seqfile``).
 
 A ticket for a set of GPUs has a copy (``<seq>.ticket`` and its own ``<seq>.fifo``) in the
 folder of every GPU of its set, all made under one hold of the sequence mutex (``enqueue_set``):
@@ -15,13 +16,13 @@ Nothing would ever remove it, so ``enqueue`` (already under the sequence mutex) 
 break --stale`` do, under that mutex: no ``enqueue`` can then be re-creating the same path.
 
 The queue's rules are in ``gpulock.lock.queue``; the wait in ``gpulock.lock.waiter``; the public
-``acquire`` in ``gpulock.lock.lease``.
+``acquire`` in ``gpulock.lock.lease``; every line of the state folder at once (who holds a GPU,
+a process's tickets) in ``gpulock.lock.census``.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import stat
 import time
@@ -32,12 +33,12 @@ from pathlib import Path
 from gpulock.core import claim
 from gpulock.core.errors import LockTimeout, StateDirError
 from gpulock.core.settings import Settings
-from gpulock.core.state import atomic_write, open_regular
+from gpulock.core.state import atomic_write
+from gpulock.lock.seqfile import flock_until, last_issued, open_seq, read_last, write_last
 from gpulock.lock.ticket import (
     Ticket,
     TicketFormatError,
     encode,
-    event_fields,
     fifo_name,
     file_name,
     parse,
@@ -191,15 +192,7 @@ class QueueDir:
         scans the queue itself, after my grant was written), and the folder is listed only
         past RING_PROBES numbers without a live ticket (many left, or other GPUs' numbers).
         """
-        try:
-            fd = open_regular(self.settings.state_dir / ".seq", os.O_RDONLY)
-            try:
-                raw = os.pread(fd, 32, 0).strip()
-            finally:
-                os.close(fd)
-            last = int(raw) if raw.isdigit() else None
-        except (OSError, StateDirError):
-            last = None
+        last = last_issued(self.settings.state_dir)
         probe_to = seq + RING_PROBES if last is None else min(last, seq + RING_PROBES)
         for s in range(seq + 1, probe_to + 1):
             if self.ring(s):
@@ -254,7 +247,7 @@ class QueueDir:
             return []  # no sequence file to lock (a read-only folder): nothing to clean safely
         try:
             try:
-                _flock_until(mfd, time.monotonic() + wait_s, self.gpu)
+                flock_until(mfd, time.monotonic() + wait_s, self.gpu)
             except LockTimeout:
                 return []
             return self._clean_orphans_locked(None)
@@ -340,9 +333,8 @@ def enqueue_set(
     mfd = open_seq(first.settings.state_dir / ".seq", mode)
     spots: list[Spot] = []
     try:
-        _flock_until(mfd, deadline, first.gpu)
-        raw = os.pread(mfd, 32, 0).strip()
-        counter = int(raw) if raw.isdigit() else 0
+        flock_until(mfd, deadline, first.gpu)
+        counter = read_last(mfd)
         top = 0
         for q in qdirs:
             names = os.listdir(q.path)
@@ -367,136 +359,13 @@ def enqueue_set(
                 unlink_quietly(spot.qdir.ticket_path(seq))
                 unlink_quietly(spot.qdir.fifo_path(seq))
             raise
-        os.ftruncate(mfd, 0)
-        os.pwrite(mfd, f"{seq}\n".encode(), 0)
+        write_last(mfd, seq)
     finally:
         os.close(mfd)  # drops the flock
     for spot in spots:
         assert spot.fd is not None
         owner_fds.add(spot.fd)
     return ticket, spots
-
-
-def queue_gpus(settings: Settings) -> list[int]:
-    """GPUs that have a queue folder in this state folder."""
-    try:
-        names = os.listdir(settings.state_dir)
-    except OSError:
-        return []
-    return sorted(
-        int(n[3:])
-        for n in names
-        if n.startswith("gpu")
-        and n[3:].isascii()
-        and n[3:].isdigit()
-        and _is_folder(settings.state_dir / n)
-    )
-
-
-def _is_folder(path: Path) -> bool:
-    """A real folder (a file or symlink named like a queue is garbage, never a queue)."""
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
-def holder_pids(settings: Settings) -> set[int]:
-    """Pids that hold a GPU now: the owner and the command (``gpulock run``) of live holders."""
-    pids: set[int] = set()
-    for gpu in queue_gpus(settings):
-        for t in QueueDir(settings, gpu, create=False).holders():
-            pids.add(t.pid)
-            if t.child_pid is not None:
-                pids.add(t.child_pid)
-    return pids
-
-
-def remove_dead_copies(settings: Settings, t: Ticket) -> list[int]:
-    """Remove the copies of ticket ``t`` (one for a set of GPUs) in the other folders of its
-    set that no process holds any more; the GPUs cleaned.
-
-    For a caller that found ``t``'s owner dead and may remove it (its owner or root): the other
-    copies died with it (one owner holds every copy's claim), and a line nobody waits in would
-    keep them until the next ticket there.  A copy that someone holds is left alone.
-    """
-    cleaned = []
-    for g in t.gpu_set:
-        if g == t.gpu:
-            continue
-        q = QueueDir(settings, g, create=False)
-        try:
-            tf = q.read(t.seq)
-        except TicketFormatError:
-            continue
-        if tf is None or (tf.ticket.pid, tf.ticket.created_wall) != (t.pid, t.created_wall):
-            continue
-        if q.alive(t.seq) or not q.remove(t.seq):
-            continue
-        cleaned.append(g)
-        settings.emit(
-            "cleanup",
-            **event_fields(tf.ticket),
-            holding=tf.ticket.holding,
-            reason="owner gone: no process holds its FIFO open (a copy of a set ticket)",
-            by_pid=os.getpid(),
-        )
-    return cleaned
-
-
-def tickets_of(settings: Settings, pid: int, ticks: int | None) -> list[tuple[int, int]]:
-    """The live tickets (its claim held) of process ``pid`` started at ``ticks``, in every
-    line: (gpu, seq).  Reads every ticket: for evidence in rare events, not for a hot path."""
-    out = []
-    for gpu in queue_gpus(settings):
-        q = QueueDir(settings, gpu, create=False)
-        for seq, tf, _why in q.scan():
-            t = None if tf is None else tf.ticket
-            if t is not None and t.pid == pid and t.start_ticks == ticks and q.alive(seq):
-                out.append((gpu, seq))
-    return out
-
-
-def open_seq(path: Path, mode: int) -> int:
-    """Open (or create, with exactly ``mode`` whatever the umask) the sequence file.
-
-    Refuses a symlink, a folder or a FIFO in its place, and explains a file the group's other
-    members cannot open, with a StateDirError naming the file and its mode (never a traceback).
-    """
-    try:
-        return open_regular(path, os.O_RDWR | os.O_CREAT, mode)
-    except PermissionError as e:
-        try:
-            st = os.lstat(path)
-            found = f"mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}, gid {st.st_gid}"
-        except OSError:
-            found = f"cannot create it in {path.parent}"
-        raise StateDirError(
-            str(path),
-            f"cannot open it: {e.strerror} ({found}; needs {mode:04o})",
-            hint=f"chmod {mode:o} {path}" if found.startswith("mode") else None,
-        ) from None
-    except OSError as e:
-        raise StateDirError(str(path), f"cannot open it: {e.strerror or e}") from None
-
-
-def _flock_until(fd: int, deadline: float | None, gpu: int) -> None:
-    """The sequence mutex is held for microseconds; only a stopped process can stall it."""
-    if deadline is None:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return
-    start = time.monotonic()
-    pause = 0.0005
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            now = time.monotonic()
-            if now >= deadline:
-                raise LockTimeout(gpu, now - start) from None
-            time.sleep(min(pause, deadline - now))
-            pause = min(pause * 2, 0.05)
 
 
 def unlink_quietly(path: Path) -> None:

@@ -15,9 +15,10 @@ from gpulock.core import claim, identity, proof
 from gpulock.core.errors import LockError, NotPermitted
 from gpulock.core.settings import Settings
 from gpulock.lock import queue
-from gpulock.lock.queuedir import QueueDir, TicketFile, queue_gpus, remove_dead_copies
+from gpulock.lock.census import queue_gpus, remove_dead_copies
+from gpulock.lock.hung import signal_holder, ticket_evidence
+from gpulock.lock.queuedir import QueueDir, TicketFile
 from gpulock.lock.ticket import Ticket, TicketFormatError
-from gpulock.lock.waiter import signal_holder, ticket_evidence
 
 
 @dataclass(frozen=True, slots=True)

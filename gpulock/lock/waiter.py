@@ -15,20 +15,20 @@ from __future__ import annotations
 import math
 import os
 import select
-import signal
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from gpulock.core import claim, devices, identity, level, proof
+from gpulock.core import claim, devices, identity, level
 from gpulock.core.errors import LockTimeout
 from gpulock.core.settings import Settings
 from gpulock.core.state import atomic_write
-from gpulock.lock import exitwait, queue, sigwake
+from gpulock.lock import exitwait, hung, sigwake
+from gpulock.lock.census import remove_dead_copies, tickets_of
 from gpulock.lock.exitwait import Poller
-from gpulock.lock.queuedir import QueueDir, Spot, TicketFile, remove_dead_copies, tickets_of
+from gpulock.lock.lines import Line, count_ahead, decide_lines, free_memory, nearest_line
+from gpulock.lock.queuedir import QueueDir, Spot, TicketFile
 from gpulock.lock.room import Kept, Request, Room, calls_of, require
 from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
 
@@ -40,29 +40,6 @@ SAFETY_RECHECK_MAX_S = 30.0  # ...up to this, so hundreds of idle waiters cost ~
 ENV_SAFETY_RECHECK = "GPULOCK_SAFETY_RECHECK_S"  # test/debug knob (see the module docstring)
 # The key of the governor's claim among watched FIFOs (tickets are keyed (gpu, seq), gpu >= 0).
 GOVERNOR_WATCH = (-1, 0)
-
-
-@dataclass(slots=True, eq=False)
-class Line:
-    """One GPU's line as a waiting ticket sees it: its copy there, what is ahead of it."""
-
-    spot: Spot
-    budget: int | None  # the GPU's memory less the reserve; None: unknown (or exclusive)
-    ahead_seqs: list[int] | None = None  # listed once per wait (see Waiter._scan_ahead)
-    ahead: list[TicketFile] = field(default_factory=list)  # live ones, from the last scan
-    exit_blockers: list[int] = field(default_factory=list)  # dead holders still exiting
-
-    @property
-    def qdir(self) -> QueueDir:
-        return self.spot.qdir
-
-    @property
-    def me(self) -> Ticket:
-        return self.spot.ticket
-
-    @property
-    def gpu(self) -> int:
-        return self.spot.qdir.gpu
 
 
 class Waiter:
@@ -107,8 +84,7 @@ class Waiter:
             assert spot.fd is not None
             self.mine.add(spot.fd)
             self.poller.register(spot.fd, select.POLLIN)
-        self.reported: set[tuple[int, float]] = set()
-        self.kills: dict[int, tuple[float, bool]] = {}  # seq -> (SIGTERM sent at, SIGKILL sent)
+        self.hung = hung.HungHolders(settings, SAFETY_RECHECK_S)  # holders past their lease
         self.announced = False
         self.safety_first_s = safety_recheck_s()
         self.safety_s = self.safety_first_s
@@ -210,10 +186,13 @@ class Waiter:
             if not self.announced:
                 self.announced = True
                 self.settings.emit(
-                    "wait", **event_fields(self.me), ahead=self._n_ahead(), reason=reason
+                    "wait",
+                    **event_fields(self.me),
+                    ahead=count_ahead(self.me, self.lines),
+                    reason=reason,
                 )
             if self.prefetch is not None:
-                line = self._nearest_line()
+                line = nearest_line(self.lines)
                 self.prefetch.on_rescan(line, line.ahead)
         now = time.monotonic()
         if self.deadline is not None and now >= self.deadline:
@@ -228,25 +207,7 @@ class Waiter:
 
     def _decide(self) -> tuple[tuple[int, ...], set[tuple[int, int]], str]:
         """The rule over this ticket's lines: (GPUs to take now, (gpu, seq) to watch, why)."""
-        if not self.spans:  # one GPU: the one-GPU rule, exactly as it always was
-            line = self.lines[0]
-            d = queue.decide(self.me, [tf.ticket for tf in line.ahead], line.budget)
-            if d.grant and line.exit_blockers:
-                why = f"holder {line.exit_blockers[0]} died: waiting for its processes to exit"
-                return (), set(), why
-            return ((line.gpu,) if d.grant else ()), {(line.gpu, s) for s in d.watch}, d.reason
-        lines = {line.gpu: [tf.ticket for tf in line.ahead] for line in self.lines}
-        budgets = {line.gpu: line.budget for line in self.lines}
-        blocked = {
-            line.gpu: f"holder {line.exit_blockers[0]} died: waiting for its processes to exit"
-            for line in self.lines
-            if line.exit_blockers
-        }
-        sd = queue.decide_set(self.me, lines, budgets, blocked=blocked)
-        if sd.grant and len(sd.ready) > self.me.count:  # a real choice: where is it warm?
-            warm, free = self._placing(sd.ready)
-            sd = queue.decide_set(self.me, lines, budgets, blocked=blocked, warm=warm, free=free)
-        return sd.grant, set(sd.watch), sd.reason
+        return decide_lines(self.me, self.lines, self._placing)
 
     def _placing(self, ready: Sequence[int]) -> tuple[dict[int, str], dict[int, int | None]]:
         """Where the job's model is warm (the caller's word, then the room's: resident models)
@@ -259,24 +220,7 @@ class Waiter:
                     warm.setdefault(g, why)
             except Exception:  # a placement hint must never stop a grant
                 pass
-        free: dict[int, int | None] = {}
-        for line in self.lines:
-            if line.gpu not in ready:
-                continue
-            claimed = [tf.ticket.need_bytes for tf in line.ahead if tf.ticket.holding]
-            if line.budget is None:
-                free[line.gpu] = None
-            elif any(n is None for n in claimed):
-                free[line.gpu] = 0
-            else:
-                free[line.gpu] = line.budget - sum(n or 0 for n in claimed)
-        report = devices.probe(self.settings.config) if free else None
-        if report is not None and report.source == "nvml":
-            for g in free:
-                dev = report.get(g)
-                if dev is not None and dev.free_bytes is not None:
-                    free[g] = dev.free_bytes
-        return warm, free
+        return warm, free_memory(self.lines, ready, self.settings.config)
 
     def _leave_other_lines(self) -> None:
         """Granted: the copies in the lines of GPUs not taken leave (their successors wake).
@@ -291,16 +235,6 @@ class Waiter:
             self.poller.unregister(fd)
             self.mine.discard(fd)
             line.spot.leave()
-
-    def _nearest_line(self) -> Line:
-        """The line where this ticket stands nearest the front (for warming its files)."""
-        live = [line for line in self.lines if line.spot.fd is not None]
-        return min(live, key=lambda line: sum(1 for tf in line.ahead if not tf.ticket.holding))
-
-    def _n_ahead(self) -> int:
-        """Tickets ahead in any of its lines (each counted once)."""
-        seqs = {s for line in self.lines for s in line.qdir.seqs() if s < self.me.seq}
-        return len(seqs)
 
     def woken(self, ready: Sequence[int]) -> None:
         """After the sleep: ``ready`` are the descriptors that woke us (none: a timed wake)."""
@@ -341,11 +275,9 @@ class Waiter:
                     continue
                 if not line.qdir.ticket_path(tf.ticket.seq).exists():
                     return True  # the guard: released while a stray fork kept its FIFO open
-                expiry = queue.lease_expiry_wall(tf.ticket, tf.mtime_wall)
-                reported = (tf.ticket.seq, tf.mtime_wall) in self.reported
-                if expiry is not None and now_w >= expiry and not reported:
+                if self.hung.overdue(tf, now_w):
                     return True
-        return bool(self.kills)
+        return self.hung.killing
 
     def _scan_ahead(self, line: Line) -> tuple[list[TicketFile], dict[int, int]]:
         """Live tickets ahead of me in one line, nearest waiter only if one is ahead; with
@@ -514,7 +446,7 @@ class Waiter:
             waited,
             holder.pid if holder else None,
             holder.name if holder else None,
-            queue_ahead=self._n_ahead(),
+            queue_ahead=count_ahead(self.me, self.lines),
             gpus=self.me.gpu_set if self.spans else (),
             count=self.me.count,
         )
@@ -530,55 +462,8 @@ class Waiter:
                 if (line.gpu, t.seq) not in self.watched or t.seq in seen:
                     continue
                 seen.add(t.seq)
-                expiry = queue.lease_expiry_wall(t, tf.mtime_wall)
-                if expiry is None:
-                    continue
-                if now_w <= expiry:
-                    wake = min(wake, now + (expiry - now_w))
-                    continue
-                wake = min(wake, self._on_hung(line.qdir, tf, now, now_w))
+                wake = min(wake, self.hung.wake_at(line.qdir, tf, now, now_w))
         return wake
-
-    def _on_hung(self, qdir: QueueDir, tf: TicketFile, now: float, now_w: float) -> float:
-        t = tf.ticket
-        cfg = self.settings.config
-        evidence = ticket_evidence(tf, now_w)
-        why_not = None
-        if cfg.on_hung == "kill":
-            if not identity.may_signal(t.uid):
-                why_not = f"not permitted: owner uid {t.uid}"
-            elif t.pidns != identity.pid_namespace():
-                why_not = "owner is in another pid namespace"
-        fifo = qdir.fifo_path(t.seq)
-        sent = self.kills.get(t.seq)
-        if (
-            cfg.on_hung == "kill"
-            and not why_not
-            and sent is None
-            and not signal_holder(t, signal.SIGTERM, fifo)
-        ):
-            why_not = f"unproven: pid {t.pid} does not hold the ticket's claim"
-        if cfg.on_hung != "kill" or why_not:
-            key = (t.seq, tf.mtime_wall)
-            if key not in self.reported:
-                self.reported.add(key)
-                self.settings.emit(
-                    "stale", **evidence, action="report", policy=cfg.on_hung, why_not=why_not
-                )
-            return math.inf
-        grace = cfg.hung_grace_s
-        if sent is None:
-            self.kills[t.seq] = (now, False)
-            self.settings.emit("kill", **evidence, signal="SIGTERM", grace_s=grace)
-            return now + grace
-        at, hard = sent
-        if now < at + grace:
-            return at + grace
-        if not hard:
-            signal_holder(t, signal.SIGKILL, fifo)
-            self.kills[t.seq] = (at, True)
-            self.settings.emit("kill", **evidence, signal="SIGKILL")
-        return now + SAFETY_RECHECK_S
 
 
 def _kept(entry: dict[str, str]) -> dict[str, str]:
@@ -593,36 +478,3 @@ def safety_recheck_s() -> float:
     except ValueError:
         return SAFETY_RECHECK_S  # unset or garbage: a debugging knob never stops a wait
     return value if math.isfinite(value) and value > 0 else SAFETY_RECHECK_S
-
-
-def ticket_evidence(tf: TicketFile, now_w: float) -> dict[str, Any]:
-    t = tf.ticket
-    beat = queue.heartbeat_wall(t, tf.mtime_wall)
-    return {
-        **event_fields(t),
-        "user": t.user,
-        "child_pid": t.child_pid,
-        "held_s": round(now_w - (t.granted_wall or now_w), 3),
-        "lease_s": t.lease_s,
-        "heartbeat_age_s": round(now_w - beat, 3),
-    }
-
-
-def signal_holder(t: Ticket, sig: int, fifo: Path) -> bool:
-    """Signal the command first (it holds the GPU), then the owner; True if either was sent.
-
-    Each only on proof that it holds the ticket's claim ``fifo`` (``gpulock.core.proof``): the
-    pids in a ticket are what its writer says, and anyone in a shared folder can write one.
-    """
-    sent = False
-    if t.child_pid is not None:
-        sent = proof.send(
-            t.child_pid,
-            t.child_start_ticks,
-            t.uid,
-            t.pidns,
-            fifo,
-            sig,
-            via=(t.pid, t.start_ticks),
-        )
-    return proof.send(t.pid, t.start_ticks, t.uid, t.pidns, fifo, sig) or sent

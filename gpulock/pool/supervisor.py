@@ -36,7 +36,9 @@ from gpulock.api import acquire_async
 from gpulock.core import devices
 from gpulock.core.errors import GpulockError, LockTimeout
 from gpulock.core.settings import Settings
-from gpulock.lock.lease import ENV_TICKET, GpuArg, Lease, gpu_set
+from gpulock.lock.gpuset import GpuArg, gpu_set
+from gpulock.lock.inherit import ENV_TICKET
+from gpulock.lock.lease import Lease
 from gpulock.pool import ENV_SIZE, ENV_WORKER, policy, record
 from gpulock.runner import command_env, terminal_delivers
 

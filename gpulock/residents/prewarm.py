@@ -87,7 +87,8 @@ class _Job:
 
 def busy_gpus(settings: Settings) -> frozenset[int]:
     """GPUs on which a live ticket holds or waits."""
-    from gpulock.lock.queuedir import QueueDir, queue_gpus
+    from gpulock.lock.census import queue_gpus
+    from gpulock.lock.queuedir import QueueDir
 
     out = set()
     for gpu in queue_gpus(settings):

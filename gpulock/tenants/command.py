@@ -190,7 +190,7 @@ class CommandAdapter(Adapter):
     def _signal(self, t: Ticket, sig: int) -> None:
         # Only a process proven to hold the ticket's claim (a ticket named like ours is just
         # its writer's word: anyone in a shared folder can write one).
-        from gpulock.lock.waiter import signal_holder
+        from gpulock.lock.hung import signal_holder
 
         qdir = QueueDir(self.settings, self.spec.gpu, create=False)
         signal_holder(t, sig, qdir.fifo_path(t.seq))
