@@ -11,9 +11,15 @@ import os
 import stat
 from pathlib import Path
 
+from gpulock.core import claim
 from gpulock.core.settings import Settings
+from gpulock.lock import exitwait
 from gpulock.lock.queuedir import QueueDir
 from gpulock.lock.ticket import Ticket, TicketFormatError, event_fields
+
+# How long a caller waits for a killed owner's other claims to close (it is closing its
+# descriptors one by one): microseconds on an idle machine, longer when its exit is preempted.
+EXITING_S = 0.5
 
 
 def queue_gpus(settings: Settings) -> list[int]:
@@ -70,7 +76,7 @@ def remove_dead_copies(settings: Settings, t: Ticket) -> list[int]:
             continue
         if tf is None or (tf.ticket.pid, tf.ticket.created_wall) != (t.pid, t.created_wall):
             continue
-        if q.alive(t.seq) or not q.remove(t.seq):
+        if not _released(q, t) or not q.remove(t.seq):
             continue
         cleaned.append(g)
         settings.emit(
@@ -81,6 +87,26 @@ def remove_dead_copies(settings: Settings, t: Ticket) -> list[int]:
             by_pid=os.getpid(),
         )
     return cleaned
+
+
+def _released(q: QueueDir, t: Ticket) -> bool:
+    """Has every process let go of ``t``'s claim in ``q``'s line?
+
+    A killed owner's descriptors close one by one on its way out, so the claim the caller saw
+    gone may be the first of its copies' claims to go: while the owner is in its exit, wait a
+    moment (kernel-woken) for the others.  A claim held by a running process is left alone.
+    """
+    try:
+        fd = q.watch(t.seq)
+    except TicketFormatError:
+        return False  # not a FIFO: garbage, left to break --stale
+    if fd is None:
+        return True
+    try:
+        p = exitwait.proc_state(t.pid, t.start_ticks)
+        return p is not None and exitwait.in_exit(p) and claim.wait_released(fd, EXITING_S)
+    finally:
+        os.close(fd)
 
 
 def tickets_of(settings: Settings, pid: int, ticks: int | None) -> list[tuple[int, int]]:
