@@ -75,16 +75,17 @@ import dataclasses
 import os
 import pathlib
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 from gpulock.core.errors import ConfigError, StateDirError, known_hint, show_value
 from gpulock.core.state import expand_path, home_dir
-from gpulock.core.units import gpu_size_mistake, parse_duration, parse_size
+from gpulock.core.units import parse_duration, parse_size
 
 if TYPE_CHECKING:
+    from gpulock.core.configkeys import OnHung
     from gpulock.core.tenantspec import TenantSpec
 
 __all__ = [
@@ -103,9 +104,6 @@ LOCAL_CONFIG: Final = "gpulock.yaml"
 USER_CONFIG: Final = pathlib.PurePosixPath(".config/gpulock/config.yaml")  # under the home folder
 # Module-level so that tests can point it elsewhere instead of writing to /etc.
 SYSTEM_CONFIG = pathlib.Path("/etc/gpulock/config.yaml")
-
-OnHung = Literal["report", "kill"]
-ON_HUNG_CHOICES: Final[tuple[OnHung, ...]] = ("report", "kill")
 
 # The one place the defaults are written, in the file's own syntax; Config's field defaults are
 # parsed from it below.
@@ -380,10 +378,6 @@ def parse_config(
 # --- validating gpulock's keys ---------------------------------------------------------------
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def _validate(
     document: dict[Any, Any],
     lines: dict[str, int],
@@ -391,6 +385,8 @@ def _validate(
     section_names: frozenset[str],
     problems: list[ConfigError] | None = None,
 ) -> Config:
+    from gpulock.core.configkeys import CHECKS  # like the YAML reader: only a read file needs it
+
     base = Config(path=pathlib.Path(file), lines=MappingProxyType(lines))
     sections: dict[str, Any] = {}
     values: dict[str, Any] = {}
@@ -418,7 +414,7 @@ def _validate(
 
     changes: dict[str, Any] = {"sections": MappingProxyType(sections)}
     for key, value in values.items():
-        check = _CHECKS[key]
+        check = CHECKS[key]
         try:
             field_name, parsed = check(base, value, file)
         except ConfigError as error:
@@ -442,154 +438,3 @@ def _validate(
                 raise
             problems.append(error)
     return dataclasses.replace(base, **changes)
-
-
-def _check_state_dir(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    if value is None:
-        return "state_dir", None
-    if not isinstance(value, str) or not value.strip():
-        raise base.error("state_dir", f"expected a folder path, got {show_value(value)}")
-    path = pathlib.Path(os.path.expanduser(value))
-    if not path.is_absolute():
-        # Relative to the file, not to the current folder, which differs between cron and a shell.
-        path = pathlib.Path(file).parent.absolute() / path
-    return "state_dir", path
-
-
-def _check_group(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    if value is None:
-        return "group", None
-    if not isinstance(value, str) or not value.strip():
-        raise base.error("group", f"expected a group name, got {show_value(value)}")
-    import grp
-
-    try:
-        grp.getgrnam(value)
-    except KeyError:
-        raise base.error(
-            "group",
-            f"unknown group {value!r}",
-            f"create it (groupadd {value}) and add the fleet's users to it, or remove 'group' "
-            "for a private state folder",
-        ) from None
-    return "group", value
-
-
-def _check_default_gpu(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    from gpulock.core.units import parse_gpus
-
-    try:
-        spec = parse_gpus(value)
-    except ValueError:
-        raise base.error(
-            "default_gpu",
-            f"expected a GPU index >= 0, a set such as 0,2, or any; got {show_value(value)}",
-            "default_gpu: 0 (one GPU), default_gpu: any (whichever GPU is free first)",
-        ) from None
-    return "default_gpus", spec
-
-
-def _positive_size(base: Config, key: str, value: Any, example: str) -> int:
-    if not (isinstance(value, str) or _is_number(value)):
-        raise base.error(key, f"expected a size like {example}, got {show_value(value)}")
-    try:
-        size = parse_size(value)
-    except ValueError as exc:
-        raise base.error(key, str(exc)) from None
-    if size <= 0:
-        raise base.error(key, f"expected a size above zero, got {show_value(value)}")
-    return size
-
-
-def _gpu_size(base: Config, key: str, value: Any) -> int:
-    """A simulated GPU's size: positive, and not so small that a unit was surely left out."""
-    size = _positive_size(base, key, value, "24GiB")
-    mistake = gpu_size_mistake(value, size)
-    if mistake is not None:
-        raise base.error(key, mistake[0], hint=mistake[1])
-    return size
-
-
-def _check_simulate(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    if value is None:
-        return "simulate_bytes", None
-    if isinstance(value, str) and "," in value:
-        parts = [part.strip() for part in value.split(",")]
-        return "simulate_bytes", tuple(_gpu_size(base, "simulate", part) for part in parts)
-    if isinstance(value, str) or _is_number(value):
-        return "simulate_bytes", (_gpu_size(base, "simulate", value),)
-    if isinstance(value, list) and value:
-        sizes = tuple(
-            _gpu_size(base, f"simulate[{index}]", item) for index, item in enumerate(value)
-        )
-        return "simulate_bytes", sizes
-    raise base.error(
-        "simulate",
-        f"expected one size per GPU, like 24GiB, '24GiB,12GiB' or a list, got {show_value(value)}",
-    )
-
-
-def _check_reserve(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    if not (isinstance(value, str) or _is_number(value)):
-        raise base.error(
-            "reserve", f"expected a size like 2GiB or a share like 10%, got {show_value(value)}"
-        )
-    try:
-        # Any total will do to check the syntax; the real one is known only per GPU.
-        parse_size(value, total_bytes=1 << 40)
-    except ValueError as exc:
-        raise base.error("reserve", str(exc)) from None
-    return "reserve", value if isinstance(value, str | int) else parse_size(value)
-
-
-def _check_on_hung(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    if value not in ON_HUNG_CHOICES or not isinstance(value, str):
-        choices = " or ".join(repr(choice) for choice in ON_HUNG_CHOICES)
-        raise base.error("on_hung", f"expected {choices}, got {show_value(value)}")
-    return "on_hung", value
-
-
-def _check_hung_grace(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    if not (isinstance(value, str) or _is_number(value)):
-        raise base.error("hung_grace", f"expected a duration like 10s, got {show_value(value)}")
-    try:
-        return "hung_grace_s", parse_duration(value)
-    except ValueError as exc:
-        raise base.error("hung_grace", str(exc)) from None
-
-
-def _check_exit_wait(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    if not (isinstance(value, str) or _is_number(value)):
-        raise base.error("exit_wait", f"expected a duration like 10s, got {show_value(value)}")
-    try:
-        return "exit_wait_s", parse_duration(value)
-    except ValueError as exc:
-        raise base.error("exit_wait", str(exc)) from None
-
-
-def _check_events_max_bytes(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    return "events_max_bytes", _positive_size(base, "events_max_bytes", value, "10MiB")
-
-
-def _boolean(key: str) -> Callable[[Config, Any, str], tuple[str, Any]]:
-    def check(base: Config, value: Any, file: str) -> tuple[str, Any]:
-        if not isinstance(value, bool):
-            raise base.error(key, f"expected true or false, got {show_value(value)}")
-        return key, value
-
-    return check
-
-
-_CHECKS: Final = {
-    "state_dir": _check_state_dir,
-    "group": _check_group,
-    "default_gpu": _check_default_gpu,
-    "simulate": _check_simulate,
-    "reserve": _check_reserve,
-    "on_hung": _check_on_hung,
-    "hung_grace": _check_hung_grace,
-    "exit_wait": _check_exit_wait,
-    "events_max_bytes": _check_events_max_bytes,
-    "exclusive_clears_tenants": _boolean("exclusive_clears_tenants"),
-    "exclusive_clears_residents": _boolean("exclusive_clears_residents"),
-}
