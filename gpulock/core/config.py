@@ -268,33 +268,12 @@ def _validate(
     section_names: frozenset[str],
     problems: list[ConfigError] | None = None,
 ) -> Config:
+    """``document`` (its keys' ``lines`` beside it) checked into a Config; ``problems`` as for
+    ``parse_config``."""
     from gpulock.core.configkeys import CHECKS  # like the YAML reader: only a read file needs it
 
     base = Config(path=pathlib.Path(file), lines=MappingProxyType(lines))
-    sections: dict[str, Any] = {}
-    values: dict[str, Any] = {}
-    known = sorted([*DEFAULTS, *section_names, "tenants"])
-    raw_tenants = None
-    for key, value in document.items():
-        if key == "tenants":
-            raw_tenants = value
-        elif isinstance(key, str) and key in section_names:
-            sections[key] = value
-        elif isinstance(key, str) and key in DEFAULTS:
-            values[key] = value
-        else:
-            # The problem names the key already: pass it as an attribute, not twice in the text.
-            error = ConfigError(
-                f"unknown key {key!r}",
-                file=file,
-                line=base.line_of(str(key)),
-                hint=known_hint(key, known),
-            )
-            error.key = str(key)
-            if problems is None:
-                raise error
-            problems.append(error)
-
+    sections, values, raw_tenants = _sort_keys(document, base, file, section_names, problems)
     changes: dict[str, Any] = {"sections": MappingProxyType(sections)}
     for key, value in values.items():
         check = CHECKS[key]
@@ -321,3 +300,38 @@ def _validate(
                 raise
             problems.append(error)
     return dataclasses.replace(base, **changes)
+
+
+def _sort_keys(
+    document: dict[Any, Any],
+    base: Config,
+    file: str,
+    section_names: frozenset[str],
+    problems: list[ConfigError] | None,
+) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """The top-level keys sorted: the other sections' (kept raw), gpulock's own values and the
+    raw ``tenants:`` (None when absent).  An unknown key is raised, or added to ``problems``."""
+    sections: dict[str, Any] = {}
+    values: dict[str, Any] = {}
+    known = sorted([*DEFAULTS, *section_names, "tenants"])
+    raw_tenants = None
+    for key, value in document.items():
+        if key == "tenants":
+            raw_tenants = value
+        elif isinstance(key, str) and key in section_names:
+            sections[key] = value
+        elif isinstance(key, str) and key in DEFAULTS:
+            values[key] = value
+        else:
+            # The problem names the key already: pass it as an attribute, not twice in the text.
+            error = ConfigError(
+                f"unknown key {key!r}",
+                file=file,
+                line=base.line_of(str(key)),
+                hint=known_hint(key, known),
+            )
+            error.key = str(key)
+            if problems is None:
+                raise error
+            problems.append(error)
+    return sections, values, raw_tenants
