@@ -13,17 +13,14 @@ from gpulock.core import state
 from gpulock.core.config import Config
 from gpulock.core.errors import NoStateDir, StateDirError
 from gpulock.core.state import (
-    atomic_write,
     dir_mode,
     ensure_state_dir,
     ensure_subdir,
     file_mode,
     fs_type_of,
-    open_regular,
-    read_small,
-    read_tail,
     resolve_state_dir,
 )
+from gpulock.core.statefile import atomic_write, open_regular, read_small, read_tail
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from gpulock.core import claim
 from gpulock.core.errors import LockTimeout, StateDirError
 from gpulock.core.settings import Settings
-from gpulock.core.state import atomic_write, open_regular
+from gpulock.core.statefile import atomic_write, open_regular
 from gpulock.lock.ticket import (
     Ticket,
     TicketFormatError,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from gpulock.core import claim, devices, identity, level, proof
 from gpulock.core.errors import LockTimeout
 from gpulock.core.settings import Settings
-from gpulock.core.state import atomic_write
+from gpulock.core.statefile import atomic_write
 from gpulock.lock import exitwait, queue, sigwake
 from gpulock.lock.exitwait import Poller
 from gpulock.lock.queuedir import QueueDir, Spot, TicketFile, remove_dead_copies, tickets_of
