@@ -28,13 +28,11 @@ from gpulock.core.errors import NoStateDir, StateDirError
 
 __all__ = [
     "ENV_STATE_DIR",
-    "NETWORK_FS",
     "dir_mode",
     "ensure_state_dir",
     "ensure_subdir",
     "expand_path",
     "file_mode",
-    "fs_type_of",
     "home_dir",
     "resolve_state_dir",
 ]
@@ -43,25 +41,6 @@ ENV_STATE_DIR: Final = "GPULOCK_STATE_DIR"
 DEFAULT_STATE_DIR: Final = pathlib.PurePosixPath(".local/state/gpulock")  # under the home folder
 # Module-level so that tests can hand in a sample file.
 MOUNTINFO = "/proc/self/mountinfo"
-
-NETWORK_FS: Final = frozenset(
-    {
-        "nfs",
-        "nfs4",
-        "cifs",
-        "smb3",
-        "smbfs",
-        "ncpfs",
-        "afs",
-        "ceph",
-        "glusterfs",
-        "fuse.glusterfs",
-        "fuse.sshfs",
-        "lustre",
-        "gpfs",
-        "9p",
-    }
-)
 
 
 def file_mode(group: str | None) -> int:
@@ -334,50 +313,6 @@ def _group_name(gid: int) -> str:
 # --- filesystem type -------------------------------------------------------------------------
 
 
-def _unescape_mount(field: str) -> str:
-    """Undo the kernel's octal escapes (``\\040`` for a space) in a mountinfo path field."""
-    if "\\" not in field:
-        return field
-    out: list[str] = []
-    index = 0
-    while index < len(field):
-        chunk = field[index + 1 : index + 4]
-        if field[index] == "\\" and len(chunk) == 3 and all(c in "01234567" for c in chunk):
-            out.append(chr(int(chunk, 8)))
-            index += 4
-        else:
-            out.append(field[index])
-            index += 1
-    return "".join(out)
-
-
-def fs_type_of(path: str | os.PathLike[str], mountinfo_text: str) -> str | None:
-    """The filesystem type of the mount holding ``path``, from ``/proc/self/mountinfo`` text.
-
-    ``path`` should have its symlinks resolved (mount points are real paths).  The longest
-    mount point that contains it wins; of equal ones the last listed, which is mounted on top.
-    None when no line matches.
-    """
-    target = os.fspath(path)
-    best_len = -1
-    best: str | None = None
-    for line in mountinfo_text.splitlines():
-        # id parent major:minor root mount-point options [optional fields...] - type source opts
-        fields = line.split()
-        try:
-            separator = fields.index("-", 6)
-        except ValueError:
-            continue
-        if separator + 1 >= len(fields):
-            continue
-        mount = _unescape_mount(fields[4])
-        inside = mount == "/" or target == mount or target.startswith(mount.rstrip("/") + "/")
-        if inside and len(mount) >= best_len:
-            best_len = len(mount)
-            best = fields[separator + 1]
-    return best
-
-
 _LOCAL_FS: set[str] = set()  # folders already found local in this process: mounts rarely move
 
 
@@ -385,6 +320,8 @@ def _check_filesystem(path: pathlib.Path) -> None:
     real = os.path.realpath(path)
     if real in _LOCAL_FS:
         return
+    from gpulock.core.mounts import NETWORK_FS, fs_type_of  # only a folder being checked
+
     try:
         with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as file:
             text = file.read()
