@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpulock.agents import checkpoint  # noqa: E402
-from gpulock.core.state import atomic_write  # noqa: E402
+from gpulock.core.statefile import atomic_write  # noqa: E402
 
 
 class Written:

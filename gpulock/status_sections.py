@@ -135,7 +135,7 @@ def usage_entry(settings: Settings, now_w: float) -> dict[str, Any] | None:
     """Today's router accounting, or None (no ledger, another day's, or unreadable)."""
     import json
 
-    from gpulock.core.state import read_small
+    from gpulock.core.statefile import read_small
 
     try:
         data = read_small(settings.state_dir / "router" / "ledger.json")

@@ -8,8 +8,9 @@ import textwrap
 
 import pytest
 
-from gpulock.core import config as config_module
-from gpulock.core.config import DEFAULTS, SECTIONS, Config, find_config, load_config, parse_config
+from gpulock.core import configfile
+from gpulock.core.config import DEFAULTS, SECTIONS, Config, load_config, parse_config
+from gpulock.core.configfile import find_config
 from gpulock.core.errors import ConfigError
 
 MIB = 1024**2
@@ -40,7 +41,7 @@ def places(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> dict[str,
     home = tmp_path / "home"
     work = tmp_path / "work"
     system = tmp_path / "etc" / "gpulock" / "config.yaml"
-    monkeypatch.setattr(config_module, "SYSTEM_CONFIG", system)
+    monkeypatch.setattr(configfile, "SYSTEM_CONFIG", system)
     paths = {
         "explicit": tmp_path / "explicit.yaml",
         "env": tmp_path / "env.yaml",

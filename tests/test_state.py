@@ -12,18 +12,15 @@ import pytest
 from gpulock.core import state
 from gpulock.core.config import Config
 from gpulock.core.errors import NoStateDir, StateDirError
+from gpulock.core.mounts import NETWORK_FS, fs_type_of
 from gpulock.core.state import (
-    atomic_write,
     dir_mode,
     ensure_state_dir,
     ensure_subdir,
     file_mode,
-    fs_type_of,
-    open_regular,
-    read_small,
-    read_tail,
     resolve_state_dir,
 )
+from gpulock.core.statefile import atomic_write, open_regular, read_small, read_tail
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
 
@@ -410,8 +407,8 @@ def test_fs_type_of_without_any_match() -> None:
 
 
 def test_network_types() -> None:
-    assert {"nfs", "nfs4", "cifs", "fuse.sshfs", "9p", "lustre"} <= state.NETWORK_FS
-    assert "ext4" not in state.NETWORK_FS and "tmpfs" not in state.NETWORK_FS
+    assert {"nfs", "nfs4", "cifs", "fuse.sshfs", "9p", "lustre"} <= NETWORK_FS
+    assert "ext4" not in NETWORK_FS and "tmpfs" not in NETWORK_FS
 
 
 # --- atomic_write ----------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 from gpulock.core.errors import StateDirError
-from gpulock.core.state import atomic_write, open_regular, read_small
+from gpulock.core.statefile import atomic_write, open_regular, read_small
 
 __all__ = [
     "CHECKPOINT_NAME",

@@ -273,7 +273,7 @@ def _last_run(log: Path, *, pid: int | None = None) -> dict[str, Any] | None:
     that process's run.
     """
     from gpulock.core.errors import StateDirError
-    from gpulock.core.state import read_tail
+    from gpulock.core.statefile import read_tail
 
     records: list[dict[str, Any]] = []
     for path in (log.with_name(log.name + ".1"), log):  # oldest first

@@ -55,7 +55,8 @@ from gpulock.agents.schedules import (
     cron_weekdays,
     parse_schedule,
 )
-from gpulock.core.config import Config, parse_config, read_config_bytes, show_value
+from gpulock.core.config import Config, parse_config, show_value
+from gpulock.core.configfile import read_config_bytes
 from gpulock.core.errors import ConfigError, known_hint
 from gpulock.core.units import parse_duration
 

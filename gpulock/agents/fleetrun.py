@@ -31,7 +31,7 @@ from typing import IO, TYPE_CHECKING, Any, Final
 from gpulock.agents.fleetplan import JobSpec
 from gpulock.core import logfile
 from gpulock.core.errors import StateDirError
-from gpulock.core.state import open_regular
+from gpulock.core.statefile import open_regular
 from gpulock.core.units import format_duration
 
 if TYPE_CHECKING:

@@ -91,16 +91,16 @@ def _scheduler(runner: Runner, fleet: FleetFile, jobs: Sequence[JobSpec]) -> Any
 
 def _claim(settings: Settings, fleet: FleetFile) -> int:
     """Hold a lock for this fleet file (until exit), so two fleets never run its agents twice."""
-    from gpulock.core import state
+    from gpulock.core import state, statefile
 
     folder = state.ensure_subdir(settings.state_dir, "fleet", group=settings.group)
     digest = hashlib.sha256(str(fleet.path.absolute()).encode()).hexdigest()[:12]
     path = folder / f".fleet-{digest}.lock"
     me = f"{os.getpid()}\n".encode()
-    fd = state.take_instance_lock(path, settings.file_mode, me, what="the fleet's lock")
+    fd = statefile.take_instance_lock(path, settings.file_mode, me, what="the fleet's lock")
     if fd is None:
         try:
-            holder = (state.read_small(path, 64) or b"").decode(errors="replace").strip() or "?"
+            holder = (statefile.read_small(path, 64) or b"").decode(errors="replace").strip() or "?"
         except (OSError, StateDirError):
             holder = "?"
         raise GpulockError(

@@ -36,7 +36,8 @@ from typing import Final, TypeVar
 
 from gpulock.agents import checkpoint
 from gpulock.core.errors import StateDirError
-from gpulock.core.state import ensure_subdir, open_locked, open_regular
+from gpulock.core.state import ensure_subdir
+from gpulock.core.statefile import open_locked, open_regular
 
 T = TypeVar("T")
 

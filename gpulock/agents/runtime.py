@@ -55,7 +55,7 @@ from gpulock.agents.spec import AgentSpec
 from gpulock.core import children
 from gpulock.core.errors import GpulockError, StateDirError
 from gpulock.core.settings import Settings, load
-from gpulock.core.state import read_small, take_instance_lock
+from gpulock.core.statefile import read_small, take_instance_lock
 from gpulock.core.units import format_duration
 
 __all__ = ["EX_ERROR", "EX_OK", "EX_SKIP", "Context", "Stopped", "agent_dir", "run_agent"]

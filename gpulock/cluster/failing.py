@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from gpulock.core import safejson, state
+from gpulock.core import safejson, state, statefile
 from gpulock.core.errors import StateDirError
 from gpulock.core.settings import Settings
 
@@ -90,7 +90,7 @@ def read(settings: Settings) -> dict[str, Mark]:
     if hit is not None and hit[0] == key:
         return hit[1]
     try:
-        marks = parse(state.read_small(p, 1 << 20))
+        marks = parse(statefile.read_small(p, 1 << 20))
     except (OSError, StateDirError):
         marks = {}
     _READ[str(p)] = (key, marks)
@@ -134,13 +134,13 @@ def _change(settings: Settings) -> Iterator[dict[str, Mark]]:
     folder = state.ensure_state_dir(settings.state_dir, group=settings.group)
     lock = folder / LOCK_FILE
     try:
-        fd = state.open_regular(lock, os.O_RDWR | os.O_CREAT, settings.file_mode)
+        fd = statefile.open_regular(lock, os.O_RDWR | os.O_CREAT, settings.file_mode)
     except OSError as e:
         raise StateDirError(str(lock), f"cannot open: {e.strerror or e}", hint=_HINT) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            marks = parse(state.read_small(folder / FILE, 1 << 20))
+            marks = parse(statefile.read_small(folder / FILE, 1 << 20))
         except (OSError, StateDirError):
             marks = {}
         yield marks
@@ -151,7 +151,7 @@ def _change(settings: Settings) -> Iterator[dict[str, Mark]]:
                 for h, m in sorted(marks.items())
             },
         }
-        state.atomic_write(
+        statefile.atomic_write(
             folder / FILE, json.dumps(data, separators=(",", ":")).encode(), mode=settings.file_mode
         )
     finally:

@@ -17,7 +17,7 @@ from typing import Final
 from gpulock.core import safejson
 from gpulock.core.errors import StateDirError
 from gpulock.core.settings import Settings
-from gpulock.core.state import atomic_write, read_small
+from gpulock.core.statefile import atomic_write, read_small
 
 FORMAT: Final = "gpulock.cluster.view/1"
 FILE: Final = "cluster.json"

@@ -72,44 +72,27 @@ Any other top-level key is an error, so that a typo is not silently ignored.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
-import os
 import pathlib
-import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
-from gpulock.core.errors import ConfigError, StateDirError, known_hint, show_value
-from gpulock.core.state import expand_path, home_dir
-from gpulock.core.units import gpu_size_mistake, parse_duration, parse_size
+from gpulock.core.errors import ConfigError, known_hint, show_value
+from gpulock.core.units import parse_duration, parse_size
 
 if TYPE_CHECKING:
-    import yaml
-
+    from gpulock.core.configkeys import OnHung
     from gpulock.core.tenantspec import TenantSpec
 
 __all__ = [
     "DEFAULTS",
-    "ENV_CONFIG",
     "SECTIONS",
     "Config",
-    "find_config",
     "load_config",
     "parse_config",
     "show_value",
 ]
-
-ENV_CONFIG: Final = "GPULOCK_CONFIG"
-LOCAL_CONFIG: Final = "gpulock.yaml"
-USER_CONFIG: Final = pathlib.PurePosixPath(".config/gpulock/config.yaml")  # under the home folder
-# Module-level so that tests can point it elsewhere instead of writing to /etc.
-SYSTEM_CONFIG = pathlib.Path("/etc/gpulock/config.yaml")
-
-OnHung = Literal["report", "kill"]
-ON_HUNG_CHOICES: Final[tuple[OnHung, ...]] = ("report", "kill")
 
 # The one place the defaults are written, in the file's own syntax; Config's field defaults are
 # parsed from it below.
@@ -136,12 +119,6 @@ SECTIONS: Final[frozenset[str]] = frozenset(
     | {"prewarm"}  # gpulock.core.prewarm.options
     | {"cluster"}  # owned by the cluster package (docs/cluster.md)
 )
-
-# Aliases can make a small file expand into a huge tree ("billion laughs"); a config never needs
-# anywhere near this many values.
-_MAX_NODES: Final = 100_000
-_MERGE_TAG: Final = "tag:yaml.org,2002:merge"
-_PLAIN_COLLECTION_TAGS: Final = frozenset({"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"})
 
 
 def _empty() -> Mapping[str, Any]:
@@ -228,65 +205,14 @@ def _parent(key: str) -> str:
     return key[:dot] if dot > 0 else ""
 
 
-# --- finding the file ------------------------------------------------------------------------
-
-
-def find_config(
-    explicit: str | None = None,
-    environ: Mapping[str, str] | None = None,
-    cwd: str | None = None,
-) -> pathlib.Path | None:
-    """The config file to read, or None when there is none (every default applies).
-
-    ``environ`` defaults to ``os.environ`` and ``cwd`` to the current folder.  A path given
-    explicitly or through ``$GPULOCK_CONFIG`` must exist: a typo there must not silently fall
-    back to another file.
-    """
-    env = os.environ if environ is None else environ
-    if explicit:
-        return _named(explicit, env, cwd, "given with --config", "check the path given to --config")
-    named = env.get(ENV_CONFIG)
-    if named:
-        return _named(
-            named,
-            env,
-            cwd,
-            f"named by ${ENV_CONFIG}",
-            f"fix ${ENV_CONFIG}, or unset it to use the usual lookup",
-        )
-    candidates: list[pathlib.Path] = []
-    try:
-        candidates.append((pathlib.Path(cwd) if cwd else pathlib.Path.cwd()) / LOCAL_CONFIG)
-    except OSError:
-        pass  # the current folder was deleted under us: there is no ./gpulock.yaml to read
-    try:
-        candidates.append(home_dir(env) / USER_CONFIG)
-    except StateDirError:
-        pass  # no home folder to look in (HOME unset, no passwd entry)
-    candidates.append(SYSTEM_CONFIG)
-    for candidate in candidates:
-        # lexists: a dangling symlink or an unreadable file is found, then reported when read,
-        # rather than silently skipped in favour of the next file.
-        if os.path.lexists(candidate):
-            return candidate
-    return None
-
-
-def _named(
-    value: str, env: Mapping[str, str], cwd: str | None, origin: str, hint: str
-) -> pathlib.Path:
-    path = expand_path(value, env)
-    if cwd and not path.is_absolute():
-        path = pathlib.Path(cwd) / path
-    if not os.path.lexists(path):
-        raise ConfigError(f"no such config file ({origin})", file=str(path), hint=hint)
-    if path.is_dir():
-        raise ConfigError(f"is a folder, not a config file ({origin})", file=str(path), hint=hint)
-    return path
+# --- loading --------------------------------------------------------------------------------
 
 
 def load_config(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> Config:
-    """Find (see ``find_config``), read and validate the config; defaults when there is none."""
+    """Find (``gpulock.core.configfile.find_config``), read and validate the config; defaults
+    when there is none."""
+    from gpulock.core.configfile import find_config, read_config_text  # only when asked
+
     path = find_config(explicit, environ)
     if path is None:
         return Config()
@@ -300,61 +226,6 @@ def load_config(explicit: str | None = None, environ: Mapping[str, str] | None =
 
         options(config)
     return config
-
-
-def read_config_text(path: pathlib.Path) -> str:
-    """The text of a config file; ConfigError naming it when it cannot be read or is not UTF-8."""
-    raw = read_config_bytes(path)
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            "is not UTF-8 text", file=str(path), line=raw[: exc.start].count(b"\n") + 1
-        ) from None
-
-
-MAX_CONFIG_BYTES: Final = 16 * 1024 * 1024  # a config is a few KiB; past this it is a mistake
-
-
-def read_config_bytes(path: pathlib.Path, what: str = "config file") -> bytes:
-    """The bytes of a config (or fleet) file; ConfigError naming it when it cannot be read.
-
-    Opened without blocking and refused unless it is a regular file: a FIFO with no writer
-    (``--config <(...)`` gone stale, or planted) would hang ``status`` and cron jobs for ever.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read it: {exc.strerror or exc}",
-            file=str(path),
-            hint="check the file's permissions",
-        ) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-            raise ConfigError(
-                f"is {kind}, so it cannot be read as a {what} without blocking",
-                file=str(path),
-                hint=f"give the path of a regular {what}",
-            )
-        chunks: list[bytes] = []
-        left = MAX_CONFIG_BYTES + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError as exc:
-        raise ConfigError(f"cannot read it: {exc.strerror or exc}", file=str(path)) from None
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"is larger than {MAX_CONFIG_BYTES} bytes", file=str(path))
-    return data
 
 
 # --- reading the YAML ------------------------------------------------------------------------
@@ -377,206 +248,17 @@ def parse_config(
 
     Pure but for the group lookup (``grp``) behind ``group``.
     """
-    # Imported here so that a process without a config file never pays for PyYAML.
-    import yaml
+    # Imported here so that a process without a config file never pays for it, nor for PyYAML.
+    from gpulock.core.safeyaml import load_mapping
 
-    try:
-        loader = _loader_class()(text)
-        loader.file = file  # type: ignore[attr-defined]
-        try:
-            root = loader.get_single_node()
-            if root is None or root.tag == "tag:yaml.org,2002:null":
-                return Config(path=pathlib.Path(file))
-            if not isinstance(root, yaml.MappingNode):
-                kind = "a list" if isinstance(root, yaml.SequenceNode) else "a single value"
-                raise ConfigError(
-                    f"the top level must be a mapping of keys to values, not {kind}",
-                    file=file,
-                    line=root.start_mark.line + 1,
-                    hint="write one 'key: value' per line, e.g. 'default_gpu: 0'",
-                )
-            builder = _Builder(loader, file)
-            document = builder.build(root, "")
-        finally:
-            loader.dispose()
-    except yaml.MarkedYAMLError as exc:
-        raise _syntax_error(exc, file) from None
-    except yaml.reader.ReaderError as exc:
-        line = text[: exc.position].count("\n") + 1
-        character = exc.character if isinstance(exc.character, int) else ord(exc.character)
-        raise ConfigError(
-            f"invalid YAML: {exc.reason} (character #x{character:04x})", file=file, line=line
-        ) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid YAML: {exc}", file=file) from None
-    except RecursionError:
-        raise ConfigError("invalid YAML: nested too deeply", file=file) from None
-    return _validate(document, builder.lines, file, sections, problems)
-
-
-MAX_DEPTH: Final = 64  # levels of nesting; gpulock's deepest section needs 5
-
-
-@functools.cache
-def _loader_class() -> type[yaml.SafeLoader]:
-    """A SafeLoader that refuses nesting past MAX_DEPTH, naming the line where it went past.
-
-    PyYAML composes nodes recursively: thousands of ``[`` would otherwise end in a
-    RecursionError that knows no line.
-    """
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        file = ""
-        depth = 0
-
-        def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-            self.depth += 1
-            try:
-                if self.depth > MAX_DEPTH:
-                    mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
-                    raise ConfigError(
-                        f"nested deeper than {MAX_DEPTH} levels (past the limit at column "
-                        f"{mark.column + 1})",
-                        file=self.file,
-                        line=mark.line + 1,
-                    )
-                return super().compose_node(parent, index)
-            finally:
-                self.depth -= 1
-
-    return Loader
-
-
-def _syntax_error(exc: yaml.MarkedYAMLError, file: str) -> ConfigError:
-    mark = exc.problem_mark or exc.context_mark
-    problem = exc.problem or exc.context or "malformed"
-    message = f"invalid YAML: {problem}"
-    if exc.problem and exc.context:
-        message += f" ({exc.context}"
-        if exc.context_mark is not None and (mark is None or exc.context_mark.line != mark.line):
-            message += f" that starts on line {exc.context_mark.line + 1}"
-        message += ")"
-    hint = None
-    if "\\t" in message or "\t" in message:
-        hint = "YAML indents with spaces, never tabs"
-    elif "another document" in message:
-        message = "invalid YAML: a second document starts here; a config file holds only one"
-        hint = "remove this '---' line and what follows it, or merge the two"
-    return ConfigError(
-        message, file=file, line=mark.line + 1 if mark is not None else None, hint=hint
-    )
-
-
-class _Builder:
-    """Turn composed nodes into plain Python values, noting every key's line on the way.
-
-    Walking the nodes ourselves (rather than ``yaml.safe_load``) is what gives each value its
-    line and catches duplicate keys, which PyYAML would silently resolve to the last one.
-    """
-
-    def __init__(self, loader: yaml.SafeLoader, file: str) -> None:
-        self.loader = loader
-        self.file = file
-        self.lines: dict[str, int] = {}
-        self._count = 0
-        self._active: set[int] = set()
-
-    def _error(self, node: yaml.Node, problem: str, key: str | None = None) -> ConfigError:
-        return ConfigError(problem, file=self.file, line=node.start_mark.line + 1, key=key or None)
-
-    def build(self, node: yaml.Node, path: str) -> Any:
-        import yaml
-
-        self._count += 1
-        if self._count > _MAX_NODES:
-            raise self._error(
-                node, f"the document holds more than {_MAX_NODES} values once aliases are expanded"
-            )
-        if isinstance(node, yaml.ScalarNode):
-            value = self.loader.construct_object(node)
-            if isinstance(value, float) and not math.isfinite(value):
-                # .nan and .inf are valid YAML, but no setting means them: NaN compares false
-                # with everything (a threshold that never trips), inf never arrives.
-                raise self._error(node, f"{node.value!r} is not a finite number", path or None)
-            return value
-        if node.tag not in _PLAIN_COLLECTION_TAGS:
-            raise self._error(node, f"unsupported YAML tag {node.tag!r}", path)
-        if id(node) in self._active:
-            raise self._error(node, "an alias refers to a collection that contains it", path)
-        self._active.add(id(node))
-        try:
-            if isinstance(node, yaml.SequenceNode):
-                items = []
-                for index, item in enumerate(node.value):
-                    child = f"{path}[{index}]"
-                    self.lines[child] = item.start_mark.line + 1
-                    items.append(self.build(item, child))
-                return items
-            assert isinstance(node, yaml.MappingNode)
-            return self._mapping(node, path)
-        finally:
-            self._active.discard(id(node))
-
-    def _mapping(self, node: yaml.MappingNode, path: str) -> dict[Any, Any]:
-        import yaml
-
-        result: dict[Any, Any] = {}
-        first_line: dict[Any, int] = {}
-        explicit: list[tuple[Any, str, yaml.Node]] = []
-        merged: list[yaml.MappingNode] = []
-        for key_node, value_node in node.value:
-            if key_node.tag == _MERGE_TAG:
-                merged.extend(self._merge_sources(value_node, path))
-                continue
-            if not isinstance(key_node, yaml.ScalarNode):
-                raise self._error(key_node, "a key must be a plain value, not a list or mapping")
-            key = self.loader.construct_object(key_node)
-            child = f"{path}.{key}" if path else str(key)
-            line = key_node.start_mark.line + 1
-            if key in first_line:
-                raise ConfigError(
-                    f"duplicate key (first set on line {first_line[key]})",
-                    file=self.file,
-                    line=line,
-                    key=child,
-                    hint="keep only one of them: YAML would silently use the last",
-                )
-            first_line[key] = line
-            explicit.append((key, child, value_node))
-        # '<<' merges: earlier sources win over later ones and explicit keys over all of them,
-        # so build the sources last-first and let each overwrite.
-        for source in reversed(merged):
-            result.update(self._mapping(source, path))
-        for key, child, value_node in explicit:
-            if key in result:
-                self._forget(child)  # lines noted for the merged value being overridden
-            self.lines[child] = first_line[key]
-            result[key] = self.build(value_node, child)
-        return result
-
-    def _merge_sources(self, value: yaml.Node, path: str) -> list[yaml.MappingNode]:
-        import yaml
-
-        if isinstance(value, yaml.MappingNode):
-            return [value]
-        if isinstance(value, yaml.SequenceNode) and all(
-            isinstance(item, yaml.MappingNode) for item in value.value
-        ):
-            return list(value.value)
-        raise self._error(value, "'<<' must merge a mapping or a list of mappings", path)
-
-    def _forget(self, key: str) -> None:
-        stale = [k for k in self.lines if k == key or k.startswith((f"{key}.", f"{key}["))]
-        for k in stale:
-            del self.lines[k]
+    found = load_mapping(text, file)
+    if found is None:
+        return Config(path=pathlib.Path(file))
+    document, lines = found
+    return _validate(document, lines, file, sections, problems)
 
 
 # --- validating gpulock's keys ---------------------------------------------------------------
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _validate(
@@ -586,34 +268,15 @@ def _validate(
     section_names: frozenset[str],
     problems: list[ConfigError] | None = None,
 ) -> Config:
-    base = Config(path=pathlib.Path(file), lines=MappingProxyType(lines))
-    sections: dict[str, Any] = {}
-    values: dict[str, Any] = {}
-    known = sorted([*DEFAULTS, *section_names, "tenants"])
-    raw_tenants = None
-    for key, value in document.items():
-        if key == "tenants":
-            raw_tenants = value
-        elif isinstance(key, str) and key in section_names:
-            sections[key] = value
-        elif isinstance(key, str) and key in DEFAULTS:
-            values[key] = value
-        else:
-            # The problem names the key already: pass it as an attribute, not twice in the text.
-            error = ConfigError(
-                f"unknown key {key!r}",
-                file=file,
-                line=base.line_of(str(key)),
-                hint=known_hint(key, known),
-            )
-            error.key = str(key)
-            if problems is None:
-                raise error
-            problems.append(error)
+    """``document`` (its keys' ``lines`` beside it) checked into a Config; ``problems`` as for
+    ``parse_config``."""
+    from gpulock.core.configkeys import CHECKS  # like the YAML reader: only a read file needs it
 
+    base = Config(path=pathlib.Path(file), lines=MappingProxyType(lines))
+    sections, values, raw_tenants = _sort_keys(document, base, file, section_names, problems)
     changes: dict[str, Any] = {"sections": MappingProxyType(sections)}
     for key, value in values.items():
-        check = _CHECKS[key]
+        check = CHECKS[key]
         try:
             field_name, parsed = check(base, value, file)
         except ConfigError as error:
@@ -639,152 +302,36 @@ def _validate(
     return dataclasses.replace(base, **changes)
 
 
-def _check_state_dir(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    if value is None:
-        return "state_dir", None
-    if not isinstance(value, str) or not value.strip():
-        raise base.error("state_dir", f"expected a folder path, got {show_value(value)}")
-    path = pathlib.Path(os.path.expanduser(value))
-    if not path.is_absolute():
-        # Relative to the file, not to the current folder, which differs between cron and a shell.
-        path = pathlib.Path(file).parent.absolute() / path
-    return "state_dir", path
-
-
-def _check_group(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    if value is None:
-        return "group", None
-    if not isinstance(value, str) or not value.strip():
-        raise base.error("group", f"expected a group name, got {show_value(value)}")
-    import grp
-
-    try:
-        grp.getgrnam(value)
-    except KeyError:
-        raise base.error(
-            "group",
-            f"unknown group {value!r}",
-            f"create it (groupadd {value}) and add the fleet's users to it, or remove 'group' "
-            "for a private state folder",
-        ) from None
-    return "group", value
-
-
-def _check_default_gpu(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    from gpulock.core.units import parse_gpus
-
-    try:
-        spec = parse_gpus(value)
-    except ValueError:
-        raise base.error(
-            "default_gpu",
-            f"expected a GPU index >= 0, a set such as 0,2, or any; got {show_value(value)}",
-            "default_gpu: 0 (one GPU), default_gpu: any (whichever GPU is free first)",
-        ) from None
-    return "default_gpus", spec
-
-
-def _positive_size(base: Config, key: str, value: Any, example: str) -> int:
-    if not (isinstance(value, str) or _is_number(value)):
-        raise base.error(key, f"expected a size like {example}, got {show_value(value)}")
-    try:
-        size = parse_size(value)
-    except ValueError as exc:
-        raise base.error(key, str(exc)) from None
-    if size <= 0:
-        raise base.error(key, f"expected a size above zero, got {show_value(value)}")
-    return size
-
-
-def _gpu_size(base: Config, key: str, value: Any) -> int:
-    """A simulated GPU's size: positive, and not so small that a unit was surely left out."""
-    size = _positive_size(base, key, value, "24GiB")
-    mistake = gpu_size_mistake(value, size)
-    if mistake is not None:
-        raise base.error(key, mistake[0], hint=mistake[1])
-    return size
-
-
-def _check_simulate(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    if value is None:
-        return "simulate_bytes", None
-    if isinstance(value, str) and "," in value:
-        parts = [part.strip() for part in value.split(",")]
-        return "simulate_bytes", tuple(_gpu_size(base, "simulate", part) for part in parts)
-    if isinstance(value, str) or _is_number(value):
-        return "simulate_bytes", (_gpu_size(base, "simulate", value),)
-    if isinstance(value, list) and value:
-        sizes = tuple(
-            _gpu_size(base, f"simulate[{index}]", item) for index, item in enumerate(value)
-        )
-        return "simulate_bytes", sizes
-    raise base.error(
-        "simulate",
-        f"expected one size per GPU, like 24GiB, '24GiB,12GiB' or a list, got {show_value(value)}",
-    )
-
-
-def _check_reserve(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    if not (isinstance(value, str) or _is_number(value)):
-        raise base.error(
-            "reserve", f"expected a size like 2GiB or a share like 10%, got {show_value(value)}"
-        )
-    try:
-        # Any total will do to check the syntax; the real one is known only per GPU.
-        parse_size(value, total_bytes=1 << 40)
-    except ValueError as exc:
-        raise base.error("reserve", str(exc)) from None
-    return "reserve", value if isinstance(value, str | int) else parse_size(value)
-
-
-def _check_on_hung(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    if value not in ON_HUNG_CHOICES or not isinstance(value, str):
-        choices = " or ".join(repr(choice) for choice in ON_HUNG_CHOICES)
-        raise base.error("on_hung", f"expected {choices}, got {show_value(value)}")
-    return "on_hung", value
-
-
-def _check_hung_grace(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    if not (isinstance(value, str) or _is_number(value)):
-        raise base.error("hung_grace", f"expected a duration like 10s, got {show_value(value)}")
-    try:
-        return "hung_grace_s", parse_duration(value)
-    except ValueError as exc:
-        raise base.error("hung_grace", str(exc)) from None
-
-
-def _check_exit_wait(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    if not (isinstance(value, str) or _is_number(value)):
-        raise base.error("exit_wait", f"expected a duration like 10s, got {show_value(value)}")
-    try:
-        return "exit_wait_s", parse_duration(value)
-    except ValueError as exc:
-        raise base.error("exit_wait", str(exc)) from None
-
-
-def _check_events_max_bytes(base: Config, value: Any, file: str) -> tuple[str, Any]:
-    return "events_max_bytes", _positive_size(base, "events_max_bytes", value, "10MiB")
-
-
-def _boolean(key: str) -> Callable[[Config, Any, str], tuple[str, Any]]:
-    def check(base: Config, value: Any, file: str) -> tuple[str, Any]:
-        if not isinstance(value, bool):
-            raise base.error(key, f"expected true or false, got {show_value(value)}")
-        return key, value
-
-    return check
-
-
-_CHECKS: Final = {
-    "state_dir": _check_state_dir,
-    "group": _check_group,
-    "default_gpu": _check_default_gpu,
-    "simulate": _check_simulate,
-    "reserve": _check_reserve,
-    "on_hung": _check_on_hung,
-    "hung_grace": _check_hung_grace,
-    "exit_wait": _check_exit_wait,
-    "events_max_bytes": _check_events_max_bytes,
-    "exclusive_clears_tenants": _boolean("exclusive_clears_tenants"),
-    "exclusive_clears_residents": _boolean("exclusive_clears_residents"),
-}
+def _sort_keys(
+    document: dict[Any, Any],
+    base: Config,
+    file: str,
+    section_names: frozenset[str],
+    problems: list[ConfigError] | None,
+) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """The top-level keys sorted: the other sections' (kept raw), gpulock's own values and the
+    raw ``tenants:`` (None when absent).  An unknown key is raised, or added to ``problems``."""
+    sections: dict[str, Any] = {}
+    values: dict[str, Any] = {}
+    known = sorted([*DEFAULTS, *section_names, "tenants"])
+    raw_tenants = None
+    for key, value in document.items():
+        if key == "tenants":
+            raw_tenants = value
+        elif isinstance(key, str) and key in section_names:
+            sections[key] = value
+        elif isinstance(key, str) and key in DEFAULTS:
+            values[key] = value
+        else:
+            # The problem names the key already: pass it as an attribute, not twice in the text.
+            error = ConfigError(
+                f"unknown key {key!r}",
+                file=file,
+                line=base.line_of(str(key)),
+                hint=known_hint(key, known),
+            )
+            error.key = str(key)
+            if problems is None:
+                raise error
+            problems.append(error)
+    return sections, values, raw_tenants

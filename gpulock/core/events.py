@@ -24,7 +24,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from gpulock.core import logfile, safejson, state
+from gpulock.core import logfile, safejson, statefile
 from gpulock.core.errors import StateDirError
 
 # Every kind of event gpulock writes, and the part that writes it: ``gpulock history --event``
@@ -195,7 +195,7 @@ def read(state_dir: Path, *, since_wall: float | None = None) -> Iterator[dict[s
     for path in (state_dir / (LOG_NAME + ".1"), log_path(state_dir)):
         try:
             # Closed below, after the generator drains.
-            f = os.fdopen(state.open_regular(path, os.O_RDONLY), "rb")
+            f = os.fdopen(statefile.open_regular(path, os.O_RDONLY), "rb")
         except (OSError, StateDirError):
             continue
         with f:

@@ -22,7 +22,7 @@ from typing import Any
 from gpulock.core import claim, safejson
 from gpulock.core.errors import StateDirError
 from gpulock.core.settings import Settings
-from gpulock.core.state import atomic_write, read_small
+from gpulock.core.statefile import atomic_write, read_small
 
 FORMAT = "gpulock.governor/1"
 FILE = "governor.json"
@@ -59,7 +59,7 @@ def read_raw(settings: Settings) -> Published | None:
     """The file as written, alive governor or not; None when missing or unreadable."""
     try:
         # Non-blocking, regular files only, bounded: a FIFO put in its place must not hang
-        # every `gpulock run` (state.read_small), nor deep nesting crash it (safejson).
+        # every `gpulock run` (statefile.read_small), nor deep nesting crash it (safejson).
         obj = safejson.loads(read_small(settings.state_dir / FILE, 1 << 16) or b"null")
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
             return None

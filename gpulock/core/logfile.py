@@ -7,8 +7,8 @@ the fleet's per-agent output logs (``gpulock.agents.fleetrun``).  A line is appe
 on a lock file beside it, so that two processes never rotate at once (the second would otherwise
 rename the first one's fresh file over the old generation).
 
-Files are opened as every state file is (``gpulock.core.state.open_regular``): a symlink, a folder
-or a FIFO in a log's or a lock's place raises StateDirError instead of being followed or
+Files are opened as every state file is (``gpulock.core.statefile.open_regular``): a symlink, a
+folder or a FIFO in a log's or a lock's place raises StateDirError instead of being followed or
 hanging the writer; a new file gets exactly ``mode`` (0o660 in a group-shared folder).
 """
 
@@ -19,7 +19,7 @@ import os
 import stat
 from pathlib import Path
 
-from gpulock.core.state import open_regular
+from gpulock.core.statefile import open_regular
 
 
 def append(path: Path, data: bytes, *, mode: int, max_bytes: int, lock_name: str) -> None:

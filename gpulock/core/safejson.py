@@ -5,7 +5,7 @@ Anyone who may write the state folder (a group member, a crashed writer, a fuzze
 few hundred levels down, wherever the caller's stack already stands; every record gpulock
 writes is a handful of levels deep.  So the depth is counted first, by a scan that does not
 recurse, and anything deeper than ``MAX_DEPTH`` is refused with a ``ValueError`` like any other
-malformed record.  Size is the reader's business (``state.read_small`` bounds it).
+malformed record.  Size is the reader's business (``statefile.read_small`` bounds it).
 """
 
 from __future__ import annotations

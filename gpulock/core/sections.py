@@ -17,7 +17,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
-from gpulock.core.config import Config, find_config, parse_config, read_config_text
+from gpulock.core.config import Config, parse_config
+from gpulock.core.configfile import find_config, read_config_text
 from gpulock.core.errors import ConfigError
 
 GROUP: Final = "gpulock.config"

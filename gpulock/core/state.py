@@ -16,7 +16,6 @@ group (set-group-id, so files made inside inherit it), files 0660.
 
 from __future__ import annotations
 
-import errno
 import grp
 import os
 import pathlib
@@ -29,48 +28,19 @@ from gpulock.core.errors import NoStateDir, StateDirError
 
 __all__ = [
     "ENV_STATE_DIR",
-    "NETWORK_FS",
-    "atomic_write",
     "dir_mode",
     "ensure_state_dir",
     "ensure_subdir",
     "expand_path",
     "file_mode",
-    "fs_type_of",
     "home_dir",
-    "open_regular",
-    "read_record",
-    "read_small",
-    "read_tail",
     "resolve_state_dir",
-    "take_instance_lock",
 ]
 
 ENV_STATE_DIR: Final = "GPULOCK_STATE_DIR"
 DEFAULT_STATE_DIR: Final = pathlib.PurePosixPath(".local/state/gpulock")  # under the home folder
 # Module-level so that tests can hand in a sample file.
 MOUNTINFO = "/proc/self/mountinfo"
-
-NETWORK_FS: Final = frozenset(
-    {
-        "nfs",
-        "nfs4",
-        "cifs",
-        "smb3",
-        "smbfs",
-        "ncpfs",
-        "afs",
-        "ceph",
-        "glusterfs",
-        "fuse.glusterfs",
-        "fuse.sshfs",
-        "lustre",
-        "gpfs",
-        "9p",
-    }
-)
-
-_TMP_PREFIX: Final = ".tmp-"
 
 
 def file_mode(group: str | None) -> int:
@@ -343,50 +313,6 @@ def _group_name(gid: int) -> str:
 # --- filesystem type -------------------------------------------------------------------------
 
 
-def _unescape_mount(field: str) -> str:
-    """Undo the kernel's octal escapes (``\\040`` for a space) in a mountinfo path field."""
-    if "\\" not in field:
-        return field
-    out: list[str] = []
-    index = 0
-    while index < len(field):
-        chunk = field[index + 1 : index + 4]
-        if field[index] == "\\" and len(chunk) == 3 and all(c in "01234567" for c in chunk):
-            out.append(chr(int(chunk, 8)))
-            index += 4
-        else:
-            out.append(field[index])
-            index += 1
-    return "".join(out)
-
-
-def fs_type_of(path: str | os.PathLike[str], mountinfo_text: str) -> str | None:
-    """The filesystem type of the mount holding ``path``, from ``/proc/self/mountinfo`` text.
-
-    ``path`` should have its symlinks resolved (mount points are real paths).  The longest
-    mount point that contains it wins; of equal ones the last listed, which is mounted on top.
-    None when no line matches.
-    """
-    target = os.fspath(path)
-    best_len = -1
-    best: str | None = None
-    for line in mountinfo_text.splitlines():
-        # id parent major:minor root mount-point options [optional fields...] - type source opts
-        fields = line.split()
-        try:
-            separator = fields.index("-", 6)
-        except ValueError:
-            continue
-        if separator + 1 >= len(fields):
-            continue
-        mount = _unescape_mount(fields[4])
-        inside = mount == "/" or target == mount or target.startswith(mount.rstrip("/") + "/")
-        if inside and len(mount) >= best_len:
-            best_len = len(mount)
-            best = fields[separator + 1]
-    return best
-
-
 _LOCAL_FS: set[str] = set()  # folders already found local in this process: mounts rarely move
 
 
@@ -394,6 +320,8 @@ def _check_filesystem(path: pathlib.Path) -> None:
     real = os.path.realpath(path)
     if real in _LOCAL_FS:
         return
+    from gpulock.core.mounts import NETWORK_FS, fs_type_of  # only a folder being checked
+
     try:
         with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as file:
             text = file.read()
@@ -409,233 +337,3 @@ def _check_filesystem(path: pathlib.Path) -> None:
         "which do not work between machines",
         hint=f"set {ENV_STATE_DIR} or 'state_dir' in the config to a folder on a local disk",
     )
-
-
-# --- files -----------------------------------------------------------------------------------
-
-
-def atomic_write(path: pathlib.Path, data: bytes, *, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``data`` at once: readers see the old content or the new, never half.
-
-    The temporary file ``.tmp-<pid>-<random>`` sits in the same folder (os.replace cannot cross
-    filesystems) and is removed again on any error; the pid lets a sweeper tell stale ones.
-    """
-    # No fsync: these records describe live processes and mean nothing after a reboot, so
-    # durability would cost milliseconds per handoff and buy nothing.
-    folder = path.parent
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    for _ in range(16):
-        tmp = folder / f"{_TMP_PREFIX}{os.getpid()}-{os.urandom(6).hex()}"
-        try:
-            fd = os.open(tmp, flags, mode)
-        except FileExistsError:
-            continue  # 48 random bits collided, or a planted file: pick another name
-        break
-    else:
-        raise FileExistsError(errno.EEXIST, "no free temporary name", str(folder))
-    try:
-        try:
-            os.fchmod(fd, mode)  # the umask masked open's mode
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def read_small(path: pathlib.Path, limit: int = 1 << 20) -> bytes | None:
-    """Read a small record that may vanish at any moment; None when it does not exist.
-
-    Refuses (StateDirError) a symlink, anything but a regular file (a FIFO would block a plain
-    open, so it is opened non-blocking and then refused) and a file over ``limit`` bytes, rather
-    than returning a truncated record.  Other OS errors (permissions) propagate.
-    """
-    found = read_record(path, limit)
-    return None if found is None else found[0]
-
-
-def read_record(path: pathlib.Path, limit: int = 1 << 20) -> tuple[bytes, os.stat_result] | None:
-    """``read_small``, with the file's status as opened: its ``st_uid`` is who wrote it.
-
-    In a group-shared folder any member can write a record that claims to be another's;
-    the owner of the file is the one thing a writer cannot forge.
-    """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _symlink(path) from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise StateDirError(str(path), "is not a regular file; refusing to read it")
-        chunks: list[bytes] = []
-        remaining = limit + 1  # one byte more tells "exactly limit" from "too large"
-        while remaining > 0:
-            chunk = os.read(fd, min(remaining, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > limit:
-        raise StateDirError(str(path), f"is larger than {limit} bytes; refusing to read it")
-    return data, st
-
-
-def open_regular(path: pathlib.Path, flags: int, mode: int = 0o600) -> int:
-    """Open a lock or log file of the state folder with ``os.open`` ``flags``; return the fd.
-
-    Never through a symlink, and never stuck on a FIFO put in the file's place (the open is
-    non-blocking until the file is known to be a regular one): either is refused with a
-    StateDirError, as is a folder or any other non-regular file.  With ``O_CREAT``, a file this
-    call makes gets exactly ``mode``: the umask would turn a shared 0o660 into 0o640, and the
-    group's other members could then not open the lock.  An existing file keeps its mode (it
-    may be another member's).  Other OS errors (permissions, a missing folder) propagate.
-    """
-    base = (flags & ~os.O_CREAT) | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    try:
-        created = False
-        fd = -1
-        for _ in range(8):  # created, or opened as it was: retried only while both race away
-            if flags & os.O_CREAT:
-                try:
-                    fd = os.open(path, base | os.O_CREAT | os.O_EXCL, mode)
-                    created = True
-                    break
-                except FileExistsError:
-                    pass
-            try:
-                fd = os.open(path, base)
-                break
-            except FileNotFoundError:
-                if not flags & os.O_CREAT:
-                    raise
-        else:
-            raise FileNotFoundError(errno.ENOENT, "created and removed again", str(path))
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _symlink(path) from None
-        if exc.errno in (errno.EISDIR, errno.ENXIO):  # a folder; a FIFO with no reader
-            raise _not_regular(path) from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _not_regular(path)
-        if created:
-            os.fchmod(fd, mode)
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _symlink(path: pathlib.Path) -> StateDirError:
-    return StateDirError(
-        str(path),
-        "is a symlink; refusing to follow it",
-        hint="remove it: gpulock never puts symlinks in its state folder",
-    )
-
-
-def _not_regular(path: pathlib.Path) -> StateDirError:
-    return StateDirError(
-        str(path),
-        "is not a regular file; refusing to use it",
-        hint=f"move it away (mv {path} {path}.bad): gpulock makes a new one",
-    )
-
-
-def open_locked(path: pathlib.Path, mode: int, *, wait: bool = False) -> int | None:
-    """``path`` opened read-write (``open_regular``, created with ``mode``) and held with an
-    exclusive ``flock``; None when another process holds it, unless ``wait``: then block until
-    it is ours.  The kernel drops the lock when the descriptor is closed or its process dies.
-    """
-    import fcntl
-
-    fd = open_regular(path, os.O_RDWR | os.O_CREAT, mode)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def take_instance_lock(path: pathlib.Path, mode: int, record: bytes, *, what: str) -> int | None:
-    """Be the one process of a kind (a governor, a fleet, an agent's run): hold ``path`` with a
-    non-blocking ``flock`` and write ``record`` (who we are) in it.
-
-    Returns the descriptor to keep open for as long as we are that process (closing it, or
-    exiting, lets the next one in), or None when another process holds it: its record can be
-    read with ``read_small``.  StateDirError when ``what`` cannot be opened, or ``path`` is a
-    symlink, a folder or a FIFO (``open_regular``).
-    """
-    try:
-        fd = open_locked(path, mode)
-    except StateDirError:
-        raise
-    except OSError as e:
-        raise StateDirError(
-            str(path),
-            f"cannot open {what}: {e.strerror or e}",
-            hint=f"check the owner and mode of {path.parent} (ls -la)",
-        ) from None
-    if fd is None:
-        return None
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, record, 0)
-    except OSError:
-        pass  # the lock is what counts; the record only names us in others' messages
-    return fd
-
-
-def read_tail(path: pathlib.Path, limit: int) -> bytes | None:
-    """The whole lines among the last ``limit`` bytes of a log; None when it does not exist.
-
-    When the file is longer, the line cut by the limit is dropped.  Refuses a symlink or a
-    non-regular file (StateDirError) as ``open_regular`` does; other OS errors propagate.
-    """
-    try:
-        fd = open_regular(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        # From one byte before the limit: when that byte ends a line, no line was cut.
-        cut_at = os.fstat(fd).st_size - limit
-        start = max(0, cut_at - 1)
-        chunks: list[bytes] = []
-        offset, remaining = start, limit + (cut_at > 0)
-        while remaining > 0:
-            chunk = os.pread(fd, min(remaining, 1 << 16), offset)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            offset += len(chunk)
-            remaining -= len(chunk)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if cut_at > 0:
-        cut = data.find(b"\n")
-        data = b"" if cut < 0 else data[cut + 1 :]
-    return data

@@ -34,7 +34,7 @@ from types import TracebackType
 from typing import Any
 
 from gpulock import arbiter
-from gpulock.core import claim, level, safejson, state
+from gpulock.core import claim, level, safejson, statefile
 from gpulock.core.errors import GpulockError, StateDirError
 from gpulock.core.prewarm import options as prewarm_options
 from gpulock.core.settings import Settings
@@ -120,7 +120,9 @@ class Governor:
             return
         path = self.settings.state_dir / LOCK_FILE
         me = json.dumps({"pid": os.getpid(), "since_wall": self.clock()}).encode() + b"\n"
-        fd = state.take_instance_lock(path, self.settings.file_mode, me, what="the governor lock")
+        fd = statefile.take_instance_lock(
+            path, self.settings.file_mode, me, what="the governor lock"
+        )
         if fd is None:
             pid, since = _who_runs(path, self.settings)
             raise AlreadyRunning(pid, since, str(self.settings.state_dir))
@@ -226,7 +228,7 @@ class Governor:
 def _who_runs(path: Path, settings: Settings) -> tuple[int | None, float | None]:
     """The running governor's pid and start, from the lock file or else its governor.json."""
     try:
-        obj = safejson.loads(state.read_small(path, 4096) or b"null")
+        obj = safejson.loads(statefile.read_small(path, 4096) or b"null")
     except (OSError, ValueError, StateDirError):
         obj = None
     if isinstance(obj, dict) and isinstance(obj.get("pid"), int):

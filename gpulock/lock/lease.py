@@ -41,7 +41,7 @@ from gpulock.core import devices, identity
 from gpulock.core.config import Config
 from gpulock.core.errors import LockTimeout
 from gpulock.core.settings import Settings, load
-from gpulock.core.state import atomic_write
+from gpulock.core.statefile import atomic_write
 from gpulock.core.units import format_gpus, parse_duration, parse_size
 from gpulock.lock import gpuset, inherit
 from gpulock.lock import prefetch as prefetch_mod

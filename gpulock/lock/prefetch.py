@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from gpulock.core.config import Config, show_value
 from gpulock.core.errors import GpulockError, known_hint
 from gpulock.core.pagecache import be_idle, chunk_residency, mem_available_bytes
-from gpulock.core.state import atomic_write
+from gpulock.core.statefile import atomic_write
 from gpulock.core.units import parse_size
 from gpulock.lock.prefetch_progress import FORMAT, progress_name
 from gpulock.lock.ticket import Ticket, TicketFormatError, event_fields

@@ -18,7 +18,7 @@ import json
 from typing import TYPE_CHECKING, Any, Final
 
 from gpulock.core.errors import GpulockError
-from gpulock.core.state import read_small
+from gpulock.core.statefile import read_small
 from gpulock.lock.ticket import SEQ_DIGITS
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ from pathlib import Path
 from gpulock.core import claim
 from gpulock.core.errors import LockTimeout, StateDirError
 from gpulock.core.settings import Settings
-from gpulock.core.state import atomic_write
+from gpulock.core.statefile import atomic_write
 from gpulock.lock.seqfile import flock_until, last_issued, open_seq, read_last, write_last
 from gpulock.lock.ticket import (
     Ticket,

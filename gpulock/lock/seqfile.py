@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from gpulock.core.errors import LockTimeout, StateDirError
-from gpulock.core.state import open_regular
+from gpulock.core.statefile import open_regular
 
 
 def open_seq(path: Path, mode: int) -> int:

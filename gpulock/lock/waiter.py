@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from gpulock.core import claim, devices, identity, level
 from gpulock.core.errors import LockTimeout
 from gpulock.core.settings import Settings
-from gpulock.core.state import atomic_write
+from gpulock.core.statefile import atomic_write
 from gpulock.lock import exitwait, hung, sigwake
 from gpulock.lock.census import remove_dead_copies, tickets_of
 from gpulock.lock.exitwait import Poller

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulock.core import events, state
+from gpulock.core import events, state, statefile
 from gpulock.core.errors import StateDirError
 from gpulock.core.settings import Settings
 from gpulock.metrics.tally import KINDS, Tally, fold
@@ -93,7 +93,7 @@ class _Reader:
 
 def _open(path: Path) -> int | None:
     try:
-        return state.open_regular(path, os.O_RDONLY)
+        return statefile.open_regular(path, os.O_RDONLY)
     except (OSError, StateDirError):
         return None  # missing, a symlink, a FIFO: nothing to read there
 
@@ -193,7 +193,7 @@ class EventCounters:
     def current(self) -> Tally:
         try:
             folder = state.ensure_subdir(self.settings.state_dir, FOLDER, group=self.settings.group)
-            fd = state.open_regular(
+            fd = statefile.open_regular(
                 folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, self.settings.file_mode
             )
         except (OSError, StateDirError):
@@ -201,14 +201,14 @@ class EventCounters:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                data = state.read_small(folder / FILE, MAX_FILE)
+                data = statefile.read_small(folder / FILE, MAX_FILE)
             except (OSError, StateDirError):
                 data = None
             tally, cursor = parse(data)
             after = self._catch_up(tally, cursor)
             if after != cursor:
                 try:
-                    state.atomic_write(
+                    statefile.atomic_write(
                         folder / FILE, encode(tally, after), mode=self.settings.file_mode
                     )
                 except OSError:

@@ -25,7 +25,8 @@ from typing import Any
 from gpulock.core import identity, safejson
 from gpulock.core.errors import StateDirError
 from gpulock.core.settings import Settings
-from gpulock.core.state import atomic_write, ensure_subdir, read_small
+from gpulock.core.state import ensure_subdir
+from gpulock.core.statefile import atomic_write, read_small
 
 FORMAT = "gpulock.pool/1"
 FOLDER = "pools"

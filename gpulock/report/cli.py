@@ -33,7 +33,7 @@ def write_report(
     Raises GpulockError (with a hint) when ``out_path`` cannot be written.
     """
     from gpulock.core import events
-    from gpulock.core.state import atomic_write
+    from gpulock.core.statefile import atomic_write
 
     now = time.time() if now_wall is None else now_wall
     data = build(events.read(state_dir), now_wall=now, since_wall=since_wall)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from gpulock.core import cronexpr, safejson, state
+from gpulock.core import cronexpr, safejson, statefile
 from gpulock.core import foresight as fs
 from gpulock.core.errors import StateDirError
 from gpulock.core.events import LOG_NAME
@@ -146,7 +146,7 @@ def read_past(state_dir: Path, *, mode: int = 0o600) -> Past:
         past = Past([], [], {})
         tail = b""
         try:
-            tail = state.read_tail(log, HISTORY_BYTES) or b""
+            tail = statefile.read_tail(log, HISTORY_BYTES) or b""
         except (OSError, StateDirError):
             pass
         chunks = [tail]
@@ -223,7 +223,7 @@ def past_of(events: Iterable[dict[str, Any]]) -> Past:
 def _read_range(path: Path, start: int, end: int) -> bytes:
     """Bytes ``start:end`` of a log (b"" when it cannot be read: a symlink, a FIFO, gone)."""
     try:
-        fd = state.open_regular(path, os.O_RDONLY)
+        fd = statefile.open_regular(path, os.O_RDONLY)
     except (OSError, StateDirError):
         return b""
     try:
@@ -280,7 +280,7 @@ def _trim(past: Past) -> Past:
 def _load_digest(path: Path) -> tuple[Past, int, int] | None:
     """(the past, the log's inode, the offset it covers), or None when missing or malformed."""
     try:
-        raw = state.read_small(path, DIGEST_MAX_BYTES)
+        raw = statefile.read_small(path, DIGEST_MAX_BYTES)
         doc = safejson.loads(raw) if raw is not None else None
     except (OSError, StateDirError, ValueError):
         return None
@@ -330,7 +330,7 @@ def _save_digest(path: Path, past: Past, inode: int, offset: int, mode: int) -> 
         "where": {m: [w.path, w.tenant, w.gpu, w.bytes] for m, w in past.where.items()},
     }
     try:
-        state.atomic_write(path, json.dumps(doc, separators=(",", ":")).encode(), mode=mode)
+        statefile.atomic_write(path, json.dumps(doc, separators=(",", ":")).encode(), mode=mode)
     except (OSError, StateDirError):
         pass  # a reader that may not write (another user's folder) still decides
 

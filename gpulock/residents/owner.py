@@ -43,7 +43,7 @@ from gpulock.core import settings as settings_mod
 from gpulock.core.config import Config
 from gpulock.core.errors import GpulockError
 from gpulock.core.settings import Settings
-from gpulock.core.state import atomic_write
+from gpulock.core.statefile import atomic_write
 from gpulock.core.units import parse_size
 from gpulock.residents import control
 from gpulock.residents.registry import POLICIES, Record, Registry, encode

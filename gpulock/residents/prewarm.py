@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gpulock.core import foresight as fs
-from gpulock.core import pagecache, state
+from gpulock.core import pagecache, statefile
 from gpulock.core import prewarm as pw
 from gpulock.core.errors import GpulockError
 from gpulock.core.settings import Settings
@@ -415,7 +415,7 @@ class Prewarmer:
                 ],
             }
         try:
-            state.atomic_write(
+            statefile.atomic_write(
                 self.settings.state_dir / PUBLISHED,
                 json.dumps(doc, separators=(",", ":")).encode(),
                 mode=self.settings.file_mode,

@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any, Final
 
-from gpulock.core import safejson, state
+from gpulock.core import safejson, statefile
 from gpulock.core.errors import GpulockError
 from gpulock.core.settings import Settings
 
@@ -37,7 +37,7 @@ def published(settings: Settings, now_wall: float | None = None) -> dict[str, An
     what was done (until its predicted use has passed by a lead: a pass from cron exits, its
     loads ahead stay)."""
     try:
-        raw = state.read_small(settings.state_dir / PUBLISHED)
+        raw = statefile.read_small(settings.state_dir / PUBLISHED)
         doc = safejson.loads(raw) if raw is not None else None
     except (OSError, ValueError, GpulockError):
         return None

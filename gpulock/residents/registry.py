@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from gpulock.core import claim, devices, identity, safejson
 from gpulock.core.errors import StateDirError
 from gpulock.core.settings import Settings
-from gpulock.core.state import ensure_subdir, read_record
+from gpulock.core.state import ensure_subdir
+from gpulock.core.statefile import read_record
 
 if TYPE_CHECKING:  # the tenants package is imported only when tenants are configured
     from gpulock.tenants import survey, usage

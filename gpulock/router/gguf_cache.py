@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpulock.core import state
+from gpulock.core import state, statefile
 from gpulock.core.errors import StateDirError
 from gpulock.core.gguf import GGUFInfo, read_info
 from gpulock.core.settings import Settings
@@ -57,7 +57,7 @@ def read_info_cached(settings: Settings, path: str) -> GGUFInfo:
     data = json.dumps({"version": FORMAT, "models": models}, separators=(",", ":")).encode()
     try:
         state.ensure_subdir(settings.state_dir, FOLDER, group=settings.group)
-        state.atomic_write(file, data, mode=settings.file_mode)
+        statefile.atomic_write(file, data, mode=settings.file_mode)
     except (OSError, StateDirError):
         pass  # a cache only: the next process parses the header again
     return info
@@ -65,7 +65,7 @@ def read_info_cached(settings: Settings, path: str) -> GGUFInfo:
 
 def _load(file: Path) -> dict[str, Any]:
     try:
-        data = state.read_small(file)
+        data = statefile.read_small(file)
         doc = json.loads(data) if data else None
     except (OSError, StateDirError, ValueError, RecursionError):
         return {}

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpulock.core import state
+from gpulock.core import state, statefile
 from gpulock.core.errors import StateDirError
 from gpulock.core.settings import Settings
 from gpulock.core.units import calendar_day
@@ -243,7 +243,7 @@ def path(settings: Settings) -> Path:
 def read(settings: Settings, *, now_wall: float | None = None) -> Ledger:
     now = time.time() if now_wall is None else now_wall
     try:
-        data = state.read_small(path(settings))
+        data = statefile.read_small(path(settings))
     except (OSError, StateDirError):
         data = None
     return parse(data, now, utc=utc_day(settings))
@@ -280,7 +280,7 @@ def change(settings: Settings, *, now_wall: float | None = None) -> Iterator[Led
     folder = state.ensure_subdir(settings.state_dir, FOLDER, group=settings.group)
     lock = folder / LOCK_FILE
     try:
-        fd = state.open_regular(lock, os.O_RDWR | os.O_CREAT, settings.file_mode)
+        fd = statefile.open_regular(lock, os.O_RDWR | os.O_CREAT, settings.file_mode)
     except OSError as e:
         raise StateDirError(
             str(lock), f"cannot open the ledger's lock: {e.strerror or e}", hint=_HINT
@@ -291,7 +291,7 @@ def change(settings: Settings, *, now_wall: float | None = None) -> Iterator[Led
         yield led
         data = json.dumps(led.to_json(), separators=(",", ":")).encode()
         try:
-            state.atomic_write(folder / FILE, data, mode=settings.file_mode)
+            statefile.atomic_write(folder / FILE, data, mode=settings.file_mode)
         except OSError as e:
             raise StateDirError(
                 str(folder / FILE), f"cannot write the ledger: {e.strerror or e}", hint=_HINT

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from gpulock import status
-from gpulock.core import events, level, state
+from gpulock.core import events, level, statefile
 from gpulock.core import gguf as gguf_info
 from gpulock.core.errors import StateDirError
 from gpulock.core.settings import Settings
@@ -39,7 +39,7 @@ def recent_holds(state_dir: Path, gpu: int) -> list[tuple[str, float]]:
     longer than a year) is skipped rather than let one line drag the estimate anywhere.
     """
     try:
-        tail = state.read_tail(events.log_path(state_dir), TAIL_BYTES)
+        tail = statefile.read_tail(events.log_path(state_dir), TAIL_BYTES)
     except (OSError, StateDirError):
         return []
     holds: list[tuple[str, float]] = []

@@ -17,7 +17,8 @@ from typing import Any
 
 from gpulock.core.errors import GpulockError
 from gpulock.core.settings import Settings
-from gpulock.core.state import atomic_write, ensure_subdir, read_small
+from gpulock.core.state import ensure_subdir
+from gpulock.core.statefile import atomic_write, read_small
 
 FILE = "usage.json"
 FORMAT = "gpulock.tenant-usage/1"

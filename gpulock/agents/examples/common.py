@@ -23,7 +23,8 @@ from typing import Any, Final
 from gpulock.agents.runtime import Context
 from gpulock.agents.spec import AgentError
 from gpulock.core.shared import EXAMPLES
-from gpulock.core.state import atomic_write, ensure_subdir
+from gpulock.core.state import ensure_subdir
+from gpulock.core.statefile import atomic_write
 
 __all__ = [
     "NOTE_SUFFIXES",
