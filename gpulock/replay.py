@@ -352,7 +352,7 @@ def _with_cron(way: Any) -> Any:
     """``way`` with the crontab lines of its agents (an unreadable crontab adds none)."""
     from dataclasses import replace
 
-    from gpulock.residents.foresight_inputs import cron_lines
+    from gpulock.residents.foresight_cron import cron_lines
 
     lines = cron_lines(time.time())
     names = {n for p in way.pairs for n in (p.a, p.b)}

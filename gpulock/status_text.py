@@ -285,10 +285,10 @@ def _next_use(r: dict[str, Any]) -> str:
     at = r.get("next_use")
     if not isinstance(at, int | float):
         return "-"
-    from gpulock.core import foresight  # as status_sections: only where a resident is shown
+    from gpulock.core import nextuse  # as status_sections: only where a resident is shown
 
     source, by = r.get("next_use_source"), r.get("next_use_by")
-    nu = foresight.NextUse("", at, 1.0, source or foresight.UNKNOWN_SOURCE, by or "")
+    nu = nextuse.NextUse("", at, 1.0, source or nextuse.UNKNOWN_SOURCE, by or "")
     return nu.describe(at, lambda t: time.strftime("%H:%M", time.localtime(t)))
 
 

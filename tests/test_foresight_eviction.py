@@ -13,7 +13,8 @@ from procs import World
 from test_residents import GiB, Lab
 
 from gpulock.core import foresight as fs
-from gpulock.residents import foresight_inputs as fi
+from gpulock.residents import foresight_cron as fc
+from gpulock.residents import foresight_past as fp
 
 
 @pytest.fixture
@@ -78,7 +79,7 @@ def run(lab: Lab, *args: str) -> Result:
 
 
 def test_the_past_maps_agents_to_models_and_reads_load_times() -> None:
-    past = fi.past_of(
+    past = fp.past_of(
         [
             {"ts": 10, "event": "call", "agent": "digest", "model": "qwen", "tier": "gpu"},
             {"ts": 11, "event": "call", "agent": "digest", "model": "gpt", "tier": "cloud"},
@@ -105,20 +106,20 @@ bad line gpulock
 
 
 def test_crontab_lines_that_call_gpulock_name_their_agents() -> None:
-    jobs = fi.crontab_jobs(CRONTAB)
+    jobs = fc.crontab_jobs(CRONTAB)
     assert [name for name, _ in jobs] == ["tagger", "digest", "backup-embeddings", "hourly"]
     system = "0 7 * * * alice gpulock agent run digest\n"
-    assert [n for n, _ in fi.crontab_jobs(system, system=True)] == ["digest"]
+    assert [n for n, _ in fc.crontab_jobs(system, system=True)] == ["digest"]
 
 
 def test_cron_plans_map_the_next_fire_to_the_agents_models() -> None:
-    fi._entries_cache["jobs"] = (1e18, fi.crontab_entries(CRONTAB))  # no `crontab -l` here
+    fc._entries_cache["jobs"] = (1e18, fc.crontab_entries(CRONTAB))  # no `crontab -l` here
     try:
         now = time.mktime((2026, 3, 2, 6, 50, 0, 0, 0, -1))
-        plans = fi.cron_plans({"digest": {"qwen"}, "tagger": {"small"}}, now)
-        lines = fi.cron_lines(now)
+        plans = fc.cron_plans({"digest": {"qwen"}, "tagger": {"small"}}, now)
+        lines = fc.cron_lines(now)
     finally:
-        fi._entries_cache.clear()
+        fc._entries_cache.clear()
     assert lines["digest"] == [
         "0 7 * * * /opt/gpulock/.venv/bin/gpulock run --name digest --need 6GiB -- python digest.py"
     ]
@@ -151,14 +152,14 @@ def call(ts: float, model: str, agent: str = "tagger") -> bytes:
 def test_the_past_is_read_once_and_kept_in_a_digest(tmp_path: Path) -> None:
     log = tmp_path / "events.jsonl"
     log.write_bytes(call(100, "a") + call(200, "a") + b'{"ts": 250, "event": "call", "mo')
-    past = fi.read_past(tmp_path)
+    past = fp.read_past(tmp_path)
     assert [u.at_wall for u in past.uses] == [100, 200]  # the half-written line waits
-    assert (tmp_path / fi.DIGEST_NAME).exists()
+    assert (tmp_path / fp.DIGEST_NAME).exists()
     # Only what was written since is parsed: garbage in place of the old lines changes nothing
     old = log.read_bytes()
     cut = old.rfind(b"\n") + 1
     log.write_bytes(b"x" * (cut - 1) + b"\n" + old[cut:] + b'del": "a"}\n' + call(300, "b"))
-    past = fi.read_past(tmp_path)
+    past = fp.read_past(tmp_path)
     assert sorted((u.model, u.at_wall) for u in past.uses) == [
         ("a", 100), ("a", 200), ("a", 250), ("b", 300),
     ]  # fmt: skip
@@ -168,21 +169,21 @@ def test_the_past_is_read_once_and_kept_in_a_digest(tmp_path: Path) -> None:
         f.write(call(400, "b"))
     log.rename(tmp_path / "events.jsonl.1")
     log.write_bytes(call(500, "c"))
-    past = fi.read_past(tmp_path)
+    past = fp.read_past(tmp_path)
     assert sorted(u.at_wall for u in past.uses) == [100, 200, 250, 300, 400, 500]
 
 
 def test_a_broken_digest_is_rebuilt_from_the_log(tmp_path: Path) -> None:
     (tmp_path / "events.jsonl").write_bytes(call(100, "a") + call(200, "a"))
-    (tmp_path / fi.DIGEST_NAME).write_text('{"format": "gpulock.foresight-past/1", "uses": 3}')
-    assert len(fi.read_past(tmp_path).uses) == 2
-    assert len(fi.read_past(tmp_path).uses) == 2  # and again, from the rewritten digest
+    (tmp_path / fp.DIGEST_NAME).write_text('{"format": "gpulock.foresight-past/1", "uses": 3}')
+    assert len(fp.read_past(tmp_path).uses) == 2
+    assert len(fp.read_past(tmp_path).uses) == 2  # and again, from the rewritten digest
 
 
 def test_only_the_recent_past_is_kept_per_model_and_agent(tmp_path: Path) -> None:
     (tmp_path / "events.jsonl").write_bytes(b"".join(call(t, "a") for t in range(500)))
-    past = fi.read_past(tmp_path)
-    assert [u.at_wall for u in past.uses] == list(range(500 - fi.KEEP_PER_USER, 500))
+    past = fp.read_past(tmp_path)
+    assert [u.at_wall for u in past.uses] == list(range(500 - fp.KEEP_PER_USER, 500))
 
 
 def test_a_forged_digest_is_refused_under_python_O_too(tmp_path: Path) -> None:
@@ -191,12 +192,12 @@ def test_a_forged_digest_is_refused_under_python_O_too(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    (tmp_path / fi.DIGEST_NAME).write_text(
+    (tmp_path / fp.DIGEST_NAME).write_text(
         '{"format": "gpulock.foresight-past/1", "inode": 1, "offset": "7",'
         ' "uses": {}, "loads": [], "models_of": {}, "fleets": {}}'
     )
-    code = "from gpulock.residents import foresight_inputs as fi; "
-    code += f"print(fi._load_digest(fi.Path({str(tmp_path / fi.DIGEST_NAME)!r})))"
+    code = "from gpulock.residents import foresight_past as fp; "
+    code += f"print(fp._load_digest(fp.Path({str(tmp_path / fp.DIGEST_NAME)!r})))"
     out = subprocess.run(
         [sys.executable, "-O", "-c", code], capture_output=True, text=True, check=False, cwd=REPO
     )
@@ -210,7 +211,7 @@ def test_garbage_in_place_of_the_digest_hangs_and_breaks_nothing(
     import os
 
     (tmp_path / "events.jsonl").write_bytes(call(100, "a") + call(200, "a"))
-    digest = tmp_path / fi.DIGEST_NAME
+    digest = tmp_path / fp.DIGEST_NAME
     if garbage == "fifo":
         os.mkfifo(digest)
     elif garbage == "folder":
@@ -220,7 +221,7 @@ def test_garbage_in_place_of_the_digest_hangs_and_breaks_nothing(
     else:
         (tmp_path / "elsewhere").write_text("{}")
         digest.symlink_to(tmp_path / "elsewhere")
-    assert len(fi.read_past(tmp_path).uses) == 2
+    assert len(fp.read_past(tmp_path).uses) == 2
     if garbage == "symlink":
         assert (tmp_path / "elsewhere").read_text() == "{}"  # never written through the link
 
@@ -246,20 +247,20 @@ def test_a_running_fleets_schedules_are_planned_uses_of_its_agents_models(tmp_pa
         (json.dumps(start) + "\n").encode()
         + call(20, "qwen", "digest") + call(30, "small", "tagger") + call(40, "x", "off")
     )  # fmt: skip
-    past = fi.read_past(tmp_path)
+    past = fp.read_past(tmp_path)
     assert past.fleets == {os.getpid(): str(fleet)}
     now = time.mktime((2026, 3, 2, 6, 50, 0, 0, 0, -1))
-    fi._cron_cache.clear()
-    plans = {(p.model, p.label, p.source): p.at_wall - now for p in fi.fleet_plans(
+    fc._cron_cache.clear()
+    plans = {(p.model, p.label, p.source): p.at_wall - now for p in fc.fleet_plans(
         past.fleets, past.models_of, now)}  # fmt: skip
     assert plans == {("qwen", "digest", "fleet"): 600.0, ("small", "tagger", "fleet"): 1620.0}
     # the fleet stops: its schedule is no promise any more
     with open(log, "ab") as f:
         f.write((json.dumps({"ts": 50, "event": "fleet-stop", "pid": os.getpid()}) + "\n").encode())
-    assert fi.read_past(tmp_path).fleets == {}
+    assert fp.read_past(tmp_path).fleets == {}
     # a fleet whose process died without a word
     dead = {"ts": 60, "event": "fleet-start", "pid": 2**22 + 12345, "file": str(fleet)}
     with open(log, "ab") as f:
         f.write((json.dumps(dead) + "\n").encode())
-    past = fi.read_past(tmp_path)
-    assert fi.fleet_plans(past.fleets, past.models_of, now) == []
+    past = fp.read_past(tmp_path)
+    assert fc.fleet_plans(past.fleets, past.models_of, now) == []

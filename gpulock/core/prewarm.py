@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from gpulock.core.foresight import NextUse
+from gpulock.core.nextuse import NextUse
 
 DEFAULTS: Final[Mapping[str, Any]] = {
     "enabled": True,

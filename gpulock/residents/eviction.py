@@ -243,7 +243,8 @@ def _expected(
 
     if foresight.policy_of(settings.config) != "foresight":
         return []
-    from gpulock.residents.foresight_inputs import model_key, read_past
+    from gpulock.residents.foresight_inputs import model_key
+    from gpulock.residents.foresight_past import read_past
 
     models = read_past(settings.state_dir, mode=settings.file_mode).models_of.get(name, set())
     return [r for r in records if r.gpu == gpu and model_key(r) in models]

@@ -5,7 +5,7 @@ process every machine with foresight may run; ``gpulock governor --once`` from c
 too, and waits for what it started).  The decision is ``gpulock.core.prewarm.plan`` (pure);
 this module gathers its inputs and carries it out:
 
-* **candidates**: every model the past knows where to get (``foresight_inputs.Where``: its
+* **candidates**: every model the past knows where to get (``foresight_past.Where``: its
   file from ``model-load`` events, its tenant from ``resident`` and ``call`` events) that is
   not loaded now, with its next use (the line, the crontab, running fleets, the history);
 * **page-cache**: a background thread reads the file at idle I/O priority, 8 MiB at a time,
@@ -146,7 +146,7 @@ class Prewarmer:
         if not opts.enabled:
             self._publish(now_wall, force=True)
             return []
-        from gpulock.residents.foresight_inputs import read_past
+        from gpulock.residents.foresight_past import read_past
 
         past = read_past(self.settings.state_dir, mode=self.settings.file_mode)
         if not self._adopted:  # a governor run from cron: the last one's loads ahead count
@@ -179,14 +179,15 @@ class Prewarmer:
         """The models not loaded now whose source is known, each with its next use (and, for
         those due, how much of their file is cached)."""
         from gpulock.residents import foresight_inputs as fi
+        from gpulock.residents.foresight_cron import cron_plans, fleet_plans
 
         known = {m: w for m, w in past.where.items() if m not in loaded}
         if not known:
             return []
         gpus = sorted({w.gpu for w in known.values() if w.gpu is not None})
         planned = [p for g in gpus for p in fi.waiters(self.settings, g, past.models_of, now_wall)]
-        planned += fi.cron_plans(past.models_of, now_wall)
-        planned += fi.fleet_plans(past.fleets, past.models_of, now_wall)
+        planned += cron_plans(past.models_of, now_wall)
+        planned += fleet_plans(past.fleets, past.models_of, now_wall)
         nexts = fs.next_uses(
             known, planned, past.uses, now_wall, utc_offset_s=float(fi.local_offset_s(now_wall))
         )

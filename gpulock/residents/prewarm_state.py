@@ -85,7 +85,7 @@ def loaded_ahead(settings: Settings, past: Any = None) -> dict[str, float]:
         if isinstance(model, str) and isinstance(tenant, str) and isinstance(done, int | float):
             out[f"{tenant}/{model}"] = float(done)
     if out and past is None:
-        from gpulock.residents.foresight_inputs import read_past
+        from gpulock.residents.foresight_past import read_past
 
         past = read_past(settings.state_dir, mode=settings.file_mode)
     return {

@@ -33,7 +33,7 @@ from typing import Any
 
 from gpulock.core.config import Config
 from gpulock.core.errors import known_hint
-from gpulock.core.units import parse_duration, parse_size, parse_usd
+from gpulock.router import routevalues as rv
 
 TIERS = ("cpu", "gpu", "cloud")
 BACKENDS = {"llama_cpp": ("cpu", "gpu"), "openai": ("cloud",), "tenant": ("gpu",)}
@@ -147,22 +147,22 @@ class Table:
 
 def load_table(cfg: Config) -> Table:
     """Validate the config's ``router:`` and ``routes:`` sections."""
-    router_raw = _mapping(cfg, "router", cfg.section("router") or {})
+    router_raw = rv.mapping(cfg, "router", cfg.section("router") or {})
     for key in router_raw:
-        _known_key(cfg, "router", key, ROUTER_KEYS)
+        rv.known_key(cfg, "router", key, ROUTER_KEYS)
     defaults = dict(DEFAULTS)
-    raw_defaults = _mapping(cfg, "router.defaults", router_raw.get("defaults") or {})
+    raw_defaults = rv.mapping(cfg, "router.defaults", router_raw.get("defaults") or {})
     for key in raw_defaults:
-        _known_key(cfg, "router.defaults", key, CANDIDATE_KEYS)
+        rv.known_key(cfg, "router.defaults", key, CANDIDATE_KEYS)
     defaults.update(raw_defaults)
     settings = RouterSettings(
-        cooldown_s=_duration(cfg, "router.cooldown", router_raw.get("cooldown", "60s")),
-        daily_budget_usd=_money(cfg, "router.daily_budget", router_raw.get("daily_budget")),
-        hold_estimate_s=_duration(
+        cooldown_s=rv.duration(cfg, "router.cooldown", router_raw.get("cooldown", "60s")),
+        daily_budget_usd=rv.money(cfg, "router.daily_budget", router_raw.get("daily_budget")),
+        hold_estimate_s=rv.duration(
             cfg, "router.hold_estimate", router_raw.get("hold_estimate", "30s")
         ),
     )
-    routes = _mapping(cfg, "routes", cfg.section("routes") or {})
+    routes = rv.mapping(cfg, "routes", cfg.section("routes") or {})
     # Each candidate's fields, and where each field was written when not in the candidate
     # itself (router.defaults, an inheriting task), so that a mistake names that key.
     Item = tuple[str, dict[str, Any], dict[str, str]]
@@ -183,7 +183,7 @@ def load_table(cfg: Config) -> Table:
                 f"and/or inherit: TASK), got {got}",
             )
         for k in body:
-            _known_key(cfg, key, k, TASK_KEYS)
+            rv.known_key(cfg, key, k, TASK_KEYS)
         overrides = {k: v for k, v in body.items() if k in CANDIDATE_KEYS}
         written = dict.fromkeys(overrides, key)
         items: list[Item] = []
@@ -210,9 +210,9 @@ def load_table(cfg: Config) -> Table:
             items = []
             for i, raw in enumerate(cands):
                 k = f"{ckey}[{i}]"
-                fields = _mapping(cfg, k, raw)
+                fields = rv.mapping(cfg, k, raw)
                 for f in fields:
-                    _known_key(cfg, k, f, CANDIDATE_KEYS)
+                    rv.known_key(cfg, k, f, CANDIDATE_KEYS)
                 items.append((k, {**overrides, **fields}, {**written, **dict.fromkeys(fields, k)}))
         if not items:
             raise cfg.error(key, "a task needs candidates (a list) or inherit: TASK")
@@ -269,8 +269,8 @@ def _candidate(
         label = os.path.splitext(os.path.basename(model))[0]
     else:
         label = model
-    base_url = _text(cfg, at("base_url"), f.get("base_url"))
-    api_key_env = _text(cfg, at("api_key_env"), f.get("api_key_env"))
+    base_url = rv.text(cfg, at("base_url"), f.get("base_url"))
+    api_key_env = rv.text(cfg, at("api_key_env"), f.get("api_key_env"))
     tenant = _tenant(cfg, at("tenant"), f.get("tenant"), backend)
     if tenant is not None:
         base_url, api_key_env = tenant.url, tenant.api_key_env
@@ -283,12 +283,12 @@ def _candidate(
                 "an openai candidate needs api_key_env: the NAME of an environment variable",
                 hint="keys never go in the config file: api_key_env: OPENAI_API_KEY",
             )
-        if not _env_name(api_key_env):
+        if not rv.env_name(api_key_env):
             # Never echo the value: it may be the key itself, and errors end up in cron mail.
             raise cfg.error(
                 at("api_key_env"),
                 "expected an environment variable name like OPENAI_API_KEY, got a value that "
-                f"looks like a key ({_masked(api_key_env)})",
+                f"looks like a key ({rv.masked(api_key_env)})",
                 hint="this is the variable's name, not the key itself",
             )
     default_policy = "api-fallback" if tier == "cloud" else "persistent"
@@ -306,41 +306,41 @@ def _candidate(
             f"cold-start{of('policy')}",
             hint="falling back along the list happens anyway: add a cloud candidate after it",
         )
-    price_in, price_out = _price(cfg, at("price"), f.get("price"))
-    gpu_layers = _int(cfg, at("n_gpu_layers"), f.get("n_gpu_layers", -1), low=-1)
+    price_in, price_out = rv.price(cfg, at("price"), f.get("price"))
+    gpu_layers = rv.whole(cfg, at("n_gpu_layers"), f.get("n_gpu_layers", -1), low=-1)
     return Candidate(
         task=task,
         key=key,
         tier=tier,
         backend=backend,
         model=model,
-        name=_text(cfg, at("name"), f.get("name")) or label,
-        n_ctx=_int(cfg, at("n_ctx"), f.get("n_ctx"), low=64),
+        name=rv.text(cfg, at("name"), f.get("name")) or label,
+        n_ctx=rv.whole(cfg, at("n_ctx"), f.get("n_ctx"), low=64),
         n_gpu_layers=0 if tier == "cpu" else gpu_layers,
-        n_batch=_int(cfg, at("n_batch"), f.get("n_batch"), low=1),
-        n_threads=_opt_int(cfg, at("n_threads"), f.get("n_threads")),
-        vram_bytes=_size(cfg, at("vram"), f.get("vram")),
-        min_vram_bytes=_size(cfg, at("min_vram"), f.get("min_vram")),
+        n_batch=rv.whole(cfg, at("n_batch"), f.get("n_batch"), low=1),
+        n_threads=rv.opt_whole(cfg, at("n_threads"), f.get("n_threads")),
+        vram_bytes=rv.size(cfg, at("vram"), f.get("vram")),
+        min_vram_bytes=rv.size(cfg, at("min_vram"), f.get("min_vram")),
         price_in_per_1k=price_in,
         price_out_per_1k=price_out,
-        daily_budget_usd=_money(cfg, at("daily_budget"), f.get("daily_budget")),
-        rate_limit_per_min=_opt_int(cfg, at("rate_limit"), f.get("rate_limit")),
+        daily_budget_usd=rv.money(cfg, at("daily_budget"), f.get("daily_budget")),
+        rate_limit_per_min=rv.opt_whole(cfg, at("rate_limit"), f.get("rate_limit")),
         base_url=base_url,
         api_key_env=api_key_env,
         policy=policy,
-        timeout_s=_duration(cfg, at("timeout"), f.get("timeout")),
-        max_tokens=_int(cfg, at("max_tokens"), f.get("max_tokens"), low=1),
+        timeout_s=rv.duration(cfg, at("timeout"), f.get("timeout")),
+        max_tokens=rv.whole(cfg, at("max_tokens"), f.get("max_tokens"), low=1),
         tenant=tenant.name if tenant is not None else None,
         keep_alive_s=(
             None
             if f.get("keep_alive") is None
-            else _duration(cfg, at("keep_alive"), f.get("keep_alive"))
+            else rv.duration(cfg, at("keep_alive"), f.get("keep_alive"))
         ),
-        gpu=_opt_int(cfg, at("gpu"), f.get("gpu"), low=0) if tenant is None else tenant.gpu,
-        parallel=_int(cfg, at("parallel"), f.get("parallel", 1), low=1),
+        gpu=rv.opt_whole(cfg, at("gpu"), f.get("gpu"), low=0) if tenant is None else tenant.gpu,
+        parallel=rv.whole(cfg, at("parallel"), f.get("parallel", 1), low=1),
         tools=_tools(cfg, at("tools"), f.get("tools"), backend),
-        tokenizer=_tokenizer(cfg, at("tokenizer"), f.get("tokenizer")),
-        bytes_per_token=_ratio(cfg, at("bytes_per_token"), f.get("bytes_per_token")),
+        tokenizer=rv.tokenizer(cfg, at("tokenizer"), f.get("tokenizer")),
+        bytes_per_token=rv.ratio(cfg, at("bytes_per_token"), f.get("bytes_per_token")),
     )
 
 
@@ -357,32 +357,6 @@ def _tools(cfg: Config, key: str, value: Any, backend: str) -> bool | str | None
             hint=known_hint(str(value), TOOL_HANDLERS, "handlers"),
         )
     raise cfg.error(key, f"expected true or false, got {value!r}")
-
-
-def _tokenizer(cfg: Config, key: str, value: Any) -> str | None:
-    from gpulock.router.tokens import ENCODINGS
-
-    if value is None:
-        return None
-    if not isinstance(value, str) or value not in ENCODINGS:
-        raise cfg.error(
-            key,
-            f"expected a tiktoken encoding, got {value!r}",
-            hint=known_hint(str(value), ENCODINGS, "encodings"),
-        )
-    return value
-
-
-def _ratio(cfg: Config, key: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= 64:
-        raise cfg.error(
-            key,
-            f"expected the UTF-8 bytes a token covers at least (1 to 64, like 3.5), got {value!r}",
-            hint="English is about 4 bytes a token, code 3, CJK text 1.5 to 3, emoji 1 to 2",
-        )
-    return float(value)
 
 
 def tenant_candidate(cfg: Config, tenant: str, model: str) -> Candidate:
@@ -414,94 +388,5 @@ def _tenant(cfg: Config, key: str, value: Any, backend: str) -> Any:
     return known[value]
 
 
-def _env_name(text: str) -> bool:
-    """A plausible variable name, not a pasted key (``sk-...``, ``sk_live_...``)."""
-    if text.lower().startswith(("sk-", "sk_")):
-        return False
-    return text.isascii() and text.replace("_", "").isalnum() and not text[0].isdigit()
-
-
-def _masked(text: str) -> str:
-    """Enough to recognise the mistake (``sk-``... and a length), nothing of the secret."""
-    prefix = text[:3] if text.lower().startswith(("sk-", "sk_")) else ""
-    return f"{prefix}... {len(text)} characters"
-
-
 def with_context(c: Candidate, n_ctx: int, n_batch: int) -> Candidate:
     return replace(c, n_ctx=n_ctx, n_batch=n_batch)
-
-
-def _mapping(cfg: Config, key: str, value: Any) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise cfg.error(key, f"expected a mapping, got {type(value).__name__}: {value!r}")
-    return value
-
-
-def _known_key(cfg: Config, where: str, key: Any, known: tuple[str, ...]) -> None:
-    if key in known:
-        return
-    raise cfg.error(f"{where}.{key}", f"unknown key {key!r}", hint=known_hint(key, known))
-
-
-def _text(cfg: Config, key: str, value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise cfg.error(key, f"expected text, got {value!r}")
-    return value.strip()
-
-
-def _int(cfg: Config, key: str, value: Any, *, low: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise cfg.error(key, f"expected a whole number >= {low}, got {value!r}")
-    return value
-
-
-def _opt_int(cfg: Config, key: str, value: Any, *, low: int = 1) -> int | None:
-    return None if value is None else _int(cfg, key, value, low=low)
-
-
-def _size(cfg: Config, key: str, value: Any) -> int | None:
-    if value is None:
-        return None
-    try:
-        size = parse_size(value)
-    except ValueError as e:
-        raise cfg.error(key, str(e)) from None
-    if size <= 0:
-        raise cfg.error(key, f"expected a size above 0, got {value!r}")
-    return size
-
-
-def _duration(cfg: Config, key: str, value: Any) -> float:
-    try:
-        seconds = parse_duration(value)
-    except (ValueError, TypeError) as e:
-        raise cfg.error(key, str(e)) from None
-    if seconds <= 0:
-        raise cfg.error(key, f"expected a duration above 0, got {value!r}")
-    return seconds
-
-
-def _money(cfg: Config, key: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    try:
-        return parse_usd(value)
-    except ValueError as e:
-        raise cfg.error(key, str(e)) from None
-
-
-def _price(cfg: Config, key: str, value: Any) -> tuple[float, float]:
-    """``price: 0.0006`` (both directions) or ``{input: 0.00015, output: 0.0006}`` per 1k."""
-    if value is None:
-        return 0.0, 0.0
-    if isinstance(value, Mapping):
-        for k in value:
-            _known_key(cfg, key, k, ("input", "output"))
-        return (
-            _money(cfg, f"{key}.input", value.get("input", 0)) or 0.0,
-            _money(cfg, f"{key}.output", value.get("output", 0)) or 0.0,
-        )
-    each = _money(cfg, key, value) or 0.0
-    return each, each
