@@ -32,7 +32,7 @@ from gpulock.core.errors import GpulockError
 from gpulock.core.settings import Settings
 from gpulock.core.units import parse_duration
 from gpulock.router.backends import BackendError
-from gpulock.serve import api_anthropic, api_ollama, api_openai, api_responses, schema
+from gpulock.serve import api_anthropic, api_ollama, api_openai, api_responses, schema, validator
 from gpulock.serve.asgi import KeyCheck, Streamed, error_response, read_body, unless_hung_up
 from gpulock.serve.dispatch import Dispatcher, Opened
 from gpulock.serve.engines import Answer, Ask, Usage
@@ -57,14 +57,14 @@ class Gateway:
 
     # --- request parts -----------------------------------------------------------------------
 
-    async def body(self, request: Request, shape: schema.Schema) -> dict[str, Any]:
+    async def body(self, request: Request, shape: validator.Schema) -> dict[str, Any]:
         """The request's JSON body, read within ``max_body`` and ``read_timeout``, its nesting
         bounded, and checked against its endpoint's ``shape`` (``gpulock.serve.schema``)."""
         data = await read_body(request, self.max_body, self.read_timeout)
         try:
-            obj = schema.loads(data)
-            schema.validate(obj, shape)
-        except schema.Invalid as e:
+            obj = validator.loads(data)
+            validator.validate(obj, shape)
+        except validator.Invalid as e:
             raise bad_request(e.message, e.param) from None
         assert isinstance(obj, dict)
         return obj
@@ -155,7 +155,7 @@ class Gateway:
         return Streamed(chunks, media, {**headers, "Cache-Control": "no-cache"})
 
     async def _openai(
-        self, request: Request, parse: Callable[[dict[str, Any]], Ask], shape: schema.Schema
+        self, request: Request, parse: Callable[[dict[str, Any]], Ask], shape: validator.Schema
     ) -> Response:
         body = await self.body(request, shape)
         ask = parse(body)
