@@ -34,10 +34,11 @@ from gpulock.core.units import parse_duration
 from gpulock.router.backends import BackendError
 from gpulock.serve import api_anthropic, api_ollama, api_openai, api_responses, schema, validator
 from gpulock.serve.asgi import KeyCheck, Streamed, error_response, read_body, unless_hung_up
-from gpulock.serve.dispatch import Dispatcher, Opened
+from gpulock.serve.dispatch import Dispatcher
 from gpulock.serve.engines import Answer, Ask, Usage
 from gpulock.serve.errors import ApiError, bad_request
 from gpulock.serve.line import QueueFull
+from gpulock.serve.opened import Opened
 from gpulock.serve.writebehind import WriteBehind
 
 log = logging.getLogger("gpulock.serve")

@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from gpulock.core.errors import ConfigError, LockTimeout
@@ -27,17 +27,16 @@ from gpulock.router.books import Books
 from gpulock.router.choose import Choice, Host, Verdict, choose, cid
 from gpulock.router.routes import Candidate, Table, tenant_candidate
 from gpulock.serve.engines import (
-    Answer,
     Ask,
     LocalEngine,
     RemoteEngine,
     TenantEngine,
-    Usage,
     _EmbedLlama,
     _HeldLlama,
 )
 from gpulock.serve.errors import ApiError, unknown_model
 from gpulock.serve.line import Line, QueueFull
+from gpulock.serve.opened import Meta, Opened
 
 if TYPE_CHECKING:
     from gpulock.cluster.config import ClusterConfig
@@ -47,66 +46,6 @@ log = logging.getLogger("gpulock.serve")
 
 # HTTP statuses that blame the request, not the candidate: no fallback, the client hears it.
 REQUEST_FAULTS = frozenset({400, 413, 422})
-
-
-@dataclass(frozen=True, slots=True)
-class Meta:
-    """What the response headers say: which tier and model answered, and the wait."""
-
-    task: str
-    tier: str
-    model: str
-    waited_ms: float
-    ticket: int | None = None  # the GPU ticket the request ran under (gpu tier)
-    host: str | None = None  # the cluster host that ran it (None: no cluster)
-
-    def headers(self) -> dict[str, str]:
-        out = {
-            "X-Gpulock-Tier": self.tier,
-            "X-Gpulock-Model": self.model,
-            "X-Gpulock-Waited-Ms": f"{self.waited_ms:.1f}",
-        }
-        if self.host is not None:
-            out["X-Gpulock-Host"] = self.host
-        return out
-
-
-class Opened:
-    """A request with its candidate chosen and its place held: the answer, or its stream."""
-
-    def __init__(self, meta: Meta, stack: AsyncExitStack, candidate: Candidate) -> None:
-        self.meta = meta
-        self.stack = stack
-        self.candidate = candidate  # what answered: its price is what the call costs
-        self.started = time.monotonic()
-        self.answer: Answer | None = None
-        self.vectors: list[list[float]] = []
-        self.tokens_in = 0
-        self.first: str | None = None
-        self.pieces: AsyncIterator[str] | None = None
-        self.usage = Usage()
-        # A cloud call's most cost, reserved against its budgets before it (gpulock.router.budget):
-        # settled by ``Dispatcher.account``, given back by ``Dispatcher.broke``.
-        self.reservation: budget.Reservation | None = None
-        self.accounted = False  # counted (answered, or broke off): nothing is left to settle
-        self.sent = 0  # pieces of a stream handed to the client so far
-
-    async def rest(self) -> AsyncIterator[str]:
-        """Every piece of a streamed answer (the first one included); frees the place at the
-        end, or as soon as the consumer stops (a client that hung up)."""
-        try:
-            if self.first:
-                self.sent += 1
-                yield self.first
-            if self.pieces is not None:
-                async for piece in self.pieces:
-                    self.sent += 1
-                    yield piece
-        finally:
-            await self.close()
-
-    async def close(self) -> None:
-        await self.stack.aclose()
 
 
 class Elsewhere(Protocol):
@@ -594,4 +533,4 @@ async def _aclose(it: AsyncIterator[str]) -> None:
         await close()
 
 
-__all__ = ["Dispatcher", "Meta", "Opened", "QueueFull"]
+__all__ = ["Dispatcher", "QueueFull"]
