@@ -1,5 +1,5 @@
 """The HTTP side of ``gpulock serve``: a Starlette app and its routes (guards:
-``gpulock.serve.asgi``).
+``gpulock.serve.asgi``; the GET endpoints that say what it holds: ``gpulock.serve.listings``).
 
 Every request passes the key check (when ``api_keys_env`` is set), has its body read up to
 ``max_body`` (413 past it) and its JSON checked (400); every refusal is rendered in the shape of
@@ -13,7 +13,6 @@ stream and frees the place at once.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -23,11 +22,10 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from gpulock import status
 from gpulock.core.errors import GpulockError
 from gpulock.core.settings import Settings
 from gpulock.core.units import parse_duration
@@ -38,6 +36,7 @@ from gpulock.serve.dispatch import Dispatcher
 from gpulock.serve.engines import Answer, Ask, Usage
 from gpulock.serve.errors import ApiError, bad_request
 from gpulock.serve.line import QueueFull
+from gpulock.serve.listings import Listings
 from gpulock.serve.opened import Opened
 from gpulock.serve.writebehind import WriteBehind
 
@@ -45,7 +44,7 @@ log = logging.getLogger("gpulock.serve")
 AGENT_MAX = 64
 
 
-class Gateway:
+class Gateway(Listings):
     """The endpoints, around one Dispatcher."""
 
     def __init__(
@@ -323,57 +322,6 @@ class Gateway:
             self.d.hung_up(opened, agent)  # nothing when counted above
             await opened.close()
 
-    # --- listings and status -----------------------------------------------------------------
-
-    async def _names(self) -> list[str]:
-        """Tasks first, then candidates, then the tenants' models (``TENANT/MODEL``)."""
-        known = self.d.known()
-        held = await asyncio.to_thread(self.d.tenant_models)  # asks the tenants: off the loop
-        return known + [n for n in held if n not in known]
-
-    async def openai_models(self, request: Request) -> Response:
-        return JSONResponse(api_openai.models(await self._names()))
-
-    async def ollama_tags(self, request: Request) -> Response:
-        sizes = {c.name: c.vram_bytes or 0 for c in self.d.candidates()}
-        return JSONResponse(api_ollama.tags([(n, sizes.get(n, 0)) for n in await self._names()]))
-
-    async def ollama_ps(self, request: Request) -> Response:
-        rows: dict[str, tuple[str, int, int]] = {}
-        for b in self.d.loaded():  # a model and its embedding context: one entry
-            size = b.need or 0
-            name = b.candidate.name
-            old = rows.get(name, (name, 0, 0))
-            rows[name] = (name, old[1] + size, old[2] + (size if b.gpu is not None else 0))
-        return JSONResponse(api_ollama.ps(list(rows.values())))
-
-    async def ollama_version(self, request: Request) -> Response:
-        return JSONResponse({"version": api_ollama.API_VERSION})
-
-    async def root(self, request: Request) -> Response:
-        return PlainTextResponse("Ollama is running")
-
-    async def health(self, request: Request) -> Response:
-        line = self.d.line
-        running = sum(line.held().values())
-        out: dict[str, Any] = {"status": "ok", "waiting": line.waiting, "running": running}
-        if self.d.cluster is not None:
-            out["cluster"] = self.d.cluster.health()
-        return JSONResponse(out)
-
-    async def gpulock_cluster(self, request: Request) -> Response:
-        """The fleet, as ``gpulock cluster --json`` prints it (404 without a cluster)."""
-        if self.d.cluster is None:
-            raise ApiError(404, "this gpulock serve is not in a cluster (config: cluster:)")
-        return JSONResponse(self.d.cluster.fleet_object())
-
-    async def metrics(self, request: Request) -> Response:
-        """The Prometheus exposition of this state folder (as ``gpulock metrics`` prints it)."""
-        from gpulock.metrics.collector import CONTENT_TYPE, exposition
-
-        body = await asyncio.to_thread(exposition, self.settings)
-        return Response(body, media_type=CONTENT_TYPE)
-
     def measured(self, request: Request, response: Response, duration_s: float) -> None:
         """One ``gateway-request`` event: what the metrics' request histogram counts.  For a
         stream, the time to its first piece (the response's start).  Labels stay bounded: a
@@ -388,15 +336,6 @@ class Gateway:
             status=response.status_code,
             duration_s=round(duration_s, 6),
         )
-
-    async def openapi(self, request: Request) -> Response:
-        from gpulock.serve.openapi import document
-
-        return JSONResponse(document(self.d.known()))
-
-    async def gpulock_status(self, request: Request) -> Response:
-        snap = await asyncio.to_thread(status.snapshot, self.settings)
-        return JSONResponse(snap)
 
 
 def build_app(
