@@ -349,6 +349,36 @@ def build_app(
 ) -> ASGIApp:
     g = Gateway(settings, dispatcher, max_body, read_timeout)
     wb = WriteBehind(settings, on_idle=dispatcher.idle)
+    routes = _routes(g, _guarding(g, wb))
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        code = getattr(exc, "status_code", 404)
+        msg = "no such endpoint" if code == 404 else "method not allowed"
+        return error_response(ApiError(code, f"{msg}: {request.url.path}"), request.url.path)
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        wb.start()
+        try:
+            yield
+            if on_shutdown is not None:
+                await on_shutdown()
+        finally:
+            wb.close()
+
+    app = Starlette(
+        routes=routes,
+        exception_handlers={404: not_found, 405: not_found},
+        lifespan=lifespan,
+    )
+    return KeyCheck(app, keys)
+
+
+def _guarding(g: Gateway, wb: WriteBehind) -> Callable[..., Any]:
+    """The wrapper every endpoint runs in: a refusal in the API's shape, never a traceback; the
+    request in flight for the write-behind until its response (or its stream) ends."""
 
     def guarded(fn: Callable[[Request], Awaitable[Response]], *, measured: bool = False) -> Any:
         """``measured``: a generation endpoint, counted in a ``gateway-request`` event."""
@@ -380,6 +410,11 @@ def build_app(
 
         return endpoint
 
+    return guarded
+
+
+def _routes(g: Gateway, guarded: Callable[..., Any]) -> list[Route]:
+    """Every route of the app, each endpoint in ``guarded``."""
     routes = [
         Route("/v1/chat/completions", guarded(g.openai_chat, measured=True), methods=["POST"]),
         Route("/v1/completions", guarded(g.openai_completions, measured=True), methods=["POST"]),
@@ -406,30 +441,7 @@ def build_app(
         method = "DELETE" if what == "delete" else "POST"  # as Ollama's API has them
         routes.append(Route(f"/api/{what}", guarded(g.ollama_refused), methods=[method]))
     routes.append(Route("/api/blobs/{digest}", guarded(g.ollama_refused), methods=["POST"]))
-
-    async def not_found(request: Request, exc: Exception) -> Response:
-        code = getattr(exc, "status_code", 404)
-        msg = "no such endpoint" if code == 404 else "method not allowed"
-        return error_response(ApiError(code, f"{msg}: {request.url.path}"), request.url.path)
-
-    from contextlib import asynccontextmanager
-
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        wb.start()
-        try:
-            yield
-            if on_shutdown is not None:
-                await on_shutdown()
-        finally:
-            wb.close()
-
-    app = Starlette(
-        routes=routes,
-        exception_handlers={404: not_found, 405: not_found},
-        lifespan=lifespan,
-    )
-    return KeyCheck(app, keys)
+    return routes
 
 
 async def _once(text: str) -> AsyncIterator[str]:
