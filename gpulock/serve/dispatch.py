@@ -30,7 +30,6 @@ from gpulock.serve.accounts import Accounts
 from gpulock.serve.engines import (
     Ask,
     LocalEngine,
-    RemoteEngine,
     TenantEngine,
     _EmbedLlama,
     _HeldLlama,
@@ -38,6 +37,7 @@ from gpulock.serve.engines import (
 from gpulock.serve.errors import ApiError, unknown_model
 from gpulock.serve.line import Line, QueueFull
 from gpulock.serve.opened import Meta, Opened
+from gpulock.serve.remote import RemoteEngine
 
 if TYPE_CHECKING:
     from gpulock.cluster.config import ClusterConfig
