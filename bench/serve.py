@@ -278,7 +278,7 @@ def translation_cpu_us(n: int) -> dict[str, dict[str, float]]:
     Everything else a request costs (routing, the line, the upstream call, accounting) is the
     same code for the three APIs."""
     sys.path.insert(0, str(REPO))
-    from gpulock.serve import api_anthropic, api_openai, api_responses, schema
+    from gpulock.serve import api_anthropic, api_openai, api_responses, schema, validator
     from gpulock.serve.engines import Answer, Usage
 
     shapes = {
@@ -320,18 +320,18 @@ def translation_cpu_us(n: int) -> dict[str, dict[str, float]]:
     for name, (_path, body) in API_BODIES.items():
         data = json.dumps(body).encode()
         for _ in range(200):  # warm
-            json.dumps(whole(name, schema.loads(data)))
+            json.dumps(whole(name, validator.loads(data)))
         t0 = time.process_time()
         for _ in range(n):
-            obj = schema.loads(data)
-            schema.validate(obj, shapes[name])
+            obj = validator.loads(data)
+            validator.validate(obj, shapes[name])
             json.dumps(whole(name, obj))
         t1 = time.process_time()
 
         async def streams(name: str = name, data: bytes = data) -> None:
             for _ in range(n // 4):
-                obj = schema.loads(data)
-                schema.validate(obj, shapes[name])
+                obj = validator.loads(data)
+                validator.validate(obj, shapes[name])
                 await drain(events(name, {**obj, "stream": True}))
 
         t2 = time.process_time()

@@ -1,4 +1,5 @@
-"""``gpulock.serve.schema``: the bounded parse and the validator the handlers use, as a table."""
+"""``gpulock.serve.validator`` with ``gpulock.serve.schema``'s shapes: the bounded parse and the
+validator the handlers use, as a table."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpulock.serve import schema
+from gpulock.serve import schema, validator
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -73,8 +74,8 @@ MSG = [{"role": "user", "content": "hi"}]
         ),
     ],
 )
-def test_bodies_that_fit(body: dict[str, Any], shape: schema.Schema) -> None:
-    schema.validate(body, shape)
+def test_bodies_that_fit(body: dict[str, Any], shape: validator.Schema) -> None:
+    validator.validate(body, shape)
 
 
 @pytest.mark.parametrize(
@@ -115,10 +116,10 @@ def test_bodies_that_fit(body: dict[str, Any], shape: schema.Schema) -> None:
     ],
 )
 def test_bodies_that_do_not_fit_name_the_key(
-    body: dict[str, Any], shape: schema.Schema, param: str, needle: str
+    body: dict[str, Any], shape: validator.Schema, param: str, needle: str
 ) -> None:
-    with pytest.raises(schema.Invalid) as e:
-        schema.validate(body, shape)
+    with pytest.raises(validator.Invalid) as e:
+        validator.validate(body, shape)
     assert e.value.param == param and needle in e.value.message, e.value.message
 
 
@@ -133,14 +134,14 @@ def test_bodies_that_do_not_fit_name_the_key(
     ],
 )
 def test_loads_refuses_without_recursing(data: bytes, needle: str) -> None:
-    with pytest.raises(schema.Invalid) as e:
-        schema.loads(data)
+    with pytest.raises(validator.Invalid) as e:
+        validator.loads(data)
     assert needle in e.value.message
 
 
 def test_a_non_object_body_is_refused() -> None:
-    with pytest.raises(schema.Invalid, match="JSON object"):
-        schema.validate([1, 2], schema.OPENAI_CHAT)
+    with pytest.raises(validator.Invalid, match="JSON object"):
+        validator.validate([1, 2], schema.OPENAI_CHAT)
 
 
 SHAPES = [
@@ -195,10 +196,10 @@ def test_the_compiled_validator_answers_as_the_walk_does() -> None:
         shape = rng.choice(SHAPES)
         body = _walk_values(shape, rng)
         try:
-            schema._check(body, shape, "", None)
+            validator._check(body, shape, "", None)
             walked = True
-        except schema.Invalid:
+        except validator.Invalid:
             walked = False
-        assert schema._compile(shape)[0](body) is walked, (body, shape)
+        assert validator._compile(shape)[0](body) is walked, (body, shape)
         seen[walked] += 1
     assert min(seen.values()) > 400, seen  # both answers were met, many times

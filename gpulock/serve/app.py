@@ -1,5 +1,5 @@
 """The HTTP side of ``gpulock serve``: a Starlette app and its routes (guards:
-``gpulock.serve.asgi``).
+``gpulock.serve.asgi``; the GET endpoints that say what it holds: ``gpulock.serve.listings``).
 
 Every request passes the key check (when ``api_keys_env`` is set), has its body read up to
 ``max_body`` (413 past it) and its JSON checked (400); every refusal is rendered in the shape of
@@ -13,7 +13,6 @@ stream and frees the place at once.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -23,28 +22,29 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from gpulock import status
 from gpulock.core.errors import GpulockError
 from gpulock.core.settings import Settings
 from gpulock.core.units import parse_duration
 from gpulock.router.backends import BackendError
-from gpulock.serve import api_anthropic, api_ollama, api_openai, api_responses, schema
+from gpulock.serve import api_anthropic, api_ollama, api_openai, api_responses, schema, validator
 from gpulock.serve.asgi import KeyCheck, Streamed, error_response, read_body, unless_hung_up
-from gpulock.serve.dispatch import Dispatcher, Opened
+from gpulock.serve.dispatch import Dispatcher
 from gpulock.serve.engines import Answer, Ask, Usage
 from gpulock.serve.errors import ApiError, bad_request
 from gpulock.serve.line import QueueFull
+from gpulock.serve.listings import Listings
+from gpulock.serve.opened import Opened
 from gpulock.serve.writebehind import WriteBehind
 
 log = logging.getLogger("gpulock.serve")
 AGENT_MAX = 64
 
 
-class Gateway:
+class Gateway(Listings):
     """The endpoints, around one Dispatcher."""
 
     def __init__(
@@ -57,14 +57,14 @@ class Gateway:
 
     # --- request parts -----------------------------------------------------------------------
 
-    async def body(self, request: Request, shape: schema.Schema) -> dict[str, Any]:
+    async def body(self, request: Request, shape: validator.Schema) -> dict[str, Any]:
         """The request's JSON body, read within ``max_body`` and ``read_timeout``, its nesting
         bounded, and checked against its endpoint's ``shape`` (``gpulock.serve.schema``)."""
         data = await read_body(request, self.max_body, self.read_timeout)
         try:
-            obj = schema.loads(data)
-            schema.validate(obj, shape)
-        except schema.Invalid as e:
+            obj = validator.loads(data)
+            validator.validate(obj, shape)
+        except validator.Invalid as e:
             raise bad_request(e.message, e.param) from None
         assert isinstance(obj, dict)
         return obj
@@ -155,7 +155,7 @@ class Gateway:
         return Streamed(chunks, media, {**headers, "Cache-Control": "no-cache"})
 
     async def _openai(
-        self, request: Request, parse: Callable[[dict[str, Any]], Ask], shape: schema.Schema
+        self, request: Request, parse: Callable[[dict[str, Any]], Ask], shape: validator.Schema
     ) -> Response:
         body = await self.body(request, shape)
         ask = parse(body)
@@ -322,57 +322,6 @@ class Gateway:
             self.d.hung_up(opened, agent)  # nothing when counted above
             await opened.close()
 
-    # --- listings and status -----------------------------------------------------------------
-
-    async def _names(self) -> list[str]:
-        """Tasks first, then candidates, then the tenants' models (``TENANT/MODEL``)."""
-        known = self.d.known()
-        held = await asyncio.to_thread(self.d.tenant_models)  # asks the tenants: off the loop
-        return known + [n for n in held if n not in known]
-
-    async def openai_models(self, request: Request) -> Response:
-        return JSONResponse(api_openai.models(await self._names()))
-
-    async def ollama_tags(self, request: Request) -> Response:
-        sizes = {c.name: c.vram_bytes or 0 for c in self.d.candidates()}
-        return JSONResponse(api_ollama.tags([(n, sizes.get(n, 0)) for n in await self._names()]))
-
-    async def ollama_ps(self, request: Request) -> Response:
-        rows: dict[str, tuple[str, int, int]] = {}
-        for b in self.d.loaded():  # a model and its embedding context: one entry
-            size = b.need or 0
-            name = b.candidate.name
-            old = rows.get(name, (name, 0, 0))
-            rows[name] = (name, old[1] + size, old[2] + (size if b.gpu is not None else 0))
-        return JSONResponse(api_ollama.ps(list(rows.values())))
-
-    async def ollama_version(self, request: Request) -> Response:
-        return JSONResponse({"version": api_ollama.API_VERSION})
-
-    async def root(self, request: Request) -> Response:
-        return PlainTextResponse("Ollama is running")
-
-    async def health(self, request: Request) -> Response:
-        line = self.d.line
-        running = sum(line.held().values())
-        out: dict[str, Any] = {"status": "ok", "waiting": line.waiting, "running": running}
-        if self.d.cluster is not None:
-            out["cluster"] = self.d.cluster.health()
-        return JSONResponse(out)
-
-    async def gpulock_cluster(self, request: Request) -> Response:
-        """The fleet, as ``gpulock cluster --json`` prints it (404 without a cluster)."""
-        if self.d.cluster is None:
-            raise ApiError(404, "this gpulock serve is not in a cluster (config: cluster:)")
-        return JSONResponse(self.d.cluster.fleet_object())
-
-    async def metrics(self, request: Request) -> Response:
-        """The Prometheus exposition of this state folder (as ``gpulock metrics`` prints it)."""
-        from gpulock.metrics.collector import CONTENT_TYPE, exposition
-
-        body = await asyncio.to_thread(exposition, self.settings)
-        return Response(body, media_type=CONTENT_TYPE)
-
     def measured(self, request: Request, response: Response, duration_s: float) -> None:
         """One ``gateway-request`` event: what the metrics' request histogram counts.  For a
         stream, the time to its first piece (the response's start).  Labels stay bounded: a
@@ -388,15 +337,6 @@ class Gateway:
             duration_s=round(duration_s, 6),
         )
 
-    async def openapi(self, request: Request) -> Response:
-        from gpulock.serve.openapi import document
-
-        return JSONResponse(document(self.d.known()))
-
-    async def gpulock_status(self, request: Request) -> Response:
-        snap = await asyncio.to_thread(status.snapshot, self.settings)
-        return JSONResponse(snap)
-
 
 def build_app(
     settings: Settings,
@@ -409,6 +349,36 @@ def build_app(
 ) -> ASGIApp:
     g = Gateway(settings, dispatcher, max_body, read_timeout)
     wb = WriteBehind(settings, on_idle=dispatcher.idle)
+    routes = _routes(g, _guarding(g, wb))
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        code = getattr(exc, "status_code", 404)
+        msg = "no such endpoint" if code == 404 else "method not allowed"
+        return error_response(ApiError(code, f"{msg}: {request.url.path}"), request.url.path)
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        wb.start()
+        try:
+            yield
+            if on_shutdown is not None:
+                await on_shutdown()
+        finally:
+            wb.close()
+
+    app = Starlette(
+        routes=routes,
+        exception_handlers={404: not_found, 405: not_found},
+        lifespan=lifespan,
+    )
+    return KeyCheck(app, keys)
+
+
+def _guarding(g: Gateway, wb: WriteBehind) -> Callable[..., Any]:
+    """The wrapper every endpoint runs in: a refusal in the API's shape, never a traceback; the
+    request in flight for the write-behind until its response (or its stream) ends."""
 
     def guarded(fn: Callable[[Request], Awaitable[Response]], *, measured: bool = False) -> Any:
         """``measured``: a generation endpoint, counted in a ``gateway-request`` event."""
@@ -440,6 +410,11 @@ def build_app(
 
         return endpoint
 
+    return guarded
+
+
+def _routes(g: Gateway, guarded: Callable[..., Any]) -> list[Route]:
+    """Every route of the app, each endpoint in ``guarded``."""
     routes = [
         Route("/v1/chat/completions", guarded(g.openai_chat, measured=True), methods=["POST"]),
         Route("/v1/completions", guarded(g.openai_completions, measured=True), methods=["POST"]),
@@ -466,30 +441,7 @@ def build_app(
         method = "DELETE" if what == "delete" else "POST"  # as Ollama's API has them
         routes.append(Route(f"/api/{what}", guarded(g.ollama_refused), methods=[method]))
     routes.append(Route("/api/blobs/{digest}", guarded(g.ollama_refused), methods=["POST"]))
-
-    async def not_found(request: Request, exc: Exception) -> Response:
-        code = getattr(exc, "status_code", 404)
-        msg = "no such endpoint" if code == 404 else "method not allowed"
-        return error_response(ApiError(code, f"{msg}: {request.url.path}"), request.url.path)
-
-    from contextlib import asynccontextmanager
-
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        wb.start()
-        try:
-            yield
-            if on_shutdown is not None:
-                await on_shutdown()
-        finally:
-            wb.close()
-
-    app = Starlette(
-        routes=routes,
-        exception_handlers={404: not_found, 405: not_found},
-        lifespan=lifespan,
-    )
-    return KeyCheck(app, keys)
+    return routes
 
 
 async def _once(text: str) -> AsyncIterator[str]:

@@ -33,8 +33,10 @@ from gpulock.router.backends.peer import FROM_HEADER, silence_s
 from gpulock.router.choose import Choice, Host, Verdict, cid, line_wait
 from gpulock.router.routes import Candidate
 from gpulock.router.waitest import quantile
-from gpulock.serve.dispatch import Dispatcher, Meta, Opened
-from gpulock.serve.engines import Answer, Ask, RemoteEngine, Usage
+from gpulock.serve.dispatch import Dispatcher
+from gpulock.serve.engines import Answer, Ask, Usage
+from gpulock.serve.opened import Meta, Opened
+from gpulock.serve.remote import RemoteEngine
 
 
 class PeerEngine(RemoteEngine):

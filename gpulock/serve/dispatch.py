@@ -4,19 +4,19 @@ along the route when a candidate fails before its first word.
 
 A ``model`` is a task of ``routes:`` (the router picks the candidate for this moment), a
 candidate's ``name`` (that candidate only), or ``TENANT/MODEL`` (a model of a configured tenant,
-called through that tenant: ``gpulock.router.backends.tenant``).
+called through that tenant: ``gpulock.router.backends.tenant``).  What a request costs in the
+router's ledger is ``gpulock.serve.accounts``'s, which ``Dispatcher`` builds on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpulock.core.errors import ConfigError, LockTimeout
 from gpulock.core.settings import Settings
@@ -26,87 +26,25 @@ from gpulock.router.backends.tenant import TenantBackend
 from gpulock.router.books import Books
 from gpulock.router.choose import Choice, Host, Verdict, choose, cid
 from gpulock.router.routes import Candidate, Table, tenant_candidate
+from gpulock.serve.accounts import Accounts
 from gpulock.serve.engines import (
-    Answer,
     Ask,
     LocalEngine,
-    RemoteEngine,
     TenantEngine,
-    Usage,
     _EmbedLlama,
     _HeldLlama,
 )
 from gpulock.serve.errors import ApiError, unknown_model
 from gpulock.serve.line import Line, QueueFull
+from gpulock.serve.opened import Meta, Opened
+from gpulock.serve.remote import RemoteEngine
 
 if TYPE_CHECKING:
     from gpulock.cluster.config import ClusterConfig
 
-T = TypeVar("T")
-log = logging.getLogger("gpulock.serve")
 
 # HTTP statuses that blame the request, not the candidate: no fallback, the client hears it.
 REQUEST_FAULTS = frozenset({400, 413, 422})
-
-
-@dataclass(frozen=True, slots=True)
-class Meta:
-    """What the response headers say: which tier and model answered, and the wait."""
-
-    task: str
-    tier: str
-    model: str
-    waited_ms: float
-    ticket: int | None = None  # the GPU ticket the request ran under (gpu tier)
-    host: str | None = None  # the cluster host that ran it (None: no cluster)
-
-    def headers(self) -> dict[str, str]:
-        out = {
-            "X-Gpulock-Tier": self.tier,
-            "X-Gpulock-Model": self.model,
-            "X-Gpulock-Waited-Ms": f"{self.waited_ms:.1f}",
-        }
-        if self.host is not None:
-            out["X-Gpulock-Host"] = self.host
-        return out
-
-
-class Opened:
-    """A request with its candidate chosen and its place held: the answer, or its stream."""
-
-    def __init__(self, meta: Meta, stack: AsyncExitStack, candidate: Candidate) -> None:
-        self.meta = meta
-        self.stack = stack
-        self.candidate = candidate  # what answered: its price is what the call costs
-        self.started = time.monotonic()
-        self.answer: Answer | None = None
-        self.vectors: list[list[float]] = []
-        self.tokens_in = 0
-        self.first: str | None = None
-        self.pieces: AsyncIterator[str] | None = None
-        self.usage = Usage()
-        # A cloud call's most cost, reserved against its budgets before it (gpulock.router.budget):
-        # settled by ``Dispatcher.account``, given back by ``Dispatcher.broke``.
-        self.reservation: budget.Reservation | None = None
-        self.accounted = False  # counted (answered, or broke off): nothing is left to settle
-        self.sent = 0  # pieces of a stream handed to the client so far
-
-    async def rest(self) -> AsyncIterator[str]:
-        """Every piece of a streamed answer (the first one included); frees the place at the
-        end, or as soon as the consumer stops (a client that hung up)."""
-        try:
-            if self.first:
-                self.sent += 1
-                yield self.first
-            if self.pieces is not None:
-                async for piece in self.pieces:
-                    self.sent += 1
-                    yield piece
-        finally:
-            await self.close()
-
-    async def close(self) -> None:
-        await self.stack.aclose()
 
 
 class Elsewhere(Protocol):
@@ -124,7 +62,7 @@ class Elsewhere(Protocol):
     def fleet_object(self) -> dict[str, Any]: ...
 
 
-class Dispatcher:
+class Dispatcher(Accounts):
     def __init__(self, settings: Settings, table: Table, line: Line) -> None:
         self.settings = settings
         self.table = table
@@ -259,60 +197,6 @@ class Dispatcher:
             else:
                 opened.reservation = held
                 return opened
-
-    async def _admit(
-        self, task: str, c: Candidate, v: Verdict, ask: Ask
-    ) -> tuple[Verdict, budget.Reservation | None]:
-        """What ``router.get_model`` takes before a cloud call with limits, taken here by the
-        same rule: a request of the endpoint's ``rate_limit`` (across the cluster), and the
-        call's most cost (its prompt, and ``max_tokens`` of output) reserved against its
-        budgets; from the blocks this process holds, else from the shared ledger
-        (``gpulock.router.books``).  (The verdict, the reservation or None), or the refusal."""
-        need = self._need(c, ask) if budget.needed(c, self.table.settings) else None
-        taken = self.books.from_hold(c, need)
-        if taken is not None:
-            return v, taken[0]
-        taking = asyncio.ensure_future(self._off_loop(self.books.admit, task, c, v, need))
-        try:
-            return await asyncio.shield(taking)
-        except asyncio.CancelledError:  # the client left while Redis answered: give it back
-            taking.add_done_callback(self._release_later)
-            raise
-
-    def _need(self, c: Candidate, ask: Ask) -> float:
-        """A call's most cost (``gpulock.router.budget.bound_usd``)."""
-        payload: Any = ask.messages if ask.kind == "chat" else ask.prompt
-        if ask.tools:  # their schemas are prompt tokens too
-            payload = [*ask.messages, *ask.tools]
-        limit = ask.params.get("max_tokens")
-        if ask.kind == "embed":
-            payload, limit = ask.inputs, 0  # an embedding has no output tokens
-        elif not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            limit = c.max_tokens  # what _try will ask for
-        return budget.bound_usd(c, payload, limit, ask.params)
-
-    async def _release(self, r: budget.Reservation | None) -> None:
-        """Give a reservation back: the call it was for did not happen."""
-        if r is not None and r.block_day is not None:
-            self.books.release(r)  # into its block, in memory
-        elif r is not None:
-            await self._off_loop(self.books.release, r)
-
-    def _release_later(
-        self, taking: asyncio.Future[tuple[Verdict, budget.Reservation | None]]
-    ) -> None:
-        if taking.cancelled() or taking.exception() is not None:
-            return
-        _v, r = taking.result()
-        if r is not None:
-            asyncio.get_running_loop().run_in_executor(None, self.books.release, r)
-
-    async def _off_loop(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
-        """``fn`` run where it cannot stall the event loop: in a thread when it may call the
-        cluster's Redis (up to its 0.5 s timeout), here when it only touches local files."""
-        if self.cluster is None:
-            return fn(*args, **kw)
-        return await asyncio.to_thread(fn, *args, **kw)
 
     async def _try(
         self,
@@ -481,98 +365,10 @@ class Dispatcher:
             if b.loaded and b.gpu is not None and cid(b.candidate) == cid(c)
         }
 
-    def broke(self, opened: Opened, agent: str, e: BackendError) -> None:
-        """A stream that broke after its first word: too late to fall back, but the call is
-        counted as failed and its candidate cools down as one that failed before would.  Its
-        reservation is given back, as ``router.get_model`` gives it back."""
-        if opened.accounted:
-            return
-        opened.accounted = True
-        r, opened.reservation = opened.reservation, None
-        if r is not None:
-            self._later(self.books.release, r)
-        c = opened.candidate
-        self._later(
-            self._failed,
-            self.settings,
-            self.table.settings,
-            c,
-            e,
-            task=opened.meta.task,
-            agent=agent,
-            latency_s=time.monotonic() - opened.started,
-            via="serve",
-        )
-
-    def _later(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> None:
-        """``fn`` now when it only touches local files; in a thread, not waited for, when it
-        may call the cluster's Redis (the answer is already on its way to the client)."""
-        if self.cluster is None:
-            fn(*args, **kw)
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            fn(*args, **kw)
-        else:
-            loop.run_in_executor(None, lambda: fn(*args, **kw))
-
-    def _failed(self, *args: Any, **kw: Any) -> None:
-        """``accounting.failed`` (a cooldown in the ledger file), then read the file again."""
-        accounting.failed(*args, **kw)
-        self.books.changed()
-
     def _fallback(self, task: str, agent: str, c: Candidate, why: str) -> None:
         self.settings.emit(
             "fallback", task=task, agent=agent, from_model=c.name, from_tier=c.tier, error=why
         )
-
-    def account(
-        self, opened: Opened, agent: str, tokens_in: int, tokens_out: int, **extra: Any
-    ) -> None:
-        """Count an answered request, through the router's one accounting path, and settle
-        its reservation (once: a request is counted at most once)."""
-        if opened.accounted:
-            return
-        opened.accounted = True
-        r, opened.reservation = opened.reservation, None
-        m = opened.meta
-        cost = self.books.record(
-            opened.candidate,
-            task=m.task,
-            agent=agent,
-            tokens_in=tokens_in,
-            tokens_out=tokens_out,
-            latency_s=time.monotonic() - opened.started,
-            reservation=r,
-            via="serve",
-            waited_ms=round(m.waited_ms, 3),
-            ticket=m.ticket,
-            **_host_field(m.host),
-            **extra,
-        )
-        if r is not None and r.block_day is None and r.clustered:
-            self._later(budget.settled, self.settings, r, cost)
-
-    def hung_up(self, opened: Opened, agent: str) -> None:
-        """A stream the client left before its end: counted with what it got, as
-        ``router.get_model`` counts a stream its caller stopped reading (the upstream's usage
-        when it came, else a token a piece sent), and its reservation settled."""
-        u = opened.usage
-        self.account(opened, agent, u.tokens_in, u.tokens_out or opened.sent, client_gone=True)
-
-    def idle(self) -> None:
-        """No request is in flight: what the blocks hold unused goes back to the shared ledger
-        (before the last response is sent, without a cluster: what a client reads after its
-        answer is settled)."""
-        if self.books.holding():
-            self._later(self._give_back)
-
-    def _give_back(self) -> None:
-        try:
-            self.books.idle()
-        except Exception:  # the answer is made: a ledger that cannot be written now is logged
-            log.exception("could not give back what the accounting holds ahead")
 
     async def shutdown(self) -> None:
         await self._off_loop(self.books.idle)  # what the blocks hold goes back (Redis too)
@@ -583,15 +379,10 @@ class Dispatcher:
             await asyncio.to_thread(b.unload)
 
 
-def _host_field(host: str | None) -> dict[str, Any]:
-    """The ``call`` event's ``host`` (the cluster host that ran it), without a cluster none."""
-    return {"host": host} if host is not None else {}
-
-
 async def _aclose(it: AsyncIterator[str]) -> None:
     close = getattr(it, "aclose", None)
     if close is not None:
         await close()
 
 
-__all__ = ["Dispatcher", "Meta", "Opened", "QueueFull"]
+__all__ = ["Dispatcher", "QueueFull"]
