@@ -114,6 +114,18 @@ def current() -> Identity:
     )
 
 
+def pid_exists(pid: int) -> bool:
+    """Is there a process ``pid`` (anyone's: another user's counts)?  Not which one it is:
+    for that, ``same_process`` with its start time."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's (EPERM): it exists
+    return True
+
+
 def same_process(pid: int, ticks: int | None, boot: str | None, pidns: str | None) -> bool:
     """True only on proof that ``pid`` here and now is the process that was recorded.
 

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Final
 
-from gpulock.core import cronexpr
+from gpulock.core import cronexpr, identity
 from gpulock.core import foresight as fs
 
 CRON_D: Final = Path("/etc/cron.d")
@@ -49,7 +49,7 @@ def fleet_plans(
     """
     out = []
     for pid, file in sorted(fleets.items()):
-        if file is None or not _alive(pid):
+        if file is None or not identity.pid_exists(pid):
             continue
         for name, cron in fleet_jobs(file, now_wall):
             at = cron.next_fire(now_wall)
@@ -58,16 +58,6 @@ def fleet_plans(
                     fs.Planned(m, at, "fleet", name, 0.95) for m in sorted(models_of.get(name, ()))
                 ]
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's: alive
-    return True
 
 
 FLEET_MAX_BYTES: Final = 1024**2

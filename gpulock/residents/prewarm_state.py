@@ -11,11 +11,10 @@ cron exits, its loads ahead stay).
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Final
 
-from gpulock.core import safejson, statefile
+from gpulock.core import identity, safejson, statefile
 from gpulock.core.errors import GpulockError
 from gpulock.core.settings import Settings
 
@@ -45,7 +44,7 @@ def published(settings: Settings, now_wall: float | None = None) -> dict[str, An
         return None
     now = time.time() if now_wall is None else now_wall
     pid = doc.get("pid")
-    live = isinstance(pid, int) and _alive(pid)
+    live = isinstance(pid, int) and identity.pid_exists(pid)
     entries = doc.get("entries")
     waiting = doc.get("waiting")
     keep = []
@@ -92,13 +91,3 @@ def loaded_ahead(settings: Settings, past: Any = None) -> dict[str, float]:
         rid: done for rid, done in out.items()
         if not used_since(past, rid.split("/", 1)[1], done)
     }  # fmt: skip
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
