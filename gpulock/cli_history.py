@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpulock.cli_kit import EX_OK, UsageError, check_gpu, parse_since, settings_of
-from gpulock.core.units import format_duration, format_size
+from gpulock.core.errors import known_hint
+from gpulock.core.units import format_duration, format_gpus, format_size
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -26,8 +27,6 @@ def cmd_history(args: argparse.Namespace) -> int:
     logged = list(events.read(settings.state_dir, since_wall=since))
     known = set(events.KINDS) | {e["event"] for e in logged}  # a plugin's kinds too
     for kind in sorted(kinds - known):
-        from gpulock.core.errors import known_hint
-
         raise UsageError(
             f"--event: no event kind {kind!r}", hint=known_hint(kind, sorted(known), "kinds")
         )
@@ -63,8 +62,6 @@ def _gpus_of(e: dict[str, Any]) -> tuple[int, ...]:
 
 def _gpu_cell(e: dict[str, Any]) -> str:
     """history's GPU column: ``gpu0``; ``gpus 0,2`` for a multi-GPU holder or a set ticket."""
-    from gpulock.core.units import format_gpus
-
     gpus = _gpus_of(e)
     return format_gpus(gpus) if gpus else "-"
 

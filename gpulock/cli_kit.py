@@ -78,10 +78,8 @@ def gpu_set_arg(text: str) -> int | str | tuple[int, ...]:
 
     try:
         return parse_gpus(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a GPU index like 0, a set like 0,2, or any, got {text!r}"
-        ) from None
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None  # parse_gpus names the value
 
 
 def common_args(p: argparse.ArgumentParser) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpulock.core.apikeys import is_env_name
 from gpulock.core.config import Config
 from gpulock.core.errors import known_hint
 from gpulock.core.units import parse_duration, parse_size, parse_usd
@@ -120,9 +121,7 @@ def ratio(cfg: Config, key: str, value: Any) -> float | None:
 
 def env_name(text: str) -> bool:
     """A plausible variable name, not a pasted key (``sk-...``, ``sk_live_...``)."""
-    if text.lower().startswith(("sk-", "sk_")):
-        return False
-    return text.isascii() and text.replace("_", "").isalnum() and not text[0].isdigit()
+    return not text.lower().startswith(("sk-", "sk_")) and is_env_name(text)
 
 
 def masked(text: str) -> str:
