@@ -55,7 +55,8 @@ sys.path.insert(0, str(REPO))
 from _shared import free_port, llama_binary, say, write_model  # noqa: E402
 
 from gpulock.core import events  # noqa: E402
-from gpulock.core.pagecache import drop_from_cache, resident_bytes  # noqa: E402
+from gpulock.core.pagecache import drop_from_cache  # noqa: E402
+from gpulock.residents.prewarm import file_state  # noqa: E402
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -103,11 +104,7 @@ TENANT_AGENT = textwrap.dedent(
 
 
 def cached_share(path: Path) -> float:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return (resident_bytes(fd, 0, os.fstat(fd).st_size) or 0) / os.fstat(fd).st_size
-    finally:
-        os.close(fd)
+    return file_state(str(path))[1] or 0.0
 
 
 def cold(path: Path) -> None:

@@ -54,7 +54,7 @@ from gpulock.replay_report import (
     target_text,
     unfit_lines,
 )
-from gpulock.replay_sim import LOAD_BYTES_PER_S, POLICIES, Arrival, Row, fits, simulate
+from gpulock.replay_sim import LOAD_BYTES_PER_S, POLICIES, Arrival, Row, fits, simulate, unfit
 
 HEADER: Final = ("time_s", "name", "model", "model_bytes", "hold_s", "need_bytes")
 DEFAULT_GPUS: Final = "6GiB,12GiB,24GiB,48GiB,96GiB"
@@ -247,9 +247,8 @@ def replay(
             ok = [a for a in arrivals if fits(a, budget)]
             b = bound(ok, budget, dict(load_s_of or {}), LOAD_BYTES_PER_S)
             if b is not None:
-                unfit = len(arrivals) - len(ok)
                 rows.append(Row(g, "bound", b.loads, b.loaded_bytes, b.load_s, None, None, None,
-                                None, unfit=unfit))  # fmt: skip
+                                None, unfit=len(arrivals) - len(ok)))  # fmt: skip
     return rows
 
 
@@ -319,8 +318,7 @@ def _main(argv: list[str]) -> int:
     rows = replay(arrivals, hosts, policies, reserve_of=config.reserve_bytes, load_s_of=load_s_of)
     for s in sizes:  # name what cannot fit, on stderr: stdout stays the table (or the JSON)
         budget = max(s.gpu_bytes - config.reserve_bytes(s.gpu_bytes), 0)
-        left = [a for a in arrivals if not fits(a, budget, s.count)]
-        for line in unfit_lines(s, budget, left):
+        for line in unfit_lines(s, budget, unfit(arrivals, budget, s.count)):
             print(f"gpulock replay: {line}", file=sys.stderr)
     extra = notes(rows, arrivals, load_s_of)
     target: dict[str, Any] | None = None

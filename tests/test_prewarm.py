@@ -29,7 +29,7 @@ from gpulock.core.settings import load
 from gpulock.governor.daemon import Governor
 from gpulock.governor.model import GovernorConfig
 from gpulock.residents import eviction
-from gpulock.residents.prewarm import Prewarmer
+from gpulock.residents.prewarm import Prewarmer, file_state
 from gpulock.residents.prewarm_state import loaded_ahead
 
 GiB = 1024**3
@@ -134,13 +134,9 @@ def write_file(path: Path, size: int) -> Path:
 
 
 def cached(path: Path) -> float:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        got = pagecache.resident_bytes(fd, 0, os.fstat(fd).st_size)
-    finally:
-        os.close(fd)
-    assert got is not None
-    return got / path.stat().st_size
+    _size, share = file_state(str(path))
+    assert share is not None
+    return share
 
 
 def past_events(now: float, model: str, *, path: Path | None = None, tenant: str | None = None,

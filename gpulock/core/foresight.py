@@ -119,8 +119,7 @@ class Forecast:
         d = self.distance(model)
         if d is None:
             return 0.0
-        rc = self.reload.get(model)
-        return (rc.seconds if rc is not None else DEFAULT_RELOAD_S) / max(d, 1.0)
+        return self.reload_s(model) / max(d, 1.0)
 
     def distance(self, model: str) -> float | None:
         """Seconds to the next use over its confidence; None when never expected."""
@@ -135,8 +134,12 @@ class Forecast:
         d = self.distance(model)
         if d is None:
             return True
+        return d / max(self.reload_s(model), MIN_RELOAD_S) >= factor
+
+    def reload_s(self, model: str) -> float:
+        """Its reload seconds; ``DEFAULT_RELOAD_S`` when nothing is known."""
         rc = self.reload.get(model)
-        return d / max(rc.seconds if rc is not None else DEFAULT_RELOAD_S, MIN_RELOAD_S) >= factor
+        return rc.seconds if rc is not None else DEFAULT_RELOAD_S
 
     def why(self, model: str) -> dict[str, Any]:
         """The evidence for an ``evict`` event: next use, its source, the reload cost."""

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from gpulock.core import foresight as fs
 from gpulock.core.settings import Settings
 from gpulock.residents.foresight_cron import cron_plans, fleet_plans
-from gpulock.residents.foresight_past import read_past
+from gpulock.residents.foresight_past import Past, read_past
 from gpulock.residents.registry import Record
 
 
@@ -42,13 +42,20 @@ def gather(
     now = time.time() if now_wall is None else now_wall
     past = read_past(settings.state_dir, mode=settings.file_mode)
     uses = past.uses + [fs.Use(model_key(r), r.last_used_wall) for r in records if r.idle_known]
-    planned = [p for gpu in gpus for p in waiters(settings, gpu, past.models_of, now)]
-    planned += cron_plans(past.models_of, now)
-    planned += fleet_plans(past.fleets, past.models_of, now)
     models = {model_key(r): r.bytes for r in records}
     return fs.forecast(
-        models, planned, uses, past.loads, now, utc_offset_s=float(local_offset_s(now))
-    )
+        models, plans(settings, past, gpus, now), uses, past.loads, now,
+        utc_offset_s=float(local_offset_s(now)),
+    )  # fmt: skip
+
+
+def plans(settings: Settings, past: Past, gpus: Iterable[int], now_wall: float) -> list[fs.Planned]:
+    """The declared future uses: the tickets waiting on ``gpus``, then the crontab's and the
+    running fleets' next fires, each as the models its agent called (``past.models_of``)."""
+    out = [p for gpu in gpus for p in waiters(settings, gpu, past.models_of, now_wall)]
+    out += cron_plans(past.models_of, now_wall)
+    out += fleet_plans(past.fleets, past.models_of, now_wall)
+    return out
 
 
 def local_offset_s(now_wall: float) -> int:

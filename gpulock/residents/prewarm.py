@@ -179,15 +179,12 @@ class Prewarmer:
         """The models not loaded now whose source is known, each with its next use (and, for
         those due, how much of their file is cached)."""
         from gpulock.residents import foresight_inputs as fi
-        from gpulock.residents.foresight_cron import cron_plans, fleet_plans
 
         known = {m: w for m, w in past.where.items() if m not in loaded}
         if not known:
             return []
         gpus = sorted({w.gpu for w in known.values() if w.gpu is not None})
-        planned = [p for g in gpus for p in fi.waiters(self.settings, g, past.models_of, now_wall)]
-        planned += cron_plans(past.models_of, now_wall)
-        planned += fleet_plans(past.fleets, past.models_of, now_wall)
+        planned = fi.plans(self.settings, past, gpus, now_wall)
         nexts = fs.next_uses(
             known, planned, past.uses, now_wall, utc_offset_s=float(fi.local_offset_s(now_wall))
         )

@@ -70,7 +70,7 @@ def published(settings: Settings, now_wall: float | None = None) -> dict[str, An
     }
 
 
-def loaded_ahead(settings: Settings, past: Any = None) -> dict[str, float]:
+def loaded_ahead(settings: Settings) -> dict[str, float]:
     """Tenant models loaded ahead and not used since: resident id -> when the load ended.
     ``gpulock.residents.eviction`` evicts these first (a pre-warm is undone first)."""
     doc = published(settings)
@@ -83,10 +83,11 @@ def loaded_ahead(settings: Settings, past: Any = None) -> dict[str, float]:
         model, tenant, done = e.get("model"), e.get("tenant"), e.get("done_wall")
         if isinstance(model, str) and isinstance(tenant, str) and isinstance(done, int | float):
             out[f"{tenant}/{model}"] = float(done)
-    if out and past is None:
-        from gpulock.residents.foresight_past import read_past
+    if not out:
+        return {}
+    from gpulock.residents.foresight_past import read_past
 
-        past = read_past(settings.state_dir, mode=settings.file_mode)
+    past = read_past(settings.state_dir, mode=settings.file_mode)
     return {
         rid: done for rid, done in out.items()
         if not used_since(past, rid.split("/", 1)[1], done)
