@@ -157,14 +157,7 @@ class Blocks:
                 return None
             if need_usd is not None and not h.usd_ready(need_usd, wall):
                 return None
-            r = None
-            if rate:
-                h.slots_free -= 1
-            if need_usd is not None:
-                h.free_usd = round(h.free_usd - need_usd, 10)
-                r = Reservation(key, need_usd, h.usd_clustered, block_day=h.day)
-            h.took(second, 1 if rate else 0, need_usd or 0.0)
-            return (r,)
+            return (_take_one(h, key, rate, need_usd, second),)
 
     def _meet(
         self, task: str, key: str, c: Candidate, v: Verdict, need_usd: float | None, wall: float
@@ -214,14 +207,7 @@ class Blocks:
                 h.usd_clustered, h.tight = m.usd_clustered, m.tight
             elif m.usd and not m.held_back:
                 h.free_usd = round(h.free_usd + m.held, 10)  # refused: held as it was
-            r = None
-            if why is None:
-                if rate:
-                    h.slots_free -= 1
-                if need_usd is not None:
-                    h.free_usd = round(h.free_usd - need_usd, 10)
-                    r = Reservation(key, need_usd, h.usd_clustered, block_day=h.day)
-                h.took(second, 1 if rate else 0, need_usd or 0.0)
+            r = _take_one(h, key, rate, need_usd, second) if why is None else None
         self._give_back_cluster(key, m, second)
         return (v, r) if why is None else (why, None)
 
@@ -441,6 +427,21 @@ class Blocks:
         self._changed()
         if r.clustered:
             budget.give_back_usd(self.settings, r.key, -delta_usd)
+
+
+def _take_one(
+    h: Hold, key: str, rate: bool, need_usd: float | None, second: int
+) -> Reservation | None:
+    """One call's part taken from ``h`` (its slot, its reservation) and counted in its demand;
+    the reservation, or None without a budget (under ``Blocks._lock``)."""
+    r = None
+    if rate:
+        h.slots_free -= 1
+    if need_usd is not None:
+        h.free_usd = round(h.free_usd - need_usd, 10)
+        r = Reservation(key, need_usd, h.usd_clustered, block_day=h.day)
+    h.took(second, 1 if rate else 0, need_usd or 0.0)
+    return r
 
 
 def _rate_why(used: int, c: Candidate, share: int) -> str:

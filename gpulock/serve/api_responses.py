@@ -299,6 +299,11 @@ def answer(ask: Ask, body: dict[str, Any], a: Answer) -> dict[str, Any]:
 def _event(seq: list[int], kind: str, obj: dict[str, Any]) -> bytes:
     obj = {"type": kind, "sequence_number": seq[0], **obj}
     seq[0] += 1
+    return _frame(kind, obj)
+
+
+def _frame(kind: str, obj: dict[str, Any]) -> bytes:
+    """One server-sent event named ``kind``."""
     data = json.dumps(obj, separators=(",", ":"))
     return f"event: {kind}\ndata: {data}\n\n".encode()
 
@@ -320,36 +325,30 @@ async def sse(
     text: list[str] = []
     opened = False
 
-    def where(i: int) -> dict[str, Any]:
-        return {"item_id": msg_id, "output_index": i, "content_index": 0}
+    where = {"item_id": msg_id, "output_index": 0, "content_index": 0}
+
+    def opening() -> tuple[bytes, bytes]:
+        """The message and its text part, both still empty: before the first piece."""
+        item = _message_item(msg_id, "", "in_progress")
+        added = _event(seq, "response.output_item.added", {"output_index": 0, "item": item})
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return added, _event(seq, "response.content_part.added", {**where, "part": part})
 
     async for piece in pieces:
         if not opened:
             opened = True
-            yield _event(
-                seq,
-                "response.output_item.added",
-                {"output_index": 0, "item": _message_item(msg_id, "", "in_progress")},
-            )
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            yield _event(seq, "response.content_part.added", {**where(0), "part": part})
+            for event in opening():
+                yield event
         text.append(piece)
-        yield _event(
-            seq, "response.output_text.delta", {**where(0), "delta": piece, "logprobs": []}
-        )
+        yield _event(seq, "response.output_text.delta", {**where, "delta": piece, "logprobs": []})
     if opened or not tool_calls:
         whole = "".join(text)
         if not opened:  # nothing was said: the message is there all the same, empty
-            yield _event(
-                seq,
-                "response.output_item.added",
-                {"output_index": 0, "item": _message_item(msg_id, "", "in_progress")},
-            )
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            yield _event(seq, "response.content_part.added", {**where(0), "part": part})
-        yield _event(seq, "response.output_text.done", {**where(0), "text": whole, "logprobs": []})
+            for event in opening():
+                yield event
+        yield _event(seq, "response.output_text.done", {**where, "text": whole, "logprobs": []})
         part = {"type": "output_text", "text": whole, "annotations": [], "logprobs": []}
-        yield _event(seq, "response.content_part.done", {**where(0), "part": part})
+        yield _event(seq, "response.content_part.done", {**where, "part": part})
         item = _message_item(msg_id, whole, _status(usage.finish_reason, tool_calls))
         r.output.append(item)
         yield _event(seq, "response.output_item.done", {"output_index": 0, "item": item})
@@ -375,6 +374,6 @@ async def sse(
 
 def stream_error(e: ApiError) -> bytes:
     """An ``error`` event: what the client raises when a stream breaks off midway."""
-    obj = {"type": "error", "code": e.code, "message": e.message, "param": e.param}
-    data = json.dumps(obj, separators=(",", ":"))
-    return f"event: error\ndata: {data}\n\n".encode()
+    return _frame(
+        "error", {"type": "error", "code": e.code, "message": e.message, "param": e.param}
+    )

@@ -38,11 +38,9 @@ class ApiError(Exception):
         return {"error": self.message}
 
     def anthropic(self) -> dict[str, Any]:
-        kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "")
-        return {
-            "type": "error",
-            "error": {"type": kind or "invalid_request_error", "message": self.message},
-        }
+        other = "api_error" if self.status >= 500 else "invalid_request_error"
+        kind = ANTHROPIC_TYPES.get(self.status, other)
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
 
     def body(self, path: str) -> dict[str, object]:
         """In the shape of the API ``path`` came in by: ``/api/...``: Ollama's,
