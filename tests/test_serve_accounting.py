@@ -21,6 +21,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -484,8 +485,12 @@ def test_serve_and_agents_spend_one_budget_at_once_never_past_it_and_to_its_end(
 
 
 def test_serve_and_agents_share_one_rate_limit_at_once(setup: Setup) -> None:
+    start = time.monotonic()
     by_serve, by_agents = crowd(setup, "shared-rate", agents=3, clients=6)
     # Serve takes slots in blocks (never more than an eighth of those left): the minute's
-    # window still lets exactly the limit through, whoever asks.
-    assert by_serve + by_agents == SHARED_RATE
-    assert hits(setup.upstream, "m-shared-rate") == SHARED_RATE
+    # window still lets exactly the limit through, whoever asks.  Every caller stops at its
+    # first refusal, so that is exactly the limit within one minute; a crowd slowed past a
+    # minute (a loaded machine) may be let through once more per minute it spans, never more.
+    minutes = 1 + int((time.monotonic() - start) // 60)
+    assert SHARED_RATE <= by_serve + by_agents <= SHARED_RATE * minutes
+    assert hits(setup.upstream, "m-shared-rate") == by_serve + by_agents
