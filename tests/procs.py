@@ -38,19 +38,27 @@ POLL_S = 0.005
 DEFAULT_WAIT_S = 15.0  # "it eventually happens", on a busy 2-core machine
 
 
-# A process that is on its way out and takes its time, as a GPU process is while the driver
-# tears its context down: it lets go of any claim it inherited (a .fifo descriptor, as from
-# `gpulock run`), creates the file argv[1], and its main thread exits while a second thread lives
-# on until stdin closes.  Meanwhile the kernel shows the process in exit (a zombie leader,
-# PF_EXITING) and its pidfd is not readable; only when that thread ends has it exited.
-IN_EXIT_PY = """\
-import ctypes, os, sys, threading
+# The start of a child script that lets go of any claim it inherited (a .fifo descriptor, as
+# from `gpulock run`), as a program that closes the descriptors it does not know does.
+DROP_CLAIMS_PY = """\
+import os
 for name in os.listdir("/proc/self/fd"):
     try:
         if os.readlink(f"/proc/self/fd/{name}").endswith(".fifo"):
             os.close(int(name))
     except OSError:
         pass
+"""
+
+# A process that is on its way out and takes its time, as a GPU process is while the driver
+# tears its context down: it lets go of any claim it inherited, creates the file argv[1], and its
+# main thread exits while a second thread lives on until stdin closes.  Meanwhile the kernel
+# shows the process in exit (a zombie leader, PF_EXITING) and its pidfd is not readable; only
+# when that thread ends has it exited.
+IN_EXIT_PY = (
+    DROP_CLAIMS_PY
+    + """\
+import ctypes, sys, threading
 def last_thread():
     sys.stdin.buffer.read()
     os._exit(0)
@@ -58,6 +66,7 @@ threading.Thread(target=last_thread).start()
 open(sys.argv[1], "w").close()
 ctypes.CDLL(None).pthread_exit(None)
 """
+)
 
 
 def in_exit(pid: int) -> bool:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from cli_helpers import Cli, pid_alive, wait_until
-from procs import IN_EXIT_PY, World, in_exit
+from procs import DROP_CLAIMS_PY, IN_EXIT_PY, World, in_exit
 
 from gpulock.core import identity
 from gpulock.lock import census, exitwait
@@ -272,17 +272,14 @@ def test_the_event_names_the_live_tickets_the_process_holds_in_any_line(world: W
 # A command that lets go of the claim it inherited from `gpulock run` (as a program that closes
 # the descriptors it does not know does), says it runs, and lives on until its stdin closes: so
 # when `gpulock run` is SIGKILLed the claim reports the death while the command still runs.
-DROP_CLAIM_PY = """\
-import os, sys
-for name in os.listdir("/proc/self/fd"):
-    try:
-        if os.readlink(f"/proc/self/fd/{name}").endswith(".fifo"):
-            os.close(int(name))
-    except OSError:
-        pass
+DROP_CLAIM_PY = (
+    DROP_CLAIMS_PY
+    + """\
+import sys
 open(sys.argv[1], "w").close()
 sys.stdin.read()
 """
+)
 
 
 def test_successor_of_a_dead_holder_starts_only_after_its_command_exits(cli: Cli) -> None:

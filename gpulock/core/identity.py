@@ -32,8 +32,9 @@ class Identity:
     host: str
 
 
-def _stat_fields(pid: int) -> list[bytes] | None:
-    """Fields 3.. of ``/proc/<pid>/stat``, or None if the process does not exist."""
+def stat_fields(pid: int) -> list[bytes] | None:
+    """Fields 3.. of ``/proc/<pid>/stat`` (index 0 is field 3, the state), or None if the
+    process does not exist."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -44,7 +45,7 @@ def _stat_fields(pid: int) -> list[bytes] | None:
 
 
 def _stat_int(pid: int, index: int) -> int | None:
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     try:
         return int(fields[index]) if fields is not None else None
     except (IndexError, ValueError):

@@ -117,12 +117,12 @@ def in_exit(p: ProcState) -> bool:
 def proc_state(pid: int, ticks: int | None) -> ProcState | None:
     """How the kernel shows ``pid`` now; None if it is gone, or its pid now names another
     process (``ticks``: the recorded start time)."""
+    fields = identity.stat_fields(pid)
+    if fields is None:
+        return None
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        fields = data[data.rfind(b")") + 2 :].split()  # comm may hold spaces and ')'
         state, flags, started = fields[0].decode(), int(fields[6]), int(fields[19])
-    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+    except (ValueError, IndexError, UnicodeDecodeError):
         return None
     if started != ticks:
         return None

@@ -72,6 +72,12 @@ def asked_of(gset: Sequence[int], count: int) -> int | list[int]:
     return count if count > 1 else list(gset)
 
 
+def budget_of(cfg: Config, total_bytes: int | None) -> int | None:
+    """What holders may use of a GPU of ``total_bytes``: its memory less the reserve (None:
+    its size is unknown)."""
+    return None if total_bytes is None else total_bytes - cfg.reserve_bytes(total_bytes)
+
+
 def budgets(
     cfg: Config, gset: tuple[int, ...], count: int, need_bytes: int | None
 ) -> tuple[dict[int, int | None], tuple[int, ...]]:
@@ -80,8 +86,7 @@ def budgets(
     if need_bytes is None:
         return dict.fromkeys(gset), gset
     if len(gset) == 1:  # one GPU: exactly as it always was
-        total = devices.total_bytes(gset[0], cfg)
-        budget = None if total is None else total - cfg.reserve_bytes(total)
+        budget = budget_of(cfg, devices.total_bytes(gset[0], cfg))
         if budget is not None and need_bytes > budget:
             raise NeedTooLarge(gset[0], need_bytes, budget)
         return {gset[0]: budget}, gset
@@ -90,8 +95,7 @@ def budgets(
     unfit: list[tuple[int, int]] = []
     for g in gset:
         dev = report.get(g)
-        total = dev.total_bytes if dev is not None else None
-        budget = None if total is None else total - cfg.reserve_bytes(total)
+        budget = budget_of(cfg, dev.total_bytes if dev is not None else None)
         if budget is not None and need_bytes > budget:
             unfit.append((g, budget))
         else:

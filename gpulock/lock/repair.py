@@ -215,10 +215,17 @@ def _other_copies(settings: Settings, t: Ticket) -> None:
     for the last of them."""
     if not t.spans:
         return
-    others = [QueueDir(settings, g, create=False) for g in t.gpu_set if g != t.gpu]
     deadline = time.monotonic() + claim.KILL_WAIT_S
-    while True:
-        remove_dead_copies(settings, t)
-        if not any(q.alive(t.seq) for q in others) or time.monotonic() >= deadline:
-            return
-        time.sleep(0.01)
+    for g in t.gpu_set:
+        if g == t.gpu:
+            continue
+        try:
+            fd = QueueDir(settings, g, create=False).watch(t.seq)
+        except TicketFormatError:
+            continue  # not a FIFO: nobody holds it
+        if fd is not None:  # still held: the kernel says when it closes (no polling)
+            try:
+                claim.wait_released(fd, max(0.0, deadline - time.monotonic()))
+            finally:
+                os.close(fd)
+    remove_dead_copies(settings, t)

@@ -36,7 +36,7 @@ from gpulock.api import acquire_async
 from gpulock.core import devices
 from gpulock.core.errors import GpulockError, LockTimeout
 from gpulock.core.settings import Settings
-from gpulock.lock.gpuset import GpuArg, gpu_set
+from gpulock.lock.gpuset import GpuArg, budget_of, gpu_set
 from gpulock.lock.inherit import ENV_TICKET
 from gpulock.lock.lease import Lease
 from gpulock.pool import ENV_SIZE, ENV_WORKER, policy, record
@@ -396,8 +396,7 @@ def max_for(settings: Settings, gpu: GpuArg, need_bytes: int) -> int:
     many as all of theirs could)."""
     out = 0
     for g in gpu_set(settings.config, gpu):
-        total = devices.total_bytes(g, settings.config)
-        budget = None if total is None else total - settings.config.reserve_bytes(total)
+        budget = budget_of(settings.config, devices.total_bytes(g, settings.config))
         out += policy.default_max(budget, need_bytes)
     return out
 
