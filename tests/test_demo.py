@@ -42,7 +42,9 @@ def test_short_demo_runs_the_fleet_and_writes_the_report(tmp_path: Path) -> None
     log = tmp_path / "d" / "state" / "events.jsonl"
     events = [json.loads(line) for line in log.read_text().splitlines()]
     errors = [e for e in events if e["event"] == "agent" and e["outcome"] == "error"]
-    assert errors == [], errors  # every agent of the demo works; a crash is a bug
+    # Every agent of the demo works; a crash is a bug, shown with its traceback from the
+    # agent's own log so that a failure seen once (on CI) can be read, not guessed at.
+    assert errors == [], [*errors, *_tracebacks(tmp_path / "d" / "state", errors)]
     runs = [e for e in events if e["event"] == "fleet-run"]
     # What happened, not how much fit in a window: the demo runs its fleet on past --seconds
     # until every agent has run once, however loaded the machine is.
@@ -219,3 +221,15 @@ def test_a_stopped_demo_leaves_nothing_running(tmp_path: Path, sig: int) -> None
         assert "demo stopped by SIGTERM" in out.read_text() and "Traceback" not in out.read_text()
     state = folder / "state"
     wait_until(lambda: not _started_by(state), 30, lambda: f"left running: {_started_by(state)}")
+
+
+def _tracebacks(state: Path, errors: list[dict[str, object]]) -> list[str]:
+    """The ``exc`` of each failed run in its agent's log (``<state>/agents/<name>/log.jsonl``)."""
+    out = []
+    for e in errors:
+        log = state / "agents" / str(e["agent"]) / "log.jsonl"
+        for line in log.read_text().splitlines() if log.exists() else []:
+            rec = json.loads(line)
+            if rec.get("pid") == e.get("pid") and rec.get("exc"):
+                out.append(f"{e['agent']} pid {e['pid']}:\n{rec['exc']}")
+    return out
