@@ -14,12 +14,16 @@ import errno
 import itertools
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from procs import DEFAULT_WAIT_S, Child, World, alive, wait_until
 
+from gpulock.core.claim import ring
 from gpulock.lock.steps import ENV
+from gpulock.lock.ticket import fifo_name
 
 RELEASE = ("release-ticket", "release-fifo", "release-close", "release-done")
 LOOK = ("look-first", "look-second", "look-done")
@@ -129,3 +133,45 @@ def test_a_holder_killed_during_the_look_is_still_a_death(
     assert not world.events("exit-wait-alive"), world.describe()
     successor.release()
     assert successor.wait_exit() == 0
+
+
+def test_a_signal_while_a_waiter_lets_go_of_its_watches_leaves_the_line_cleanly(
+    world: World, tmp_path: Path
+) -> None:
+    """SIGTERM to ``gpulock run`` waiting in line is exit 143 wherever it lands.
+
+    Seen on CI: a demo agent stopped by SIGTERM while its waiter let go of the watch on the
+    holder ahead (closing one descriptor, about to forget it) ended as ``KeyError: 5``, an
+    error instead of a stop: the waiter's clean-up let go of that watch a second time.  Here
+    the waiter stops between the two acts of letting go (``unwatch``) and the signal lands
+    there.
+    """
+    holder = world.hold("holder")
+    gates = Gates(tmp_path / "gates", ("unwatch",))
+    waiter = subprocess.Popen(
+        [sys.executable, "-m", "gpulock", "run", "--name", "waiter", "--", "true"],
+        env={**os.environ, **gates.env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        waits = wait_until(
+            lambda: world.events("wait", name="waiter"), DEFAULT_WAIT_S, world.describe
+        )
+        # Its first look watches the holder; a doorbell makes it look again, and a new look
+        # lets go of the old watches first.
+        ring(world.gpu_dir() / fifo_name(waits[0]["ticket"]))
+        gates.reached("unwatch")
+        waiter.send_signal(signal.SIGTERM)
+        _out, err = waiter.communicate(timeout=DEFAULT_WAIT_S)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+    assert waiter.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and "KeyError" not in err, err
+    assert [e["signal"] for e in world.events("leave", name="waiter")] == ["SIGTERM"]
+    holder.release()
+    assert holder.wait_exit() == 0
+    world.hold("next")  # the line goes on: the waiter's ticket left with it

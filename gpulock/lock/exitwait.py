@@ -232,10 +232,10 @@ class ExitWatch:
             d = self.dead[t.seq] = _Dead(t, now)
             for pid, ticks in processes(t).items():
                 fd = open_pidfd(pid, ticks, t.pidns, t.uid)
-                if fd is not None:
-                    d.pidfds[pid] = fd
-                    self.fds[fd] = (t.seq, pid)
+                if fd is not None:  # registered, then recorded (see gpulock.lock.waiter)
                     self.poller.register(fd, select.POLLIN)
+                    self.fds[fd] = (t.seq, pid)
+                    d.pidfds[pid] = fd
         if d.done:
             return False
         for fd in [fd for fd in d.pidfds.values() if exited(fd)]:
@@ -300,9 +300,9 @@ class ExitWatch:
         if owner is None:
             return False
         seq, pid = owner
+        self.dead[seq].pidfds.pop(pid, None)  # forgotten, then let go (see gpulock.lock.waiter)
         self.poller.unregister(fd)
         os.close(fd)
-        self.dead[seq].pidfds.pop(pid, None)
         return True
 
     def wake_at(self) -> float:

@@ -14,7 +14,9 @@ by step and forces every interleaving in turn:
 
 The steps (``STEPS``): ``release-ticket``, ``release-fifo``, ``release-close`` (before each of
 ``Lease.release``'s three acts) and ``release-done`` (after them); ``look-first``,
-``look-second`` (before each of ``QueueDir.look``'s two looks) and ``look-done`` (after them).
+``look-second`` (before each of ``QueueDir.look``'s two looks) and ``look-done`` (after them);
+``unwatch`` (in a waiter's letting go of its watches on the tickets ahead, between one
+watch's two acts: where a signal's exception must not leave a watch half let go).
 Unset, ``pause`` costs one comparison.
 """
 
@@ -33,6 +35,7 @@ STEPS = frozenset(
         "look-first",
         "look-second",
         "look-done",
+        "unwatch",
     }
 )
 

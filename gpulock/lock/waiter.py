@@ -28,7 +28,7 @@ from gpulock.lock import exitwait, hung, sigwake
 from gpulock.lock.census import remove_dead_copies, tickets_of
 from gpulock.lock.exitwait import Poller
 from gpulock.lock.lines import Line, count_ahead, decide_lines, free_memory, nearest_line
-from gpulock.lock.queuedir import QueueDir, Spot, TicketFile
+from gpulock.lock.queuedir import QueueDir, Spot, TicketFile, pause
 from gpulock.lock.room import Kept, Request, Room, calls_of, require
 from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
 
@@ -111,10 +111,12 @@ class Waiter:
         # bytecodes: the wake-up pipe in the poll set makes one that lands just before
         # poll() is entered wake it now, not at the next safety re-check (gpulock.lock.sigwake).
         wake_up = sigwake.SignalWake()
+        wake_fd: int | None = None  # set once registered: the finally unregisters only that
         try:
             while (wake := self.step()) is not None:
-                if wake_up.fd is None and (sfd := wake_up.open()) is not None:
+                if wake_fd is None and (sfd := wake_up.open()) is not None:
                     poll.register(sfd, select.POLLIN)
+                    wake_fd = sfd
                 ready = poll.poll(max(0, math.ceil((wake - time.monotonic()) * 1000)))
                 if wake_up.fd is not None and any(fd == wake_up.fd for fd, _ in ready):
                     wake_up.drain()  # the pending handler runs once we are back in Python
@@ -127,18 +129,25 @@ class Waiter:
             granted = True
             return ticket
         finally:
-            if wake_up.fd is not None:
-                poll.unregister(wake_up.fd)
+            if wake_fd is not None:
+                poll.unregister(wake_fd)
             wake_up.close()
             self.close(granted=granted)
+
+    # A signal's handler may raise (``gpulock run``'s SIGTERM, an agent's stop, Ctrl-C) between
+    # any two bytecodes, and ``close`` then runs in a ``finally``.  So every descriptor this
+    # waiter tracks (``mine``, ``watched``, the exit watch's pidfds) is registered before it
+    # is recorded and forgotten before it is unregistered and closed: an exception between two
+    # of those acts leaves at worst one descriptor open until exit, never one that the clean-up
+    # unregisters or closes a second time (``KeyError: 5``; a number closed twice may be
+    # someone else's by then).
 
     def close(self, *, granted: bool = False) -> None:
         """Stop watching (the tickets ahead, any dead holder's processes, my own claims) and
         warming.  The claims themselves stay open: the Lease (or ``Queued.leave``) owns them."""
         self._unwatch_all()
-        for fd in list(self.mine):
-            self.poller.unregister(fd)
-        self.mine.clear()
+        while self.mine:
+            self.poller.unregister(self.mine.pop())
         self.exits.close()
         if self.prefetch is not None:
             self.prefetch.stop(granted=granted)
@@ -232,8 +241,8 @@ class Waiter:
             if line.gpu in self.chosen or line.spot.fd is None:
                 continue
             fd = line.spot.fd
-            self.poller.unregister(fd)
             self.mine.discard(fd)
+            self.poller.unregister(fd)
             line.spot.leave()
 
     def woken(self, ready: Sequence[int]) -> None:
@@ -258,8 +267,8 @@ class Waiter:
         except claim.NotAClaim:
             fd = None
         if fd is not None:
-            self.watched[GOVERNOR_WATCH] = fd
             self.poller.register(fd, 0)
+            self.watched[GOVERNOR_WATCH] = fd
 
     def _due(self) -> bool:
         """After a timed wake: does anything need a fresh look?"""
@@ -335,16 +344,17 @@ class Waiter:
         self._unwatch_all()
         for key, fd in fds.items():
             if key in want:
-                self.watched[key] = fd
                 self.poller.register(fd, 0)  # POLLERR/POLLHUP are always reported
+                self.watched[key] = fd
             else:
                 os.close(fd)
 
     def _unwatch_all(self) -> None:
-        for fd in self.watched.values():
+        while self.watched:
+            _key, fd = self.watched.popitem()
             self.poller.unregister(fd)
+            pause("unwatch")  # (test hook: gpulock.lock.steps)
             os.close(fd)
-        self.watched.clear()
 
     def _room_request(self, reason: str, cap_s: float, gpu: int | None = None) -> Request:
         left = None if self.deadline is None else self.deadline - time.monotonic()
