@@ -100,6 +100,17 @@ def test_gpulock_agent_run_is_the_same_command(cli: Cli) -> None:
     assert [e["outcome"] for e in cli.events("agent")] == ["ok"]
 
 
+def test_inputs_may_follow_options(cli: Cli) -> None:
+    """``run NAME --module M INPUT``: argparse alone refused INPUT as unrecognized."""
+    out = cli.root / "hello.txt"
+    r = cli.run("agent", "run", "t-hello", "--module", FIXTURES, "x", "--out", str(out), "y")
+    assert (r.code, r.stderr) == (0, ""), r.describe()
+    assert out.read_text() == "hello x y"
+    bad = cli.run("agent", "run", "t-hello", "--module", FIXTURES, "x", "--bogus")
+    assert_clean_error(bad, 2)
+    assert error_lines(bad.stderr) == ["error: unrecognized arguments: --bogus"]
+
+
 def test_unknown_agent_names_the_known_ones(cli: Cli) -> None:
     r = run(cli, "run", "nope")
     assert_clean_error(r, 2)

@@ -115,13 +115,31 @@ def build_parser(prog: str = "gpulock agent") -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parse_args``, with ``run``'s INPUTs taken wherever they stand after NAME.
+
+    argparse fills a ``nargs="*"`` positional once, at its first chance: in ``run NAME
+    --module M ~/notes`` that is before ``--module``, so ``~/notes`` was left over and refused
+    ("unrecognized arguments"), though a cron line is as likely written that way as any other.
+    Left-over words that are not options are INPUTs, in their order; a left-over option is
+    still an error.
+    """
+    args, extra = parser.parse_known_args(argv)
+    if args.cmd == "run" and "--" not in argv:
+        args.inputs += [x for x in extra if not x.startswith("-")]
+        extra = [x for x in extra if x.startswith("-")]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None, *, prog: str = "gpulock agent") -> int:
     return run_command(lambda args: _main(args, prog), argv)
 
 
 def _main(argv: list[str], prog: str) -> int:
     parser = build_parser(prog)
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if args.cmd is None:
         parser.print_help(sys.stderr)
         return EX_USAGE
