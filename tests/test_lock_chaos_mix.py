@@ -30,6 +30,13 @@ def test_a_mix_of_pinned_any_and_two_gpu_tickets_under_sigkill(tmp_path: Path) -
     bench = chaos()
     bench.KILL_EVERY = 10  # more deaths per grant than the bench: the run is short
     bench.STOP_EVERY = 150
+    # The bench calls a line still for 2 s (nothing stopped) a wedge, and a wait 2 s past its
+    # timeout stuck: figures for a quiet machine, and a loaded CI machine may starve a process
+    # that long.  Here only 30 s counts: the bugs behind them show without a clock all the
+    # same (a release read as a death is an exit wait on a live process, exit_waits_live; a
+    # deadlock never ends).
+    bench.WEDGE_S = 30.0
+    bench.STUCK_S = max(bench.TIMEOUT_S) + bench.WEDGE_S
     r = bench.run_once(REPO, tmp_path / "run", 400, 16, seed=28, n_gpus=4, mix=True)
     assert "abandoned" not in r, r
     assert r["grants"] >= 400
