@@ -111,8 +111,14 @@ def test_the_watchdog_evicts_it_when_idle_over_threshold(
     while server.states()["tiny-a"] != "unloaded" and time.monotonic() < deadline:
         gov.tick(gov.clock())
     assert server.states()["tiny-a"] == "unloaded"
-    (ev,) = [e for e in events.read(settings.state_dir) if e["event"] == "evict"]
-    assert (ev["tenant"], ev["outcome"]) == ("llama", "freed")
+    evicts = [e for e in events.read(settings.state_dir) if e["event"] == "evict"]
+    assert evicts and all(e["tenant"] == "llama" for e in evicts), evicts
+    # One tick's eviction, freed; on a loaded machine a tick may give up first, its check
+    # done while the server still unloads ("not-freed") or its listing not in time
+    # ("no-answer"), and the next tick finds it freed, or gone by then.
+    *tries, last = [e["outcome"] for e in evicts]
+    assert set(tries) <= {"not-freed", "no-answer"}, evicts
+    assert last == "freed" or (last == "gone" and "not-freed" in tries), evicts
 
 
 def test_an_exclusive_gpulock_run_unloads_it_first(
