@@ -28,9 +28,10 @@ from gpulock.lock import exitwait, hung, sigwake
 from gpulock.lock.census import remove_dead_copies, tickets_of
 from gpulock.lock.exitwait import Poller
 from gpulock.lock.lines import Line, count_ahead, decide_lines, free_memory, nearest_line
-from gpulock.lock.queuedir import QueueDir, Spot, TicketFile, pause
+from gpulock.lock.queuedir import QueueDir, Spot, TicketFile
 from gpulock.lock.room import Kept, Request, Room, calls_of, require
 from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
+from gpulock.lock.watches import Watches
 
 if TYPE_CHECKING:
     from gpulock.lock.prefetch import Prefetch
@@ -73,17 +74,15 @@ class Waiter:
         self.prefer = dict(prefer or {})  # GPU -> why the caller knows the job is warm there
         self.models = tuple(models)  # what the job will load (its prefetch files), for placing
         self.chosen: tuple[int, ...] = ()  # the GPUs decided on, once step() returns None
-        self.watched: dict[tuple[int, int], int] = {}  # (gpu, seq) -> a write end of its FIFO
         # The blocking form sleeps in poll(); ``gpulock.lock.aiolock`` passes its event loop's.
         self._poll: select.poll | None = None
         if poller is None:
             poller = self._poll = select.poll()
         self.poller: Poller = poller
-        self.mine: set[int] = set()  # my claims' read ends: a byte in one is a doorbell
+        self.watches = Watches(poller)  # what it sleeps on (gpulock.lock.watches)
         for spot in spots:
             assert spot.fd is not None
-            self.mine.add(spot.fd)
-            self.poller.register(spot.fd, select.POLLIN)
+            self.watches.add_mine(spot.fd)
         self.hung = hung.HungHolders(settings, SAFETY_RECHECK_S)  # holders past their lease
         self.announced = False
         self.safety_first_s = safety_recheck_s()
@@ -111,7 +110,8 @@ class Waiter:
         # bytecodes: the wake-up pipe in the poll set makes one that lands just before
         # poll() is entered wake it now, not at the next safety re-check (gpulock.lock.sigwake).
         wake_up = sigwake.SignalWake()
-        wake_fd: int | None = None  # set once registered: the finally unregisters only that
+        # Set once registered: the finally unregisters only that (gpulock.lock.watches).
+        wake_fd: int | None = None
         try:
             while (wake := self.step()) is not None:
                 if wake_fd is None and (sfd := wake_up.open()) is not None:
@@ -134,20 +134,10 @@ class Waiter:
             wake_up.close()
             self.close(granted=granted)
 
-    # A signal's handler may raise (``gpulock run``'s SIGTERM, an agent's stop, Ctrl-C) between
-    # any two bytecodes, and ``close`` then runs in a ``finally``.  So every descriptor this
-    # waiter tracks (``mine``, ``watched``, the exit watch's pidfds) is registered before it
-    # is recorded and forgotten before it is unregistered and closed: an exception between two
-    # of those acts leaves at worst one descriptor open until exit, never one that the clean-up
-    # unregisters or closes a second time (``KeyError: 5``; a number closed twice may be
-    # someone else's by then).
-
     def close(self, *, granted: bool = False) -> None:
         """Stop watching (the tickets ahead, any dead holder's processes, my own claims) and
         warming.  The claims themselves stay open: the Lease (or ``Queued.leave``) owns them."""
-        self._unwatch_all()
-        while self.mine:
-            self.poller.unregister(self.mine.pop())
+        self.watches.close()  # safe however a signal interrupts it (gpulock.lock.watches)
         self.exits.close()
         if self.prefetch is not None:
             self.prefetch.stop(granted=granted)
@@ -187,7 +177,7 @@ class Waiter:
                     )
                     if kept is not None:
                         self.kept = (self.kept or []) + kept
-            self._rewatch(watch, fds)
+            self.watches.rewatch(watch, fds)
             self.freeze_ends = None
             if frozen is not None:
                 reason = "the governor froze new GPU admissions"
@@ -240,9 +230,7 @@ class Waiter:
         for line in self.lines:
             if line.gpu in self.chosen or line.spot.fd is None:
                 continue
-            fd = line.spot.fd
-            self.mine.discard(fd)
-            self.poller.unregister(fd)
+            self.watches.drop_mine(line.spot.fd)
             line.spot.leave()
 
     def woken(self, ready: Sequence[int]) -> None:
@@ -254,7 +242,7 @@ class Waiter:
             else min(self.safety_s * 2, max(SAFETY_RECHECK_MAX_S, self.safety_first_s))
         )
         for fd in ready:
-            if fd in self.mine:
+            if fd in self.watches.mine:
                 claim.drain(fd)  # doorbells
             else:
                 self.exits.on_ready(fd)  # a dead holder's process exited (if it is one)
@@ -267,8 +255,7 @@ class Waiter:
         except claim.NotAClaim:
             fd = None
         if fd is not None:
-            self.poller.register(fd, 0)
-            self.watched[GOVERNOR_WATCH] = fd
+            self.watches.watch(GOVERNOR_WATCH, fd)
 
     def _due(self) -> bool:
         """After a timed wake: does anything need a fresh look?"""
@@ -280,7 +267,7 @@ class Waiter:
         now_w = time.time()
         for line in self.lines:
             for tf in line.ahead:
-                if (line.gpu, tf.ticket.seq) not in self.watched:
+                if (line.gpu, tf.ticket.seq) not in self.watches.watched:
                     continue
                 if not line.qdir.ticket_path(tf.ticket.seq).exists():
                     return True  # the guard: released while a stray fork kept its FIFO open
@@ -339,22 +326,6 @@ class Waiter:
             )
         if t.spans:  # its copies in the other lines of its set died with it
             remove_dead_copies(self.settings, t)
-
-    def _rewatch(self, want: set[tuple[int, int]], fds: dict[tuple[int, int], int]) -> None:
-        self._unwatch_all()
-        for key, fd in fds.items():
-            if key in want:
-                self.poller.register(fd, 0)  # POLLERR/POLLHUP are always reported
-                self.watched[key] = fd
-            else:
-                os.close(fd)
-
-    def _unwatch_all(self) -> None:
-        while self.watched:
-            _key, fd = self.watched.popitem()
-            self.poller.unregister(fd)
-            pause("unwatch")  # (test hook: gpulock.lock.steps)
-            os.close(fd)
 
     def _room_request(self, reason: str, cap_s: float, gpu: int | None = None) -> Request:
         left = None if self.deadline is None else self.deadline - time.monotonic()
@@ -469,7 +440,7 @@ class Waiter:
         for line in self.lines:
             for tf in line.ahead:
                 t = tf.ticket
-                if (line.gpu, t.seq) not in self.watched or t.seq in seen:
+                if (line.gpu, t.seq) not in self.watches.watched or t.seq in seen:
                     continue
                 seen.add(t.seq)
                 wake = min(wake, self.hung.wake_at(line.qdir, tf, now, now_w))
