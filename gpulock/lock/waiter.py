@@ -20,17 +20,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from gpulock.core import claim, devices, identity, level
+from gpulock.core import claim, devices, level
 from gpulock.core.errors import LockTimeout
 from gpulock.core.settings import Settings
 from gpulock.core.statefile import atomic_write
 from gpulock.lock import exitwait, hung, sigwake
-from gpulock.lock.census import remove_dead_copies, tickets_of
+from gpulock.lock.ahead import scan_ahead
+from gpulock.lock.census import tickets_of
 from gpulock.lock.exitwait import Poller
 from gpulock.lock.lines import Line, count_ahead, decide_lines, free_memory, nearest_line
-from gpulock.lock.queuedir import QueueDir, Spot, TicketFile
+from gpulock.lock.queuedir import Spot
 from gpulock.lock.room import Kept, Request, Room, calls_of, require
-from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
+from gpulock.lock.ticket import Ticket, encode, event_fields
 from gpulock.lock.watches import Watches
 
 if TYPE_CHECKING:
@@ -158,7 +159,7 @@ class Waiter:
         if self.rescan:
             fds: dict[tuple[int, int], int] = {}
             for line in self.lines:
-                line.ahead, got = self._scan_ahead(line)
+                line.ahead, got = scan_ahead(self.settings, self.me.seq, line, self.exits.blocks)
                 fds.update(((line.gpu, seq), fd) for seq, fd in got.items())
             grant, watch, reason = self._decide()
             frozen = level.freeze(self.settings) if grant else None
@@ -274,58 +275,6 @@ class Waiter:
                 if self.hung.overdue(tf, now_w):
                     return True
         return self.hung.killing
-
-    def _scan_ahead(self, line: Line) -> tuple[list[TicketFile], dict[int, int]]:
-        """Live tickets ahead of me in one line, nearest waiter only if one is ahead; with
-        watch fds."""
-        live: list[TicketFile] = []
-        fds: dict[int, int] = {}
-        qdir = line.qdir
-        if line.ahead_seqs is None:
-            # Listed once per wait: nobody is ever inserted ahead of a ticket, so later scans
-            # only drop the ones that left (O(1) per handoff instead of O(queue length)).
-            line.ahead_seqs = [s for s in qdir.seqs() if s < self.me.seq]
-        gone: set[int] = set()
-        line.exit_blockers = []
-        for seq in reversed(line.ahead_seqs):
-            try:
-                seen = qdir.look(seq)
-            except TicketFormatError:
-                continue  # garbage is skipped: it never holds the GPU
-            if seen is None:
-                gone.add(seq)
-                continue
-            tf, fd = seen
-            if fd is None:
-                if tf.ticket.holding and self.exits.blocks(tf.ticket):
-                    line.exit_blockers.append(seq)  # cleaned once its processes are gone
-                    continue
-                self._clean_dead(qdir, tf)
-                gone.add(seq)
-                continue
-            live.append(tf)
-            fds[seq] = fd
-            if not tf.ticket.holding and len(live) == 1:
-                break  # a waiter ahead: it is all that can change my answer
-        live.reverse()
-        if gone:
-            line.ahead_seqs = [s for s in line.ahead_seqs if s not in gone]
-        return live, fds
-
-    def _clean_dead(self, qdir: QueueDir, tf: TicketFile) -> None:
-        t = tf.ticket
-        if not identity.may_signal(t.uid):
-            return  # not ours to remove; it is skipped all the same
-        if qdir.remove(t.seq):
-            self.settings.emit(
-                "cleanup",
-                **event_fields(t),
-                holding=t.holding,
-                reason="owner gone: no process holds its FIFO open",
-                by_pid=os.getpid(),
-            )
-        if t.spans:  # its copies in the other lines of its set died with it
-            remove_dead_copies(self.settings, t)
 
     def _room_request(self, reason: str, cap_s: float, gpu: int | None = None) -> Request:
         left = None if self.deadline is None else self.deadline - time.monotonic()
