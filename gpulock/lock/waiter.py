@@ -169,15 +169,7 @@ class Waiter:
                 self.chosen = grant
                 return None
             if not grant and not self.cleared_early and self._command_tenant_holds():
-                # A command tenant's server holds its ticket for as long as it runs: an
-                # exclusive waiter would wait for ever behind it.  Stop it (if idle) now.
-                self.cleared_early = True
-                for line in self._tenant_lines():
-                    kept = self.room.unblock(
-                        self.settings, self._room_request("exclusive ticket", 30.0, line.gpu)
-                    )
-                    if kept is not None:
-                        self.kept = (self.kept or []) + kept
+                self._stop_command_tenants()
             self.watches.rewatch(watch, fds)
             self.freeze_ends = None
             if frozen is not None:
@@ -308,6 +300,17 @@ class Waiter:
                     self.kept = (self.kept or []) + kept if self.spans else kept
                 continue
             self.room.make(self.settings, self._room_request("room for ticket", 10.0, gpu))
+
+    def _stop_command_tenants(self) -> None:
+        """A command tenant's server holds its ticket for as long as it runs: an exclusive
+        waiter would wait for ever behind it.  Stop it (if idle) now, once per wait."""
+        self.cleared_early = True
+        for line in self._tenant_lines():
+            kept = self.room.unblock(
+                self.settings, self._room_request("exclusive ticket", 30.0, line.gpu)
+            )
+            if kept is not None:
+                self.kept = (self.kept or []) + kept
 
     def _command_tenant_holds(self) -> bool:
         return bool(self._tenant_lines())
