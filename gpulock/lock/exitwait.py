@@ -232,7 +232,7 @@ class ExitWatch:
             d = self.dead[t.seq] = _Dead(t, now)
             for pid, ticks in processes(t).items():
                 fd = open_pidfd(pid, ticks, t.pidns, t.uid)
-                if fd is not None:  # registered, then recorded (see gpulock.lock.waiter)
+                if fd is not None:  # registered, then recorded (see gpulock.lock.watches)
                     self.poller.register(fd, select.POLLIN)
                     self.fds[fd] = (t.seq, pid)
                     d.pidfds[pid] = fd
@@ -300,7 +300,7 @@ class ExitWatch:
         if owner is None:
             return False
         seq, pid = owner
-        self.dead[seq].pidfds.pop(pid, None)  # forgotten, then let go (see gpulock.lock.waiter)
+        self.dead[seq].pidfds.pop(pid, None)  # forgotten, then let go (see gpulock.lock.watches)
         self.poller.unregister(fd)
         os.close(fd)
         return True

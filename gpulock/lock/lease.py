@@ -37,14 +37,15 @@ from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 
-from gpulock.core import devices, identity
+from gpulock.core import identity
 from gpulock.core.config import Config
 from gpulock.core.errors import LockTimeout
 from gpulock.core.settings import Settings, load
 from gpulock.core.statefile import atomic_write
-from gpulock.core.units import format_gpus, parse_duration, parse_size
+from gpulock.core.units import format_gpus
 from gpulock.lock import gpuset, inherit
 from gpulock.lock import prefetch as prefetch_mod
+from gpulock.lock.ask import check_ask, ticket_maker
 from gpulock.lock.gpuset import GpuArg, Prefer
 from gpulock.lock.queued import Queued
 from gpulock.lock.queuedir import QueueDir, Spot, enqueue_set, owner_fds, pause, unlink_quietly
@@ -322,52 +323,19 @@ def enqueue(
     room = require(room)
     settings = load(config, state_dir)
     cfg = settings.config
-    count = gpuset.count_of(gpus)
-    gset = gpuset.gpu_set(cfg, gpu, count)
-    timeout_s = None if timeout is None else parse_duration(timeout, key="timeout")
-    lease_s = None if lease is None else parse_duration(lease, key="lease")
-    need_bytes = None if need is None else parse_size(need, key="need")
-    if need_bytes is not None and need_bytes <= 0:
-        raise ValueError(f"need must be above 0, got {need!r}")
-    warm_paths = prefetch_mod.check_paths(prefetch or ())
-
-    # Before QueueDir() creates gpu<N>/: a refused GPU must leave no queue folder behind.
-    for g in gset:
-        devices.check_gpu(g, cfg)  # NoSuchGpu, naming the GPUs there are
-    already = _held_already(settings, gset, count, nested)
+    ask = check_ask(cfg, gpu, need, timeout, lease, gpus, prefetch)
+    already = _held_already(settings, ask.gset, ask.count, nested)
     if already is not None:
         return already
 
-    budgets, gset = gpuset.budgets(cfg, gset, count, need_bytes)
+    budgets, gset = gpuset.budgets(cfg, ask.gset, ask.count, ask.need_bytes)
     qdirs = [QueueDir(settings, g) for g in gset]
-    spans = len(gset) > 1 or count > 1
+    spans = len(gset) > 1 or ask.count > 1
     start = time.monotonic()
-    deadline = None if timeout_s is None else start + timeout_s
+    deadline = None if ask.timeout_s is None else start + ask.timeout_s
     me = identity.current()
-    argv = tuple(command) if command is not None else _own_command()
-    label = name or (os.path.basename(argv[0]) if argv else "python")
-
-    def make(seq: int) -> Ticket:
-        return Ticket(
-            seq=seq,
-            gpu=gset[0],
-            pid=me.pid,
-            uid=me.uid,
-            user=me.user,
-            host=me.host,
-            name=label,
-            created_wall=time.time(),
-            start_ticks=me.start_ticks,
-            boot_id=me.boot_id,
-            pidns=me.pidns,
-            command=argv,
-            need_bytes=need_bytes,
-            lease_s=lease_s,
-            gpus=gset if spans else (),
-            count=count,
-        )
-
-    warm = prefetch_mod.for_waiter(settings, warm_paths)
+    label, make = ticket_maker(ask, gset, spans, name, command, me)
+    warm = prefetch_mod.for_waiter(settings, ask.warm_paths)
     try:
         _ticket, spots = enqueue_set(qdirs, make, deadline)
     except LockTimeout:
@@ -379,8 +347,8 @@ def enqueue(
             ticket=None,
             pid=me.pid,
             name=label,
-            need_bytes=need_bytes,
-            **({"gpus": gpuset.asked_of(gset, count), "granted": []} if spans else {}),
+            need_bytes=ask.need_bytes,
+            **({"gpus": gpuset.asked_of(gset, ask.count), "granted": []} if spans else {}),
             waited_s=round(time.monotonic() - start, 6),
             reason="no ticket yet: the sequence mutex stayed busy",
         )
@@ -394,7 +362,7 @@ def enqueue(
         room,
         warm,
         gpuset.prefer_of(prefer, gset),
-        tuple(warm_paths) if spans else (),
+        ask.warm_paths if spans else (),
     )
 
 
@@ -430,15 +398,6 @@ def leases_held() -> list[Lease]:
     """The leases this thread holds now (``gpulock run`` releases them if a signal cuts in
     just as ``acquire`` returns)."""
     return [lease for lease in getattr(_held, "leases", {}).values() if lease.held]
-
-
-def _own_command() -> tuple[str, ...]:
-    try:
-        with open("/proc/self/cmdline", "rb") as f:
-            parts = f.read().split(b"\0")
-        return tuple(p.decode(errors="replace") for p in parts if p)[:32]
-    except OSError:
-        return ()
 
 
 def _inherited_lease(settings: Settings, gset: Sequence[int], count: int) -> Lease | None:

@@ -5,7 +5,8 @@ A ticket pinned to one GPU has one ``Line`` and the one-GPU rule (``gpulock.lock
 exactly as before sets.  A ticket for a set of GPUs stands in the line of each and takes
 ``count`` of them at once (``queue.decide_set``); when more are ready than it takes, it is
 placed where the job is warm, else where most memory is free (``free_memory``).  The waiter
-(``gpulock.lock.waiter``) scans the lines and sleeps; what they say is decided here.
+(``gpulock.lock.waiter``) scans the lines (``gpulock.lock.ahead``) and sleeps; what they say is
+decided here.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class Line:
 
     spot: Spot
     budget: int | None  # the GPU's memory less the reserve; None: unknown (or exclusive)
-    ahead_seqs: list[int] | None = None  # listed once per wait (see waiter.Waiter._scan_ahead)
+    ahead_seqs: list[int] | None = None  # listed once per wait (see gpulock.lock.ahead.scan_ahead)
     ahead: list[TicketFile] = field(default_factory=list)  # live ones, from the last scan
     exit_blockers: list[int] = field(default_factory=list)  # dead holders still exiting
 

@@ -20,17 +20,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from gpulock.core import claim, devices, identity, level
+from gpulock.core import claim, devices, level
 from gpulock.core.errors import LockTimeout
 from gpulock.core.settings import Settings
 from gpulock.core.statefile import atomic_write
 from gpulock.lock import exitwait, hung, sigwake
-from gpulock.lock.census import remove_dead_copies, tickets_of
+from gpulock.lock.ahead import scan_ahead
+from gpulock.lock.census import tickets_of
 from gpulock.lock.exitwait import Poller
 from gpulock.lock.lines import Line, count_ahead, decide_lines, free_memory, nearest_line
-from gpulock.lock.queuedir import QueueDir, Spot, TicketFile, pause
+from gpulock.lock.queuedir import Spot
 from gpulock.lock.room import Kept, Request, Room, calls_of, require
-from gpulock.lock.ticket import Ticket, TicketFormatError, encode, event_fields
+from gpulock.lock.ticket import Ticket, encode, event_fields
+from gpulock.lock.watches import Watches
 
 if TYPE_CHECKING:
     from gpulock.lock.prefetch import Prefetch
@@ -73,17 +75,15 @@ class Waiter:
         self.prefer = dict(prefer or {})  # GPU -> why the caller knows the job is warm there
         self.models = tuple(models)  # what the job will load (its prefetch files), for placing
         self.chosen: tuple[int, ...] = ()  # the GPUs decided on, once step() returns None
-        self.watched: dict[tuple[int, int], int] = {}  # (gpu, seq) -> a write end of its FIFO
         # The blocking form sleeps in poll(); ``gpulock.lock.aiolock`` passes its event loop's.
         self._poll: select.poll | None = None
         if poller is None:
             poller = self._poll = select.poll()
         self.poller: Poller = poller
-        self.mine: set[int] = set()  # my claims' read ends: a byte in one is a doorbell
+        self.watches = Watches(poller)  # what it sleeps on (gpulock.lock.watches)
         for spot in spots:
             assert spot.fd is not None
-            self.mine.add(spot.fd)
-            self.poller.register(spot.fd, select.POLLIN)
+            self.watches.add_mine(spot.fd)
         self.hung = hung.HungHolders(settings, SAFETY_RECHECK_S)  # holders past their lease
         self.announced = False
         self.safety_first_s = safety_recheck_s()
@@ -111,7 +111,8 @@ class Waiter:
         # bytecodes: the wake-up pipe in the poll set makes one that lands just before
         # poll() is entered wake it now, not at the next safety re-check (gpulock.lock.sigwake).
         wake_up = sigwake.SignalWake()
-        wake_fd: int | None = None  # set once registered: the finally unregisters only that
+        # Set once registered: the finally unregisters only that (gpulock.lock.watches).
+        wake_fd: int | None = None
         try:
             while (wake := self.step()) is not None:
                 if wake_fd is None and (sfd := wake_up.open()) is not None:
@@ -134,20 +135,10 @@ class Waiter:
             wake_up.close()
             self.close(granted=granted)
 
-    # A signal's handler may raise (``gpulock run``'s SIGTERM, an agent's stop, Ctrl-C) between
-    # any two bytecodes, and ``close`` then runs in a ``finally``.  So every descriptor this
-    # waiter tracks (``mine``, ``watched``, the exit watch's pidfds) is registered before it
-    # is recorded and forgotten before it is unregistered and closed: an exception between two
-    # of those acts leaves at worst one descriptor open until exit, never one that the clean-up
-    # unregisters or closes a second time (``KeyError: 5``; a number closed twice may be
-    # someone else's by then).
-
     def close(self, *, granted: bool = False) -> None:
         """Stop watching (the tickets ahead, any dead holder's processes, my own claims) and
         warming.  The claims themselves stay open: the Lease (or ``Queued.leave``) owns them."""
-        self._unwatch_all()
-        while self.mine:
-            self.poller.unregister(self.mine.pop())
+        self.watches.close()  # safe however a signal interrupts it (gpulock.lock.watches)
         self.exits.close()
         if self.prefetch is not None:
             self.prefetch.stop(granted=granted)
@@ -168,7 +159,7 @@ class Waiter:
         if self.rescan:
             fds: dict[tuple[int, int], int] = {}
             for line in self.lines:
-                line.ahead, got = self._scan_ahead(line)
+                line.ahead, got = scan_ahead(self.settings, self.me.seq, line, self.exits.blocks)
                 fds.update(((line.gpu, seq), fd) for seq, fd in got.items())
             grant, watch, reason = self._decide()
             frozen = level.freeze(self.settings) if grant else None
@@ -178,16 +169,8 @@ class Waiter:
                 self.chosen = grant
                 return None
             if not grant and not self.cleared_early and self._command_tenant_holds():
-                # A command tenant's server holds its ticket for as long as it runs: an
-                # exclusive waiter would wait for ever behind it.  Stop it (if idle) now.
-                self.cleared_early = True
-                for line in self._tenant_lines():
-                    kept = self.room.unblock(
-                        self.settings, self._room_request("exclusive ticket", 30.0, line.gpu)
-                    )
-                    if kept is not None:
-                        self.kept = (self.kept or []) + kept
-            self._rewatch(watch, fds)
+                self._stop_command_tenants()
+            self.watches.rewatch(watch, fds)
             self.freeze_ends = None
             if frozen is not None:
                 reason = "the governor froze new GPU admissions"
@@ -240,9 +223,7 @@ class Waiter:
         for line in self.lines:
             if line.gpu in self.chosen or line.spot.fd is None:
                 continue
-            fd = line.spot.fd
-            self.mine.discard(fd)
-            self.poller.unregister(fd)
+            self.watches.drop_mine(line.spot.fd)
             line.spot.leave()
 
     def woken(self, ready: Sequence[int]) -> None:
@@ -254,7 +235,7 @@ class Waiter:
             else min(self.safety_s * 2, max(SAFETY_RECHECK_MAX_S, self.safety_first_s))
         )
         for fd in ready:
-            if fd in self.mine:
+            if fd in self.watches.mine:
                 claim.drain(fd)  # doorbells
             else:
                 self.exits.on_ready(fd)  # a dead holder's process exited (if it is one)
@@ -267,8 +248,7 @@ class Waiter:
         except claim.NotAClaim:
             fd = None
         if fd is not None:
-            self.poller.register(fd, 0)
-            self.watched[GOVERNOR_WATCH] = fd
+            self.watches.watch(GOVERNOR_WATCH, fd)
 
     def _due(self) -> bool:
         """After a timed wake: does anything need a fresh look?"""
@@ -280,81 +260,13 @@ class Waiter:
         now_w = time.time()
         for line in self.lines:
             for tf in line.ahead:
-                if (line.gpu, tf.ticket.seq) not in self.watched:
+                if (line.gpu, tf.ticket.seq) not in self.watches.watched:
                     continue
                 if not line.qdir.ticket_path(tf.ticket.seq).exists():
                     return True  # the guard: released while a stray fork kept its FIFO open
                 if self.hung.overdue(tf, now_w):
                     return True
         return self.hung.killing
-
-    def _scan_ahead(self, line: Line) -> tuple[list[TicketFile], dict[int, int]]:
-        """Live tickets ahead of me in one line, nearest waiter only if one is ahead; with
-        watch fds."""
-        live: list[TicketFile] = []
-        fds: dict[int, int] = {}
-        qdir = line.qdir
-        if line.ahead_seqs is None:
-            # Listed once per wait: nobody is ever inserted ahead of a ticket, so later scans
-            # only drop the ones that left (O(1) per handoff instead of O(queue length)).
-            line.ahead_seqs = [s for s in qdir.seqs() if s < self.me.seq]
-        gone: set[int] = set()
-        line.exit_blockers = []
-        for seq in reversed(line.ahead_seqs):
-            try:
-                seen = qdir.look(seq)
-            except TicketFormatError:
-                continue  # garbage is skipped: it never holds the GPU
-            if seen is None:
-                gone.add(seq)
-                continue
-            tf, fd = seen
-            if fd is None:
-                if tf.ticket.holding and self.exits.blocks(tf.ticket):
-                    line.exit_blockers.append(seq)  # cleaned once its processes are gone
-                    continue
-                self._clean_dead(qdir, tf)
-                gone.add(seq)
-                continue
-            live.append(tf)
-            fds[seq] = fd
-            if not tf.ticket.holding and len(live) == 1:
-                break  # a waiter ahead: it is all that can change my answer
-        live.reverse()
-        if gone:
-            line.ahead_seqs = [s for s in line.ahead_seqs if s not in gone]
-        return live, fds
-
-    def _clean_dead(self, qdir: QueueDir, tf: TicketFile) -> None:
-        t = tf.ticket
-        if not identity.may_signal(t.uid):
-            return  # not ours to remove; it is skipped all the same
-        if qdir.remove(t.seq):
-            self.settings.emit(
-                "cleanup",
-                **event_fields(t),
-                holding=t.holding,
-                reason="owner gone: no process holds its FIFO open",
-                by_pid=os.getpid(),
-            )
-        if t.spans:  # its copies in the other lines of its set died with it
-            remove_dead_copies(self.settings, t)
-
-    def _rewatch(self, want: set[tuple[int, int]], fds: dict[tuple[int, int], int]) -> None:
-        self._unwatch_all()
-        for key, fd in fds.items():
-            if key in want:
-                self.poller.register(fd, 0)  # POLLERR/POLLHUP are always reported
-                self.watched[key] = fd
-            else:
-                os.close(fd)
-
-    def _unwatch_all(self) -> None:
-        while self.watched:
-            _key, fd = self.watched.popitem()
-            self.poller.unregister(fd)
-            pause("unwatch")  # (test hook: gpulock.lock.steps)
-            os.close(fd)
 
     def _room_request(self, reason: str, cap_s: float, gpu: int | None = None) -> Request:
         left = None if self.deadline is None else self.deadline - time.monotonic()
@@ -388,6 +300,17 @@ class Waiter:
                     self.kept = (self.kept or []) + kept if self.spans else kept
                 continue
             self.room.make(self.settings, self._room_request("room for ticket", 10.0, gpu))
+
+    def _stop_command_tenants(self) -> None:
+        """A command tenant's server holds its ticket for as long as it runs: an exclusive
+        waiter would wait for ever behind it.  Stop it (if idle) now, once per wait."""
+        self.cleared_early = True
+        for line in self._tenant_lines():
+            kept = self.room.unblock(
+                self.settings, self._room_request("exclusive ticket", 30.0, line.gpu)
+            )
+            if kept is not None:
+                self.kept = (self.kept or []) + kept
 
     def _command_tenant_holds(self) -> bool:
         return bool(self._tenant_lines())
@@ -469,7 +392,7 @@ class Waiter:
         for line in self.lines:
             for tf in line.ahead:
                 t = tf.ticket
-                if (line.gpu, t.seq) not in self.watched or t.seq in seen:
+                if (line.gpu, t.seq) not in self.watches.watched or t.seq in seen:
                     continue
                 seen.add(t.seq)
                 wake = min(wake, self.hung.wake_at(line.qdir, tf, now, now_w))
