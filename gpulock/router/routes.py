@@ -66,9 +66,6 @@ CANDIDATE_KEYS = (
     "tokenizer",
     "bytes_per_token",
 )
-# llama-cpp-python's chat handlers that parse tool calls out of a model's text (a llama_cpp
-# candidate's ``tools:``; see gpulock.router.tools).
-TOOL_HANDLERS = ("chatml-function-calling", "functionary", "functionary-v1", "functionary-v2")
 TASK_KEYS = ("candidates", "inherit", *CANDIDATE_KEYS)
 ROUTER_KEYS = ("defaults", "cooldown", "daily_budget", "hold_estimate")
 
@@ -271,7 +268,7 @@ def _candidate(
         label = model
     base_url = rv.text(cfg, at("base_url"), f.get("base_url"))
     api_key_env = rv.text(cfg, at("api_key_env"), f.get("api_key_env"))
-    tenant = _tenant(cfg, at("tenant"), f.get("tenant"), backend)
+    tenant = rv.tenant(cfg, at("tenant"), f.get("tenant"), backend)
     if tenant is not None:
         base_url, api_key_env = tenant.url, tenant.api_key_env
     if backend == "openai":
@@ -338,25 +335,10 @@ def _candidate(
         ),
         gpu=rv.opt_whole(cfg, at("gpu"), f.get("gpu"), low=0) if tenant is None else tenant.gpu,
         parallel=rv.whole(cfg, at("parallel"), f.get("parallel", 1), low=1),
-        tools=_tools(cfg, at("tools"), f.get("tools"), backend),
+        tools=rv.tools(cfg, at("tools"), f.get("tools"), backend),
         tokenizer=rv.tokenizer(cfg, at("tokenizer"), f.get("tokenizer")),
         bytes_per_token=rv.ratio(cfg, at("bytes_per_token"), f.get("bytes_per_token")),
     )
-
-
-def _tools(cfg: Config, key: str, value: Any, backend: str) -> bool | str | None:
-    """``tools:``: true or false; for a llama_cpp candidate, the name of a chat handler."""
-    if value is None or isinstance(value, bool):
-        return value
-    if backend == "llama_cpp" and isinstance(value, str) and value in TOOL_HANDLERS:
-        return value
-    if backend == "llama_cpp":
-        raise cfg.error(
-            key,
-            f"expected false or a llama-cpp-python function-calling handler, got {value!r}",
-            hint=known_hint(str(value), TOOL_HANDLERS, "handlers"),
-        )
-    raise cfg.error(key, f"expected true or false, got {value!r}")
 
 
 def tenant_candidate(cfg: Config, tenant: str, model: str) -> Candidate:
@@ -369,23 +351,6 @@ def tenant_candidate(cfg: Config, tenant: str, model: str) -> Candidate:
     fields = {k: v for k, v in defaults.items() if k not in ("tier", "backend", "base_url")}
     fields.update(tenant=tenant, model=model, name=f"{tenant}/{model}")
     return _candidate(cfg, f"{tenant}/{model}", f"tenants.{tenant}", fields, {})
-
-
-def _tenant(cfg: Config, key: str, value: Any, backend: str) -> Any:
-    """The configured tenant a ``backend: tenant`` candidate names (its TenantSpec)."""
-    if backend != "tenant":
-        if value is not None:
-            raise cfg.error(key, f"'tenant' is for backend: tenant, not {backend}")
-        return None
-    known = {t.name: t for t in cfg.tenants}
-    if not isinstance(value, str) or value not in known:
-        hint = (
-            known_hint(value, known, "tenants")
-            if known
-            else "tenants: none is configured (add a tenants: list)"
-        )
-        raise cfg.error(key, f"expected the name of a tenant, got {value!r}", hint=hint)
-    return known[value]
 
 
 def with_context(c: Candidate, n_ctx: int, n_batch: int) -> Candidate:
