@@ -27,34 +27,11 @@ from dataclasses import dataclass, replace
 
 from gpulock.core.settings import Settings
 from gpulock.core.units import calendar_day, day_ends_at
-from gpulock.router import allowance, budget, ledger
+from gpulock.router import budget, ledger, meeting
 from gpulock.router.allowance import Hold
 from gpulock.router.budget import Reservation
 from gpulock.router.choose import Host, Verdict, choose, cid
 from gpulock.router.routes import Candidate, RouterSettings
-
-
-@dataclass(slots=True)
-class _Meeting:
-    """What one meeting with the shared ledger detached, wanted and took."""
-
-    need_usd: float | None
-    old: tuple[int, int, bool] | None = None  # (second, free slots, clustered) replaced
-    wanted_slots: int = 0
-    slots: int = 0  # slots taken (granted by Redis, or by this host's file)
-    slots_clustered: bool = False
-    slots_here: bool = False  # counted in this host's file
-    rate_share: int = 1
-    usd: bool = False  # a budget block is taken
-    held: float = 0.0  # the budget held unused, folded into the new block
-    wanted_usd: float = 0.0
-    got_usd: float = 0.0  # counted as spent for the new block (the call's need, less held)
-    usd_clustered: bool = False
-    usd_here: bool = False
-    usd_share: int = 1
-    tight: bool = False  # the budget is near its end: nothing is kept (allowance.tight)
-    held_clustered: bool = False  # ``held`` is counted in Redis too
-    held_back: bool = False  # refused: ``held`` went back to the shared ledger
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +150,7 @@ class Blocks:
             # What this meeting replaces, detached so that no call takes it meanwhile: the
             # slots of an earlier second (given back), the budget held unused (folded into
             # the new block).
-            m = _Meeting(need_usd)
+            m = meeting.Meeting(need_usd)
             if rate and not h.slot_ready(second):
                 m.old = (h.second, h.slots_free, h.slots_clustered)
                 h.slots_free = 0
@@ -194,7 +171,7 @@ class Blocks:
                 h.free_usd = round(h.free_usd + m.held, 10)
             self._unpend(batch)
             m.held_back = m.slots_here = m.usd_here = False
-            self._give_back_cluster(key, m, second)
+            meeting.give_back_cluster(self.settings, key, m, second)
             raise
         self.meetings += 1
         self._changed()
@@ -208,7 +185,7 @@ class Blocks:
             elif m.usd and not m.held_back:
                 h.free_usd = round(h.free_usd + m.held, 10)  # refused: held as it was
             r = _take_one(h, key, rate, need_usd, second) if why is None else None
-        self._give_back_cluster(key, m, second)
+        meeting.give_back_cluster(self.settings, key, m, second)
         return (v, r) if why is None else (why, None)
 
     def _take(
@@ -216,33 +193,13 @@ class Blocks:
         task: str,
         key: str,
         c: Candidate,
-        m: _Meeting,
+        m: meeting.Meeting,
         batch: list[ledger.Call],
         wall: float,
     ) -> Verdict | None:
         """The meeting's I/O: Redis's scripts (in a cluster), then the file's change.  Fills
         ``m`` with what was taken; returns the refusal, or None."""
-        need = m.need_usd or 0.0
-        why: Verdict | None = None
-        # The cluster first: its scripts are the truth across hosts.
-        if m.old is not None and self.clustered:
-            if m.old[1] and m.old[2]:
-                budget.give_back_slots(self.settings, key, m.old[0], m.old[1])
-            g = budget.take_slots(self.settings, c, m.wanted_slots, allowance.SHARE)
-            if isinstance(g, str):
-                why = Verdict(c, False, g, limit="rate")
-            else:
-                m.slots, m.slots_clustered, m.rate_share = int(g.amount), g.clustered, g.share
-        if why is None and m.usd and self.clustered:
-            g2 = budget.reserve_ahead(
-                self.settings, self.rs, c, need - m.held, m.wanted_usd - need, allowance.SHARE,
-                m.held, need,
-            )  # fmt: skip
-            if isinstance(g2, str):
-                why = Verdict(c, False, g2, limit="budget")
-            else:
-                m.got_usd, m.usd_clustered, m.usd_share = g2.amount, g2.clustered, g2.share
-                m.tight = g2.tight
+        why = meeting.take_cluster(self.settings, self.rs, c, key, m) if self.clustered else None
         with ledger.change(self.settings, now_wall=wall) as led:
             for k in batch:  # the calls that waited to be written: in this change
                 ledger.count(led, k, wall)
@@ -251,54 +208,17 @@ class Blocks:
             if why is None:
                 why = self._judge(task, c, led, wall, key, m.held)
             if why is None and m.old is not None:
-                used = led.requests_last_min(wall).get(key, 0)
-                if not m.slots_clustered:
-                    m.slots = self._slots_here(c, used, m.wanted_slots, m.rate_share)
-                if m.slots < 1:
-                    why = Verdict(c, False, _rate_why(used, c, m.rate_share), limit="rate")
-                else:
-                    led.take_requests(key, wall, m.slots)
-                    m.slots_here = True
+                why = meeting.take_slots(led, c, key, m, wall)
             if why is None and m.usd:
-                spent = led.spend_usd.get(key, 0.0) - m.held
-                total = sum(led.spend_usd.values()) - m.held - self._held_usd(key)
-                where = "on this host" if m.usd_share == 1 else "on this host (its share)"
-                # Granted by Redis or not, this host's file is judged too (at the full budget
-                # when Redis answered: the file counts this host's spend only).
-                no, left = budget.over_budget(c, self.rs, spent, total, need, m.usd_share, where)
-                if no is not None:
-                    why = Verdict(c, False, no, limit="budget")
-                else:
-                    if not m.usd_clustered:
-                        ahead = allowance.usd_ahead(need, left, m.wanted_usd)
-                        m.got_usd = round(need - m.held + ahead, 10)
-                        m.tight = allowance.tight(need, left)
-                    led.spend_usd[key] = round(max(0.0, spent + m.held + m.got_usd), 8)
-                    m.usd_here = True
+                why = meeting.take_usd(led, c, self.rs, key, m, self._held_usd(key))
             if why is not None and why.limit == "budget" and m.held:
-                # No call of this size fits: what is held goes back at once (the next
-                # process may have a smaller one).
-                spent = led.spend_usd.get(key, 0.0) - m.held
-                led.spend_usd[key] = round(max(0.0, spent), 8)
-                m.held_back = True
+                meeting.give_back_held(led, key, m)
         return why
 
     def _held_usd(self, but: str) -> float:
         """What the other holds keep unused (counted in the file's spend)."""
         with self._lock:
             return sum(h.free_usd for k, h in self._holds.items() if k != but)
-
-    def _give_back_cluster(self, key: str, m: _Meeting, second: int) -> None:
-        """What Redis granted a meeting that this host's file did not take: given back."""
-        if m.slots_clustered and m.slots and not m.slots_here:
-            budget.give_back_slots(self.settings, key, second, m.slots)
-            m.slots = 0
-        if m.usd_clustered and m.got_usd and not m.usd_here:
-            budget.give_back_usd(self.settings, key, m.got_usd)
-            m.got_usd = 0.0
-        if m.held_back and m.held_clustered:
-            budget.give_back_usd(self.settings, key, m.held)
-            m.held_back = False
 
     def _judge(
         self,
@@ -327,14 +247,6 @@ class Blocks:
         )
         v = choose(task, [c], host).verdicts[0]
         return None if v.ok else v
-
-    def _slots_here(self, c: Candidate, used: int, wanted: int, share: int) -> int:
-        """Slots to take in this host's file, with ``used`` taken: a block of the limit's
-        (one at a time, within its share, while a cluster's Redis cannot be used)."""
-        limit = c.rate_limit_per_min or 0
-        if share > 1:
-            return 1 if used + 1 <= limit / share else 0
-        return allowance.slots_block(limit, used, wanted)
 
     def settle(self, r: Reservation, cost_usd: float) -> None:
         """A call reserved from a block answered at ``cost_usd``: settled into its block (what
@@ -442,13 +354,3 @@ def _take_one(
         r = Reservation(key, need_usd, h.usd_clustered, block_day=h.day)
     h.took(second, 1 if rate else 0, need_usd or 0.0)
     return r
-
-
-def _rate_why(used: int, c: Candidate, share: int) -> str:
-    limit = c.rate_limit_per_min
-    if share > 1:
-        return (
-            f"rate limit: {used} requests in the last minute on this host "
-            f"(its share of {limit} while the cluster's Redis is unavailable)"
-        )
-    return f"rate limit: {used} requests in the last minute (of {limit})"

@@ -66,9 +66,6 @@ CANDIDATE_KEYS = (
     "tokenizer",
     "bytes_per_token",
 )
-# llama-cpp-python's chat handlers that parse tool calls out of a model's text (a llama_cpp
-# candidate's ``tools:``; see gpulock.router.tools).
-TOOL_HANDLERS = ("chatml-function-calling", "functionary", "functionary-v1", "functionary-v2")
 TASK_KEYS = ("candidates", "inherit", *CANDIDATE_KEYS)
 ROUTER_KEYS = ("defaults", "cooldown", "daily_budget", "hold_estimate")
 
@@ -236,76 +233,13 @@ def _candidate(
 ) -> Candidate:
     """``where``: field -> the key it was written under when not the candidate's own
     (``router.defaults``, ``routes.digest``): a mistake there is named there."""
-
-    def at(name: str) -> str:
-        return f"{where.get(name, key)}.{name}"
-
-    def of(name: str) -> str:
-        """For a field written elsewhere, which candidate it failed on."""
-        return "" if where.get(name, key) == key else f" (applied to {key})"
-
-    backend = f.get("backend", "tenant" if f.get("tenant") is not None else None)
-    # Every field is type-checked before use: a mapping here is unhashable, so even the
-    # lookup in BACKENDS would fail with a TypeError instead of naming the key.
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise cfg.error(
-            at("backend"),
-            f"expected one of {', '.join(BACKENDS)}, got {backend!r}",
-        )
-    tier = f.get("tier", {"openai": "cloud", "tenant": "gpu"}.get(backend, "cpu"))
-    if not isinstance(tier, str) or tier not in BACKENDS[backend]:
-        allowed = " or ".join(BACKENDS[backend])
-        raise cfg.error(
-            at("tier"), f"backend {backend} serves tier {allowed}, got {tier!r}{of('tier')}"
-        )
-    model = f.get("model")
-    if not isinstance(model, str) or not model.strip():
-        what = "a GGUF file path" if backend == "llama_cpp" else "a model id like gpt-4o-mini"
-        raise cfg.error(at("model"), f"expected {what}, got {model!r}")
-    if backend == "llama_cpp":
-        model = os.path.expanduser(model)
-        if not os.path.isabs(model) and cfg.path is not None:
-            model = str(cfg.path.parent / model)  # relative to the config file, as people expect
-        label = os.path.splitext(os.path.basename(model))[0]
-    else:
-        label = model
-    base_url = rv.text(cfg, at("base_url"), f.get("base_url"))
-    api_key_env = rv.text(cfg, at("api_key_env"), f.get("api_key_env"))
-    tenant = _tenant(cfg, at("tenant"), f.get("tenant"), backend)
-    if tenant is not None:
-        base_url, api_key_env = tenant.url, tenant.api_key_env
-    if backend == "openai":
-        if base_url is None:
-            raise cfg.error(at("base_url"), "an openai candidate needs base_url")
-        if api_key_env is None:
-            raise cfg.error(
-                at("api_key_env"),
-                "an openai candidate needs api_key_env: the NAME of an environment variable",
-                hint="keys never go in the config file: api_key_env: OPENAI_API_KEY",
-            )
-        if not rv.env_name(api_key_env):
-            # Never echo the value: it may be the key itself, and errors end up in cron mail.
-            raise cfg.error(
-                at("api_key_env"),
-                "expected an environment variable name like OPENAI_API_KEY, got a value that "
-                f"looks like a key ({rv.masked(api_key_env)})",
-                hint="this is the variable's name, not the key itself",
-            )
-    default_policy = "api-fallback" if tier == "cloud" else "persistent"
-    policy = f.get("policy", default_policy)
-    if not isinstance(policy, str) or policy not in POLICIES:
-        raise cfg.error(at("policy"), f"expected one of {', '.join(POLICIES)}, got {policy!r}")
-    if tier == "cloud":
-        # A task's or the defaults' residency policy is for its local candidates: a cloud
-        # candidate loads nothing here, whatever it inherits.
-        policy = "api-fallback"
-    elif policy == "api-fallback":
-        raise cfg.error(
-            at("policy"),
-            f"api-fallback is the cloud tier's policy; a {tier} candidate is persistent or "
-            f"cold-start{of('policy')}",
-            hint="falling back along the list happens anyway: add a cloud candidate after it",
-        )
+    w = _Where(key, where)
+    at = w.at
+    # Checked in this order: of several mistakes, the first is named.
+    backend, tier = _backend_tier(cfg, f, w)
+    model, label = _model(cfg, f, backend, w)
+    base_url, api_key_env, tenant = _endpoint(cfg, f, backend, w)
+    policy = _policy(cfg, f, tier, w)
     price_in, price_out = rv.price(cfg, at("price"), f.get("price"))
     gpu_layers = rv.whole(cfg, at("n_gpu_layers"), f.get("n_gpu_layers", -1), low=-1)
     return Candidate(
@@ -338,25 +272,110 @@ def _candidate(
         ),
         gpu=rv.opt_whole(cfg, at("gpu"), f.get("gpu"), low=0) if tenant is None else tenant.gpu,
         parallel=rv.whole(cfg, at("parallel"), f.get("parallel", 1), low=1),
-        tools=_tools(cfg, at("tools"), f.get("tools"), backend),
+        tools=rv.tools(cfg, at("tools"), f.get("tools"), backend),
         tokenizer=rv.tokenizer(cfg, at("tokenizer"), f.get("tokenizer")),
         bytes_per_token=rv.ratio(cfg, at("bytes_per_token"), f.get("bytes_per_token")),
     )
 
 
-def _tools(cfg: Config, key: str, value: Any, backend: str) -> bool | str | None:
-    """``tools:``: true or false; for a llama_cpp candidate, the name of a chat handler."""
-    if value is None or isinstance(value, bool):
-        return value
-    if backend == "llama_cpp" and isinstance(value, str) and value in TOOL_HANDLERS:
-        return value
-    if backend == "llama_cpp":
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """Where a candidate's fields were written (``key``: the candidate's own place;
+    ``written``: field -> elsewhere), so that a mistake is named where it was made."""
+
+    key: str
+    written: Mapping[str, str]
+
+    def at(self, name: str) -> str:
+        return f"{self.written.get(name, self.key)}.{name}"
+
+    def of(self, name: str) -> str:
+        """For a field written elsewhere, which candidate it failed on."""
+        return "" if self.written.get(name, self.key) == self.key else f" (applied to {self.key})"
+
+
+def _backend_tier(cfg: Config, f: Mapping[str, Any], w: _Where) -> tuple[str, str]:
+    """``backend:`` (``tenant`` when a tenant is named) and the ``tier:`` it serves."""
+    backend = f.get("backend", "tenant" if f.get("tenant") is not None else None)
+    # Every field is type-checked before use: a mapping here is unhashable, so even the
+    # lookup in BACKENDS would fail with a TypeError instead of naming the key.
+    if not isinstance(backend, str) or backend not in BACKENDS:
         raise cfg.error(
-            key,
-            f"expected false or a llama-cpp-python function-calling handler, got {value!r}",
-            hint=known_hint(str(value), TOOL_HANDLERS, "handlers"),
+            w.at("backend"),
+            f"expected one of {', '.join(BACKENDS)}, got {backend!r}",
         )
-    raise cfg.error(key, f"expected true or false, got {value!r}")
+    tier = f.get("tier", {"openai": "cloud", "tenant": "gpu"}.get(backend, "cpu"))
+    if not isinstance(tier, str) or tier not in BACKENDS[backend]:
+        allowed = " or ".join(BACKENDS[backend])
+        raise cfg.error(
+            w.at("tier"), f"backend {backend} serves tier {allowed}, got {tier!r}{w.of('tier')}"
+        )
+    return backend, tier
+
+
+def _model(cfg: Config, f: Mapping[str, Any], backend: str, w: _Where) -> tuple[str, str]:
+    """``model:`` (a llama_cpp GGUF path: expanded, relative to the config file) and its label."""
+    model = f.get("model")
+    if not isinstance(model, str) or not model.strip():
+        what = "a GGUF file path" if backend == "llama_cpp" else "a model id like gpt-4o-mini"
+        raise cfg.error(w.at("model"), f"expected {what}, got {model!r}")
+    if backend != "llama_cpp":
+        return model, model
+    model = os.path.expanduser(model)
+    if not os.path.isabs(model) and cfg.path is not None:
+        model = str(cfg.path.parent / model)  # relative to the config file, as people expect
+    return model, os.path.splitext(os.path.basename(model))[0]
+
+
+def _endpoint(
+    cfg: Config, f: Mapping[str, Any], backend: str, w: _Where
+) -> tuple[str | None, str | None, Any]:
+    """``base_url`` and ``api_key_env`` (a tenant's own, for a tenant candidate; required, and a
+    variable's name, for an openai one), and the tenant (its TenantSpec, or None)."""
+    base_url = rv.text(cfg, w.at("base_url"), f.get("base_url"))
+    api_key_env = rv.text(cfg, w.at("api_key_env"), f.get("api_key_env"))
+    tenant = rv.tenant(cfg, w.at("tenant"), f.get("tenant"), backend)
+    if tenant is not None:
+        base_url, api_key_env = tenant.url, tenant.api_key_env
+    if backend != "openai":
+        return base_url, api_key_env, tenant
+    if base_url is None:
+        raise cfg.error(w.at("base_url"), "an openai candidate needs base_url")
+    if api_key_env is None:
+        raise cfg.error(
+            w.at("api_key_env"),
+            "an openai candidate needs api_key_env: the NAME of an environment variable",
+            hint="keys never go in the config file: api_key_env: OPENAI_API_KEY",
+        )
+    if not rv.env_name(api_key_env):
+        # Never echo the value: it may be the key itself, and errors end up in cron mail.
+        raise cfg.error(
+            w.at("api_key_env"),
+            "expected an environment variable name like OPENAI_API_KEY, got a value that "
+            f"looks like a key ({rv.masked(api_key_env)})",
+            hint="this is the variable's name, not the key itself",
+        )
+    return base_url, api_key_env, tenant
+
+
+def _policy(cfg: Config, f: Mapping[str, Any], tier: str, w: _Where) -> str:
+    """``policy:``; a cloud candidate's is always api-fallback, a local one's never."""
+    default_policy = "api-fallback" if tier == "cloud" else "persistent"
+    policy = f.get("policy", default_policy)
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise cfg.error(w.at("policy"), f"expected one of {', '.join(POLICIES)}, got {policy!r}")
+    if tier == "cloud":
+        # A task's or the defaults' residency policy is for its local candidates: a cloud
+        # candidate loads nothing here, whatever it inherits.
+        return "api-fallback"
+    if policy == "api-fallback":
+        raise cfg.error(
+            w.at("policy"),
+            f"api-fallback is the cloud tier's policy; a {tier} candidate is persistent or "
+            f"cold-start{w.of('policy')}",
+            hint="falling back along the list happens anyway: add a cloud candidate after it",
+        )
+    return policy
 
 
 def tenant_candidate(cfg: Config, tenant: str, model: str) -> Candidate:
@@ -369,23 +388,6 @@ def tenant_candidate(cfg: Config, tenant: str, model: str) -> Candidate:
     fields = {k: v for k, v in defaults.items() if k not in ("tier", "backend", "base_url")}
     fields.update(tenant=tenant, model=model, name=f"{tenant}/{model}")
     return _candidate(cfg, f"{tenant}/{model}", f"tenants.{tenant}", fields, {})
-
-
-def _tenant(cfg: Config, key: str, value: Any, backend: str) -> Any:
-    """The configured tenant a ``backend: tenant`` candidate names (its TenantSpec)."""
-    if backend != "tenant":
-        if value is not None:
-            raise cfg.error(key, f"'tenant' is for backend: tenant, not {backend}")
-        return None
-    known = {t.name: t for t in cfg.tenants}
-    if not isinstance(value, str) or value not in known:
-        hint = (
-            known_hint(value, known, "tenants")
-            if known
-            else "tenants: none is configured (add a tenants: list)"
-        )
-        raise cfg.error(key, f"expected the name of a tenant, got {value!r}", hint=hint)
-    return known[value]
 
 
 def with_context(c: Candidate, n_ctx: int, n_batch: int) -> Candidate:

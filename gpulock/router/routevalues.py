@@ -1,5 +1,5 @@
 """Checking one value of the route table: a mapping, a known key, text, a whole number, a size,
-a duration, money, a price, a tiktoken encoding, a bytes-per-token ratio.
+a duration, money, a price, a tiktoken encoding, a bytes-per-token ratio, ``tools:``, a tenant.
 
 Each takes the config (for its ``error``: file, line and key), the key as the user would write it
 (``routes.summarize[0].n_ctx``) and the value, and returns it parsed or raises ``ConfigError``
@@ -15,6 +15,10 @@ from gpulock.core.apikeys import is_env_name
 from gpulock.core.config import Config
 from gpulock.core.errors import known_hint
 from gpulock.core.units import parse_duration, parse_size, parse_usd
+
+# llama-cpp-python's chat handlers that parse tool calls out of a model's text (a llama_cpp
+# candidate's ``tools:``; see gpulock.router.tools).
+TOOL_HANDLERS = ("chatml-function-calling", "functionary", "functionary-v1", "functionary-v2")
 
 
 def mapping(cfg: Config, key: str, value: Any) -> Mapping[str, Any]:
@@ -117,6 +121,38 @@ def ratio(cfg: Config, key: str, value: Any) -> float | None:
             hint="English is about 4 bytes a token, code 3, CJK text 1.5 to 3, emoji 1 to 2",
         )
     return float(value)
+
+
+def tools(cfg: Config, key: str, value: Any, backend: str) -> bool | str | None:
+    """``tools:``: true or false; for a llama_cpp candidate, the name of a chat handler."""
+    if value is None or isinstance(value, bool):
+        return value
+    if backend == "llama_cpp" and isinstance(value, str) and value in TOOL_HANDLERS:
+        return value
+    if backend == "llama_cpp":
+        raise cfg.error(
+            key,
+            f"expected false or a llama-cpp-python function-calling handler, got {value!r}",
+            hint=known_hint(str(value), TOOL_HANDLERS, "handlers"),
+        )
+    raise cfg.error(key, f"expected true or false, got {value!r}")
+
+
+def tenant(cfg: Config, key: str, value: Any, backend: str) -> Any:
+    """The configured tenant a ``backend: tenant`` candidate names (its TenantSpec)."""
+    if backend != "tenant":
+        if value is not None:
+            raise cfg.error(key, f"'tenant' is for backend: tenant, not {backend}")
+        return None
+    known = {t.name: t for t in cfg.tenants}
+    if not isinstance(value, str) or value not in known:
+        hint = (
+            known_hint(value, known, "tenants")
+            if known
+            else "tenants: none is configured (add a tenants: list)"
+        )
+        raise cfg.error(key, f"expected the name of a tenant, got {value!r}", hint=hint)
+    return known[value]
 
 
 def env_name(text: str) -> bool:

@@ -23,8 +23,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gpulock.router.routes import TOOL_HANDLERS as HANDLERS
 from gpulock.router.routes import Candidate
+from gpulock.router.routevalues import TOOL_HANDLERS as HANDLERS
 
 TENANT_KINDS = frozenset({"ollama", "llama-server", "llama-swap", "vllm", "localai"})
 CHATML = "<|im_start|>"

@@ -14,11 +14,9 @@ no lock and register nothing.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -29,6 +27,8 @@ from gpulock.core.extras import install_hint
 from gpulock.core.settings import Settings
 from gpulock.residents.adapters import unload_llama
 from gpulock.router.backends import BackendError, Result
+from gpulock.router.backends.llama_log import install_log_tap, is_oom, log_mark, log_since
+from gpulock.router.backends.llama_tally import tallied
 from gpulock.router.routes import Candidate
 
 VERIFY_S = 5.0  # how long a cold-start unload may take to show on NVML
@@ -45,54 +45,8 @@ def _llama_class() -> Any:
             f"llama-cpp-python is not installed ({e})",
             hint=install_hint("llama"),
         ) from None
-    _install_log_tap(llama_cpp)
+    install_log_tap(llama_cpp)
     return Llama
-
-
-def _is_oom(text: str) -> bool:
-    t = text.lower()
-    return "out of memory" in t or "cudamalloc" in t or "failed to allocate" in t
-
-
-# llama.cpp's last log lines, numbered.  With verbose=False llama-cpp-python raises only
-# "Failed to load model from file" or "Failed to create llama_context"; why (a cudaMalloc that
-# ran out of memory, a damaged file) is in llama.cpp's log, which the tap keeps a window of.
-_log: deque[tuple[int, str]] = deque(maxlen=64)
-_log_count = itertools.count(1)
-_tap: Any = None
-
-
-def _install_log_tap(llama_cpp: Any) -> None:
-    """Route llama.cpp's log through a tap that remembers it, then on to llama-cpp-python's
-    own handler (which prints what its verbosity allows), so nothing else changes."""
-    global _tap
-    if _tap is not None:
-        return
-    import ctypes
-
-    try:
-        from llama_cpp import _logger
-
-        forward = _logger.llama_log_callback
-    except (ImportError, AttributeError):
-        forward = None
-
-    @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
-    def tap(level: int, text: bytes, user_data: Any) -> None:
-        _log.append((next(_log_count), text.decode("utf-8", "replace").strip()))
-        if forward is not None:
-            forward(level, text, user_data)
-
-    _tap = tap  # ctypes calls it for ever: it must outlive this function
-    llama_cpp.llama_log_set(tap, ctypes.c_void_p(0))
-
-
-def _log_mark() -> int:
-    return _log[-1][0] if _log else 0
-
-
-def _log_since(mark: int) -> list[str]:
-    return [line for n, line in list(_log) if n > mark and line]
 
 
 class LlamaBackend:
@@ -176,7 +130,7 @@ class LlamaBackend:
         the chat template) and generated (``tallied``), counted as they go, so a stream the
         caller stops early is counted with what it got."""
         with self._session(wait_s, label) as llm, tallied(llm, usage):
-            mark = _log_mark()
+            mark = log_mark()
             try:
                 if kind == "chat":
                     chunks = llm.create_chat_completion(messages=payload, stream=True, **kw)
@@ -192,17 +146,17 @@ class LlamaBackend:
             except (RuntimeError, ValueError, OSError) as e:
                 # A prompt longer than the context (a context halved at governor level reduce,
                 # say) is a failure of this candidate, to fall back from, as in _run.
-                self._failed(e, "server", _log_since(mark))
+                self._failed(e, "server", log_since(mark))
 
     def _run(
         self, call: Callable[[Any], Any], kind: str, wait_s: float | None, label: str
     ) -> Result:
         with self._session(wait_s, label) as llm:
-            mark = _log_mark()
+            mark = log_mark()
             try:
                 out = call(llm)
             except (RuntimeError, ValueError, OSError) as e:
-                self._failed(e, "server", _log_since(mark))
+                self._failed(e, "server", log_since(mark))
         choice = out["choices"][0]
         text = choice["text"] if kind == "text" else (choice["message"].get("content") or "")
         usage = out.get("usage") or {}
@@ -288,12 +242,12 @@ class LlamaBackend:
             kwargs["n_threads"] = c.n_threads
         kwargs.update(self._placement())
         start = time.monotonic()
-        mark = _log_mark()
+        mark = log_mark()
         try:
             with _lock:  # llama.cpp's backend init is not safe to run twice at once
                 llm = Llama(**kwargs)
         except (RuntimeError, ValueError, OSError) as e:
-            self._failed(e, "load", _log_since(mark))
+            self._failed(e, "load", log_since(mark))
         self.loads += 1
         self.settings.emit(
             "model-load",
@@ -328,14 +282,14 @@ class LlamaBackend:
     def _failed(self, e: BaseException, kind: str, log: Sequence[str] = ()) -> Any:
         """Raise the BackendError for ``e``; ``log``: llama.cpp's lines meanwhile (the why)."""
         text = str(e) or type(e).__name__
-        detail = next((line for line in reversed(log) if _is_oom(line)), None)
+        detail = next((line for line in reversed(log) if is_oom(line)), None)
         if detail is None and log:
             detail = log[-1]
         if detail and detail not in text:
             text = f"{text} ({detail})"
         if "exceed context window" in text:
             raise BackendError("request", f"{self.candidate.name}: {text}", detail=text) from e
-        if _is_oom(text):
+        if is_oom(text):
             if self._resident is not None:
                 self._resident.report_oom()
             elif self.gpu is not None:
@@ -407,51 +361,6 @@ class LlamaBackend:
             after_bytes=now_bytes,
             freed=now_bytes < before,
         )
-
-
-@contextlib.contextmanager
-def tallied(llm: Any, usage: dict[str, int]) -> Iterator[None]:
-    """Count one call's tokens into ``usage`` (``tokens_in``, ``tokens_out``) as llama.cpp
-    processes them.
-
-    A stream's chunks are not tokens (a multi-byte character or a possible stop sequence is
-    held back and sent with the next ones), and the prompt the model reads is the chat
-    template's, not the messages' text: llama-cpp-python counts both only for an unstreamed
-    call.  Both kinds of call run through ``Llama.generate(prompt_tokens)``, which yields each
-    token it samples; the completion loop keeps every one but an end-of-generation token.
-    So the generator is wrapped for this call (the backend's lock keeps calls one at a time):
-    the prompt is what it is given, the output what it yields less the end token.
-    """
-    usage["tokens_in"] = usage["tokens_out"] = 0
-    inner = llm.generate  # the bound method (an instance attribute shadows it for this call)
-    eog = _eog_test(llm)
-
-    def generate(tokens: Sequence[int], *args: Any, **kw: Any) -> Iterator[int]:
-        usage["tokens_in"] = len(tokens)
-        for token in inner(tokens, *args, **kw):
-            if not eog(token):
-                usage["tokens_out"] += 1
-            yield token
-
-    llm.generate = generate
-    try:
-        yield
-    finally:
-        with contextlib.suppress(AttributeError):
-            del llm.generate
-
-
-def _eog_test(llm: Any) -> Callable[[int], bool]:
-    """Whether a token ends generation (end of sequence, end of turn), as llama.cpp decides."""
-    try:
-        import llama_cpp
-
-        vocab = llm._model.vocab
-        test = llama_cpp.llama_vocab_is_eog
-        return lambda t: bool(test(vocab, t))
-    except (ImportError, AttributeError):
-        eos = llm.token_eos()
-        return lambda t: t == eos
 
 
 _cache: dict[tuple[Any, ...], LlamaBackend] = {}
