@@ -163,40 +163,60 @@ class Dispatcher(Accounts):
                     refused[cid(c)] = admitted
                     self._fallback(task, agent, c, admitted.reason)
                     continue
-            stack = AsyncExitStack()
-            tried = time.monotonic()
-            try:
-                opened = await self._try(ask, v, agent, left, start, stack, task)
-            except LockTimeout:
-                await stack.aclose()
-                await self._release(held)
-                failed[cid(c)] = "GPU queue past the deadline"
-                self._fallback(task, agent, c, "busy")
-            except BackendError as e:
-                await stack.aclose()
-                await self._release(held)
-                if e.kind == "request" or (e.kind == "client" and e.status in REQUEST_FAULTS):
-                    raise ApiError(400, f"{c.name}: {e}", code="invalid_request") from None
-                failed[cid(c)] = e.short
-                await self._off_loop(
-                    self._failed,
-                    self.settings,
-                    self.table.settings,
-                    c,
-                    e,
-                    task=task,
-                    agent=agent,
-                    latency_s=time.monotonic() - tried,
-                    via="serve",
-                )
-                self._fallback(task, agent, c, e.short)
-            except BaseException:
-                await stack.aclose()
-                await self._release(held)
-                raise
-            else:
-                opened.reservation = held
+            opened = await self._attempt(ask, v, agent, left, start, task, held, failed)
+            if opened is not None:
                 return opened
+
+    async def _attempt(
+        self,
+        ask: Ask,
+        v: Verdict,
+        agent: str,
+        left: float | None,
+        start: float,
+        task: str,
+        held: budget.Reservation | None,
+        failed: dict[str, str],
+    ) -> Opened | None:
+        """The chosen candidate tried: its answer opened, holding ``held``; or None when it
+        falls back (its GPU queue past the deadline, its server failing: ``failed`` says why,
+        ``held`` is given back).  A fault of the request itself is a 400, not a fall-back."""
+        c = v.candidate
+        stack = AsyncExitStack()
+        tried = time.monotonic()
+        try:
+            opened = await self._try(ask, v, agent, left, start, stack, task)
+        except LockTimeout:
+            await stack.aclose()
+            await self._release(held)
+            failed[cid(c)] = "GPU queue past the deadline"
+            self._fallback(task, agent, c, "busy")
+            return None
+        except BackendError as e:
+            await stack.aclose()
+            await self._release(held)
+            if e.kind == "request" or (e.kind == "client" and e.status in REQUEST_FAULTS):
+                raise ApiError(400, f"{c.name}: {e}", code="invalid_request") from None
+            failed[cid(c)] = e.short
+            await self._off_loop(
+                self._failed,
+                self.settings,
+                self.table.settings,
+                c,
+                e,
+                task=task,
+                agent=agent,
+                latency_s=time.monotonic() - tried,
+                via="serve",
+            )
+            self._fallback(task, agent, c, e.short)
+            return None
+        except BaseException:
+            await stack.aclose()
+            await self._release(held)
+            raise
+        opened.reservation = held
+        return opened
 
     async def _try(
         self,

@@ -20,7 +20,7 @@ from gpulock.serve.errors import ApiError
 
 
 class Listings:
-    """The GET endpoints of ``gpulock.serve.app.Gateway``, which builds on them."""
+    """The GET endpoints of ``gpulock.serve.gateway.Gateway``, which builds on them."""
 
     settings: Settings
     d: Dispatcher

@@ -13,230 +13,24 @@ import copy
 from typing import Any
 
 from gpulock.serve import schema
-
-Schema = dict[str, Any]
-
-OPENAI_ERROR: Schema = {
-    "type": "object",
-    "properties": {
-        "error": {
-            "type": "object",
-            "properties": {
-                "message": {"type": "string"},
-                "type": {"type": "string"},
-                "param": {"type": ["string", "null"]},
-                "code": {"type": ["string", "null"]},
-            },
-            "required": ["message", "type", "param", "code"],
-        }
-    },
-    "required": ["error"],
-}
-ANTHROPIC_ERROR: Schema = {
-    "type": "object",
-    "properties": {
-        "type": {"const": "error"},
-        "error": {
-            "type": "object",
-            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
-            "required": ["type", "message"],
-        },
-    },
-    "required": ["type", "error"],
-}
-OLLAMA_ERROR: Schema = {
-    "type": "object",
-    "properties": {"error": {"type": "string"}},
-    "required": ["error"],
-}
-_USAGE: Schema = {
-    "type": "object",
-    "properties": {
-        "prompt_tokens": {"type": "integer"},
-        "completion_tokens": {"type": "integer"},
-        "total_tokens": {"type": "integer"},
-    },
-    "required": ["prompt_tokens", "total_tokens"],
-}
-_CHOICES: Schema = {"type": "array", "items": {"type": "object"}}
-OPENAI_COMPLETION: Schema = {
-    "type": "object",
-    "properties": {
-        "id": {"type": "string"},
-        "object": {"enum": ["chat.completion", "text_completion"]},
-        "created": {"type": "integer"},
-        "model": {"type": "string"},
-        "choices": _CHOICES,
-        "usage": _USAGE,
-    },
-    "required": ["id", "object", "created", "model", "choices"],
-}
-RESPONSE: Schema = {
-    "type": "object",
-    "properties": {
-        "id": {"type": "string"},
-        "object": {"const": "response"},
-        "created_at": {"type": "integer"},
-        "status": {"enum": ["completed", "incomplete"]},
-        "model": {"type": "string"},
-        "output": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"type": {"enum": ["message", "function_call"]}},
-                "required": ["type"],
-            },
-        },
-        "usage": {
-            "type": "object",
-            "properties": {
-                "input_tokens": {"type": "integer"},
-                "output_tokens": {"type": "integer"},
-                "total_tokens": {"type": "integer"},
-            },
-            "required": ["input_tokens", "output_tokens", "total_tokens"],
-        },
-    },
-    "required": ["id", "object", "created_at", "status", "model", "output"],
-}
-ANTHROPIC_MESSAGE: Schema = {
-    "type": "object",
-    "properties": {
-        "id": {"type": "string"},
-        "type": {"const": "message"},
-        "role": {"const": "assistant"},
-        "model": {"type": "string"},
-        "content": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"type": {"enum": ["text", "tool_use"]}},
-                "required": ["type"],
-            },
-        },
-        "stop_reason": {"enum": ["end_turn", "max_tokens", "tool_use"]},
-        "usage": {
-            "type": "object",
-            "properties": {
-                "input_tokens": {"type": "integer"},
-                "output_tokens": {"type": "integer"},
-            },
-            "required": ["input_tokens", "output_tokens"],
-        },
-    },
-    "required": ["id", "type", "role", "model", "content", "stop_reason", "usage"],
-}
-OPENAI_EMBEDDINGS: Schema = {
-    "type": "object",
-    "properties": {
-        "object": {"const": "list"},
-        "data": {"type": "array", "items": {"type": "object"}},
-        "model": {"type": "string"},
-        "usage": _USAGE,
-    },
-    "required": ["object", "data", "model"],
-}
-OPENAI_MODELS: Schema = {
-    "type": "object",
-    "properties": {
-        "object": {"const": "list"},
-        "data": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"id": {"type": "string"}, "object": {"const": "model"}},
-                "required": ["id", "object"],
-            },
-        },
-    },
-    "required": ["object", "data"],
-}
-_OLLAMA_ANSWER: Schema = {
-    "type": "object",
-    "properties": {
-        "model": {"type": "string"},
-        "created_at": {"type": "string"},
-        "done": {"type": "boolean"},
-    },
-    "required": ["model", "done"],
-}
-_OLLAMA_MODELS: Schema = {
-    "type": "object",
-    "properties": {"models": {"type": "array", "items": {"type": "object"}}},
-    "required": ["models"],
-}
-OLLAMA_SHOW: Schema = {
-    "type": "object",
-    "properties": {
-        "details": {"type": "object"},
-        "model_info": {"type": "object"},
-        "capabilities": {"type": "array", "items": {"type": "string"}},
-    },
-    "required": ["details", "model_info"],
-}
-
-GATEWAY_HEADERS: dict[str, Any] = {
-    "X-Gpulock-Tier": {
-        "description": "the tier that answered: gpu, cpu or cloud",
-        "schema": {"type": "string"},
-    },
-    "X-Gpulock-Model": {
-        "description": "the candidate that answered (its name in routes:)",
-        "schema": {"type": "string"},
-    },
-    "X-Gpulock-Waited-Ms": {
-        "description": "milliseconds the request waited for its place",
-        "schema": {"type": "string"},
-    },
-}
-REQUEST_HEADERS: list[dict[str, Any]] = [
-    {
-        "name": "X-Gpulock-Agent",
-        "in": "header",
-        "required": False,
-        "description": "the caller's name in the GPU's queue (printable, at most 64 characters)",
-        "schema": {"type": "string", "maxLength": 64},
-    },
-    {
-        "name": "X-Gpulock-Deadline",
-        "in": "header",
-        "required": False,
-        "description": "answer within this duration (30s, 2m) or fall back; else 504",
-        "schema": {"type": "string"},
-    },
-]
-ANTHROPIC_HEADERS: list[dict[str, Any]] = [
-    {
-        "name": "anthropic-version",
-        "in": "header",
-        "required": False,
-        "description": "accepted (the official client sends 2023-06-01); the API followed is "
-        "that version's",
-        "schema": {"type": "string"},
-    },
-    {
-        "name": "x-api-key",
-        "in": "header",
-        "required": False,
-        "description": "one of serve's keys (serve.api_keys_env), as Anthropic's clients send "
-        "it; Authorization: Bearer works too",
-        "schema": {"type": "string"},
-    },
-]
-ERROR_STATUSES: dict[str, str] = {
-    "400": "the body does not fit the endpoint (names the key); malformed JSON or HTTP",
-    "401": "missing or wrong API key (serve.api_keys_env set)",
-    "404": "no such model (lists the known ones)",
-    "408": "the request's headers or body took longer than serve.read_timeout",
-    "413": "the body is over serve.max_body",
-    "429": "serve.max_queue requests wait already (Retry-After), or a budget or rate limit",
-    "431": "the request's headers are over serve.max_header",
-    "404m": "an Ollama model-file endpoint (pull, push, create, copy, delete): gpulock serve "
-    "does not manage model files; its models are the routes: config",
-    "502": "the model's server broke off",
-    "503": "no model of the route can answer now (Retry-After)",
-    "504": "no model of the route can answer within X-Gpulock-Deadline",
-}
+from gpulock.serve.openapi_responses import (
+    ANTHROPIC_ERROR,
+    ANTHROPIC_HEADERS,
+    ANTHROPIC_MESSAGE,
+    ERROR_STATUSES,
+    GATEWAY_HEADERS,
+    OLLAMA_ANSWER,
+    OLLAMA_ERROR,
+    OLLAMA_MODELS,
+    OLLAMA_SHOW,
+    OPENAI_COMPLETION,
+    OPENAI_EMBEDDINGS,
+    OPENAI_ERROR,
+    OPENAI_MODELS,
+    REQUEST_HEADERS,
+    RESPONSE,
+    Schema,
+)
 
 
 def _json(s: Schema, description: str = "OK", headers: dict[str, Any] | None = None) -> Any:
@@ -298,9 +92,36 @@ def _get(summary: str, ok: dict[str, Any], *, ollama: bool = False) -> dict[str,
 def document(models: list[str] | None = None) -> dict[str, Any]:
     """The OpenAPI 3.1 document; ``models``: names to give as examples of ``model``."""
     m = models or []
-    any_obj = _json({"type": "object"})
-    text = {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}}
     paths: dict[str, Any] = {
+        **_v1_paths(m),
+        **_ollama_paths(m),
+        **_gpulock_paths(),
+        **_refused_paths(),
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "gpulock serve",
+            "version": "1",
+            "description": "OpenAI (chat completions, Responses), Anthropic (Messages) and "
+            "Ollama subsets in front of gpulock's GPU line; errors in each API's shape "
+            "(/api/...: Ollama's, /v1/messages: Anthropic's, the rest: OpenAI's).",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": {
+                "OpenAIError": OPENAI_ERROR,
+                "OllamaError": OLLAMA_ERROR,
+                "AnthropicError": ANTHROPIC_ERROR,
+            }
+        },
+    }
+
+
+def _v1_paths(m: list[str]) -> dict[str, Any]:
+    """OpenAI's endpoints (chat completions, completions, embeddings, Responses, models) and
+    Anthropic's Messages."""
+    return {
         "/v1/chat/completions": _gen(
             "OpenAI chat",
             schema.OPENAI_CHAT,
@@ -344,10 +165,16 @@ def document(models: list[str] | None = None) -> dict[str, Any]:
             parameters=ANTHROPIC_HEADERS,
         ),
         "/v1/models": _get("the tasks, candidates and tenants' models", _json(OPENAI_MODELS)),
+    }
+
+
+def _ollama_paths(m: list[str]) -> dict[str, Any]:
+    """Ollama's endpoints, its greeting at ``/`` included."""
+    return {
         "/api/chat": _gen(
             "Ollama chat",
             schema.OLLAMA_CHAT,
-            _OLLAMA_ANSWER,
+            OLLAMA_ANSWER,
             ollama=True,
             models=m,
             stream="application/x-ndjson",
@@ -355,7 +182,7 @@ def document(models: list[str] | None = None) -> dict[str, Any]:
         "/api/generate": _gen(
             "Ollama generate (an empty prompt only loads)",
             schema.OLLAMA_GENERATE,
-            _OLLAMA_ANSWER,
+            OLLAMA_ANSWER,
             ollama=True,
             models=m,
             stream="application/x-ndjson",
@@ -384,14 +211,21 @@ def document(models: list[str] | None = None) -> dict[str, Any]:
                 },
             }
         },
-        "/api/tags": _get("the models, as Ollama lists them", _json(_OLLAMA_MODELS), ollama=True),
-        "/api/ps": _get("the models loaded now", _json(_OLLAMA_MODELS), ollama=True),
+        "/api/tags": _get("the models, as Ollama lists them", _json(OLLAMA_MODELS), ollama=True),
+        "/api/ps": _get("the models loaded now", _json(OLLAMA_MODELS), ollama=True),
         "/api/version": _get(
             "the Ollama API version followed",
             _json({"type": "object", "required": ["version"]}),
             ollama=True,
         ),
-        "/": _get("Ollama's greeting", text),
+        "/": _get("Ollama's greeting", _text()),
+    }
+
+
+def _gpulock_paths() -> dict[str, Any]:
+    """gpulock's own: health, status, the cluster, the metrics and this document."""
+    any_obj = _json({"type": "object"})
+    return {
         "/health": _get(
             "the server is up; requests waiting and running",
             _json({"type": "object", "required": ["status", "waiting", "running"]}),
@@ -407,9 +241,14 @@ def document(models: list[str] | None = None) -> dict[str, Any]:
                 },
             }
         },
-        "/metrics": _get("the Prometheus exposition", text),
+        "/metrics": _get("the Prometheus exposition", _text()),
         "/openapi.json": _get("this document", any_obj),
     }
+
+
+def _refused_paths() -> dict[str, Any]:
+    """Ollama's model-file endpoints, which gpulock serve refuses (its models are routes)."""
+    paths: dict[str, Any] = {}
     for what in ("pull", "push", "create", "copy", "delete"):
         paths[f"/api/{what}"] = {
             "delete" if what == "delete" else "post": {
@@ -425,21 +264,8 @@ def document(models: list[str] | None = None) -> dict[str, Any]:
         "responses": _errors(True, ("401", "404m")),
     }
     paths["/api/blobs/{digest}"] = {"post": blob}
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "gpulock serve",
-            "version": "1",
-            "description": "OpenAI (chat completions, Responses), Anthropic (Messages) and "
-            "Ollama subsets in front of gpulock's GPU line; errors in each API's shape "
-            "(/api/...: Ollama's, /v1/messages: Anthropic's, the rest: OpenAI's).",
-        },
-        "paths": paths,
-        "components": {
-            "schemas": {
-                "OpenAIError": OPENAI_ERROR,
-                "OllamaError": OLLAMA_ERROR,
-                "AnthropicError": ANTHROPIC_ERROR,
-            }
-        },
-    }
+    return paths
+
+
+def _text() -> dict[str, Any]:
+    return {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}}

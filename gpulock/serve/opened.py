@@ -2,7 +2,7 @@
 (``Meta``), and what the engine gave back, whole or as a stream (``Opened``).
 
 ``gpulock.serve.dispatch`` makes them, ``gpulock.serve.cluster_link`` makes them for a request a
-peer runs, and the handlers of ``gpulock.serve.app`` read the answer out of them and count it.
+peer runs, and the handlers of ``gpulock.serve.gateway`` read the answer out of them and count it.
 """
 
 from __future__ import annotations

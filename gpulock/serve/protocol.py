@@ -8,7 +8,7 @@ connects and sends nothing) holds its connection for ever.  This subclass adds b
   shape, and the connection closed;
 * a request whose headers are not all in ``read_timeout`` seconds after its first byte (or
   after the connection opened): ``408``, closed.  The body's own timeout is the app's
-  (``gpulock.serve.app``), which knows the endpoint;
+  (``gpulock.serve.gateway``), which knows the endpoint;
 * a request the parser refuses (not HTTP): ``400`` in the same shape, not uvicorn's plain text.
 
 The hooks used (``on_message_begin``, ``on_url``, ``on_header``, ``on_headers_complete``,

@@ -20,7 +20,8 @@ only what serve asks of an upstream:
 
 No redirects (an OpenAI-compatible API answers where it is asked), no compression (none is
 asked for), no proxies and no cookies (aiohttp's session used none either).  Errors are
-``UpstreamError`` with a ``kind``: ``"connection"``, ``"timeout"`` or ``"protocol"``.
+``UpstreamError`` with a ``kind``: ``"connection"``, ``"timeout"`` or ``"protocol"``.  One
+connection and the answer being read on it (httptools' callbacks): ``gpulock.serve.upstream_conn``.
 """
 
 from __future__ import annotations
@@ -28,16 +29,16 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import httptools
+from gpulock.serve.upstream_conn import Conn, Origin, UpstreamError
+
+__all__ = ["Client", "Response", "Timeouts", "UpstreamError"]  # UpstreamError: upstream_conn's
 
 USER_AGENT = b"gpulock-serve"
-HIGH_WATER = 1 << 20  # bytes of an answer held unread before the socket is paused
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,138 +46,6 @@ class Timeouts:
     total_s: float | None = None  # the whole request, its answer's last byte included
     connect_s: float | None = 10.0
     read_s: float | None = None  # silence: the most time between two reads
-
-
-class UpstreamError(Exception):
-    """A request that got no (whole) answer: ``kind`` is "connection", "timeout" or
-    "protocol" (not HTTP/1.1 as spoken here)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-@dataclass(frozen=True, slots=True)
-class _Origin:
-    scheme: str
-    host: str
-    port: int
-    host_header: bytes
-
-
-class _Conn(asyncio.Protocol):
-    """One connection, and the answer being read on it (httptools' callbacks)."""
-
-    def __init__(self, origin: _Origin) -> None:
-        self.origin = origin
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.idle_since = 0.0
-        self._reset()
-
-    def _reset(self) -> None:
-        self.status = 0
-        self.headed = False  # the answer's head is in
-        self.headers: dict[str, str] = {}
-        self.head: asyncio.Future[None] | None = None
-        self.chunks: deque[bytes] = deque()
-        self.buffered = 0
-        self.waiter: asyncio.Future[None] | None = None
-        self.complete = False
-        self.keep_alive = False
-        self.error: UpstreamError | None = None
-        self.paused = False
-
-    def usable(self, now: float, keepalive_s: float) -> bool:
-        t = self.transport
-        return t is not None and not t.is_closing() and now - self.idle_since < keepalive_s
-
-    # --- asyncio ---
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as e:
-            self._fail(UpstreamError("protocol", f"not an HTTP/1.1 answer ({e})"))
-            self.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
-        if self.complete:
-            return
-        if self.headed and self._to_close():
-            self.complete = True  # an answer that ends where its connection does
-            self._wake()
-            return
-        self._fail(UpstreamError("connection", "the connection was closed before the answer"))
-
-    # --- httptools ---
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
-
-    def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
-        self.headed = True
-        self._wake_head()
-
-    def on_body(self, body: bytes) -> None:
-        self.chunks.append(body)
-        self.buffered += len(body)
-        if self.buffered > HIGH_WATER and self.transport is not None and not self.paused:
-            self.transport.pause_reading()
-            self.paused = True
-        self._wake()
-
-    def on_message_complete(self) -> None:
-        # Asked here: once this callback returns, the parser has moved on to the next message.
-        self.keep_alive = self.parser.should_keep_alive()
-        self.complete = True
-        self._wake_head()
-        self._wake()
-
-    # --- the reader's side ---
-
-    def _to_close(self) -> bool:
-        """An answer without a length: its body ends with the connection."""
-        return (
-            "content-length" not in self.headers
-            and "chunked" not in self.headers.get("transfer-encoding", "").lower()
-        )
-
-    def _fail(self, e: UpstreamError) -> None:
-        if self.error is None:
-            self.error = e
-        self._wake_head()
-        self._wake()
-
-    def _wake_head(self) -> None:
-        h = self.head
-        if h is not None and not h.done():
-            h.set_result(None)
-
-    def _wake(self) -> None:
-        w = self.waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    def take(self) -> bytes:
-        data = b"".join(self.chunks) if len(self.chunks) != 1 else self.chunks[0]
-        self.chunks.clear()
-        self.buffered = 0
-        if self.paused and self.transport is not None:
-            self.paused = False
-            self.transport.resume_reading()
-        return data
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-            self.transport = None
 
 
 async def _wait(fut: asyncio.Future[None], until: float | None) -> None:
@@ -200,9 +69,9 @@ async def _wait(fut: asyncio.Future[None], until: float | None) -> None:
 class Response:
     """An answer's head, and its body to read (whole, or by line)."""
 
-    def __init__(self, client: Client, conn: _Conn, t: Timeouts, end: float | None) -> None:
+    def __init__(self, client: Client, conn: Conn, t: Timeouts, end: float | None) -> None:
         self._client = client
-        self._conn: _Conn | None = conn
+        self._conn: Conn | None = conn
         self._timeouts = t
         self._end = end  # loop time the whole request must be done by (None: no limit)
         self.status = conn.status
@@ -284,12 +153,12 @@ class Client:
 
     def __init__(self, *, keepalive_s: float = 30.0) -> None:
         self.keepalive_s = keepalive_s
-        self._idle: dict[_Origin, list[_Conn]] = {}
-        self._origins: dict[str, tuple[_Origin, bytes]] = {}
+        self._idle: dict[Origin, list[Conn]] = {}
+        self._origins: dict[str, tuple[Origin, bytes]] = {}
         self._ssl: ssl.SSLContext | None = None
         self._closed = False
 
-    def _origin(self, url: str) -> tuple[_Origin, bytes]:
+    def _origin(self, url: str) -> tuple[Origin, bytes]:
         """The origin of ``url`` and its path (parsed once per URL)."""
         got = self._origins.get(url)
         if got is not None:
@@ -302,7 +171,7 @@ class Client:
         host = u.hostname if ":" not in u.hostname else f"[{u.hostname}]"
         header = host if default else f"{host}:{port}"
         path = (u.path or "/") + (f"?{u.query}" if u.query else "")
-        got = (_Origin(u.scheme, u.hostname, port, header.encode("idna")), path.encode())
+        got = (Origin(u.scheme, u.hostname, port, header.encode("idna")), path.encode())
         if len(self._origins) < 1024:
             self._origins[url] = got
         return got
@@ -334,13 +203,13 @@ class Client:
         conn.head = None
         return Response(self, conn, timeouts, end)
 
-    async def _conn(self, origin: _Origin, t: Timeouts, end: float | None) -> _Conn:
+    async def _conn(self, origin: Origin, t: Timeouts, end: float | None) -> Conn:
         idle = self._idle.get(origin)
         now = time.monotonic()
         while idle:
             conn = idle.pop()
             if conn.usable(now, self.keepalive_s):
-                conn._reset()
+                conn.reset()
                 return conn
             conn.close()
         if self._closed:
@@ -356,7 +225,7 @@ class Client:
         try:
             _transport, conn = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: _Conn(origin),
+                    lambda: Conn(origin),
                     origin.host,
                     origin.port,
                     ssl=tls,
@@ -372,7 +241,7 @@ class Client:
             raise UpstreamError("connection", f"could not connect ({e.strerror or e})") from None
         return conn
 
-    def _release(self, conn: _Conn) -> None:
+    def _release(self, conn: Conn) -> None:
         if self._closed:
             conn.close()
             return
@@ -387,7 +256,7 @@ class Client:
         self._idle.clear()
 
 
-def _head(path: bytes, origin: _Origin, headers: Mapping[str, str], length: int) -> bytes:
+def _head(path: bytes, origin: Origin, headers: Mapping[str, str], length: int) -> bytes:
     lines = [
         b"POST " + path + b" HTTP/1.1",
         b"Host: " + origin.host_header,
