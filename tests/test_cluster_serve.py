@@ -60,14 +60,15 @@ class Host(GatewayProc):
                 pass
         super().stop()
 
-    def events(self, kind: str) -> list[dict[str, Any]]:
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """The host's event log (``kind``: only those events)."""
         path = self.folder / "state" / "events.jsonl"
         try:
             lines = path.read_text().splitlines()
         except OSError:
             return []
         out = [json.loads(line) for line in lines if line.strip()]
-        return [e for e in out if e.get("event") == kind]
+        return [e for e in out if kind is None or e.get("event") == kind]
 
     def gpulock(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -393,7 +394,7 @@ def chat_while_busy(h: Host, agent: str, blocker: subprocess.Popen[bytes]) -> Re
     wait_until(
         lambda: [e for e in h.events("fallback") if e.get("agent") == agent],
         WAIT_S,
-        lambda: f"{h.name} to give up on the peer\n{h.output()}",
+        lambda: f"{h.name} to give up on the peer\n{h.output()}\n{_about(h, agent)}",
     )
     kill_group(blocker)
     t.join(WAIT_S)
@@ -401,10 +402,21 @@ def chat_while_busy(h: Host, agent: str, blocker: subprocess.Popen[bytes]) -> Re
     return out[0]
 
 
+def _about(h: Host, agent: str) -> str:
+    """What ``h``'s event log says of ``agent``'s request, and of the line (for a failure)."""
+    seen = [
+        e
+        for e in h.events()
+        if agent in (e.get("agent"), e.get("name")) or e.get("event") in ("wait", "acquire")
+    ]
+    return "\n".join(json.dumps(e) for e in seen[-30:])
+
+
 def test_a_frozen_then_a_killed_peer_lose_no_call(pool: Pool) -> None:
     """b is idle and warm, a's GPU is held: a sends to b, b does not answer, a runs it."""
     a, b = pool.a, pool.b
     assert b.proc is not None
+    assert b.chat("agent-warm-b").status == 200  # warm, whatever ran before (b's GPU is free)
     wait_until(lambda: b_idle_and_warm(a), WAIT_S, "b idle and warm, as a sees it")
     # "blocker" held a's GPU for seconds before: the line's estimate here is seconds, not
     # the milliseconds of the requests' holds, and b (idle, warm) is clearly sooner.
