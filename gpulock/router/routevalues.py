@@ -51,9 +51,7 @@ def opt_whole(cfg: Config, key: str, value: Any, *, low: int = 1) -> int | None:
     return None if value is None else whole(cfg, key, value, low=low)
 
 
-def size(cfg: Config, key: str, value: Any) -> int | None:
-    if value is None:
-        return None
+def size(cfg: Config, key: str, value: Any) -> int:
     try:
         size = parse_size(value)
     except ValueError as e:
@@ -61,6 +59,10 @@ def size(cfg: Config, key: str, value: Any) -> int | None:
     if size <= 0:
         raise cfg.error(key, f"expected a size above 0, got {value!r}")
     return size
+
+
+def opt_size(cfg: Config, key: str, value: Any) -> int | None:
+    return None if value is None else size(cfg, key, value)
 
 
 def duration(cfg: Config, key: str, value: Any) -> float:

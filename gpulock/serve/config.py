@@ -20,12 +20,11 @@ a log line or an event.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from gpulock.core import apikeys
 from gpulock.core.config import Config
 from gpulock.core.errors import GpulockError
-from gpulock.core.units import parse_duration, parse_size
+from gpulock.router import routevalues as rv
 
 DEFAULT_LISTEN = "127.0.0.1:11435"
 KEYS = ("listen", "api_keys_env", "max_queue", "max_body", "max_header", "read_timeout")
@@ -96,10 +95,10 @@ def load(cfg: Config) -> ServeConfig:
         host=host,
         port=port,
         api_keys_env=env,
-        max_queue=_count(cfg, "serve.max_queue", raw.get("max_queue", 256)),
-        max_body_bytes=_size(cfg, "serve.max_body", raw.get("max_body", "8MiB")),
-        max_header_bytes=_size(cfg, "serve.max_header", raw.get("max_header", "16KiB")),
-        read_timeout_s=_duration(cfg, "serve.read_timeout", raw.get("read_timeout", "30s")),
+        max_queue=rv.whole(cfg, "serve.max_queue", raw.get("max_queue", 256), low=1),
+        max_body_bytes=rv.size(cfg, "serve.max_body", raw.get("max_body", "8MiB")),
+        max_header_bytes=rv.size(cfg, "serve.max_header", raw.get("max_header", "16KiB")),
+        read_timeout_s=rv.duration(cfg, "serve.read_timeout", raw.get("read_timeout", "30s")),
     )
 
 
@@ -109,29 +108,3 @@ def read_keys(sc: ServeConfig) -> tuple[str, ...]:
 
 
 _env_name = apikeys.is_env_name
-
-
-def _count(cfg: Config, key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise cfg.error(key, f"expected a whole number >= 1, got {value!r}")
-    return value
-
-
-def _size(cfg: Config, key: str, value: Any) -> int:
-    try:
-        n = parse_size(value)
-    except (ValueError, TypeError) as e:
-        raise cfg.error(key, str(e)) from None
-    if n <= 0:
-        raise cfg.error(key, f"expected a size above 0, got {value!r}")
-    return n
-
-
-def _duration(cfg: Config, key: str, value: Any) -> float:
-    try:
-        s = parse_duration(value, key=None)
-    except (ValueError, TypeError) as e:
-        raise cfg.error(key, str(e)) from None
-    if s <= 0:
-        raise cfg.error(key, f"expected a duration above 0, got {value!r}")
-    return s
