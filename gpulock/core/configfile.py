@@ -17,6 +17,7 @@ from typing import Final
 
 from gpulock.core.errors import ConfigError, StateDirError
 from gpulock.core.state import expand_path, home_dir
+from gpulock.core.statefile import read_at_most
 
 __all__ = ["ENV_CONFIG", "find_config", "read_config_bytes", "read_config_text"]
 
@@ -118,19 +119,11 @@ def read_config_bytes(path: pathlib.Path, what: str = "config file") -> bytes:
                 file=str(path),
                 hint=f"give the path of a regular {what}",
             )
-        chunks: list[bytes] = []
-        left = MAX_CONFIG_BYTES + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
+        data = read_at_most(fd, MAX_CONFIG_BYTES)
     except OSError as exc:
         raise ConfigError(f"cannot read it: {exc.strerror or exc}", file=str(path)) from None
     finally:
         os.close(fd)
-    data = b"".join(chunks)
     if len(data) > MAX_CONFIG_BYTES:
         raise ConfigError(f"is larger than {MAX_CONFIG_BYTES} bytes", file=str(path))
     return data

@@ -99,20 +99,26 @@ def read_record(path: pathlib.Path, limit: int = 1 << 20) -> tuple[bytes, os.sta
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise StateDirError(str(path), "is not a regular file; refusing to read it")
-        chunks: list[bytes] = []
-        remaining = limit + 1  # one byte more tells "exactly limit" from "too large"
-        while remaining > 0:
-            chunk = os.read(fd, min(remaining, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
+        data = read_at_most(fd, limit)
     finally:
         os.close(fd)
-    data = b"".join(chunks)
     if len(data) > limit:
         raise StateDirError(str(path), f"is larger than {limit} bytes; refusing to read it")
     return data, st
+
+
+def read_at_most(fd: int, limit: int) -> bytes:
+    """Up to ``limit`` + 1 bytes of ``fd``: one byte more tells "exactly limit" from "too large"
+    (the caller refuses a longer file by its length, without reading all of it)."""
+    chunks: list[bytes] = []
+    remaining = limit + 1
+    while remaining > 0:
+        chunk = os.read(fd, min(remaining, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
 
 
 def open_regular(path: pathlib.Path, flags: int, mode: int = 0o600) -> int:
