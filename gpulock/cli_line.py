@@ -20,14 +20,21 @@ from gpulock.core.errors import GpulockError
 from gpulock.core.units import format_size
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from gpulock import runner
-
+def _command_of(args: argparse.Namespace, usage: str) -> list[str]:
+    """The command after ``--`` (argparse keeps the ``--`` in a REMAINDER); a usage error
+    naming ``usage`` when there is none."""
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise UsageError("missing command to run", hint="gpulock run [options] -- CMD [ARG...]")
+        raise UsageError("missing command to run", hint=usage)
+    return command
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from gpulock import runner
+
+    command = _command_of(args, "gpulock run [options] -- CMD [ARG...]")
     settings = settings_of(args)
     if args.prefetch:
         from gpulock.lock.prefetch import check_paths
@@ -53,11 +60,7 @@ def cmd_pool(args: argparse.Namespace) -> int:
     from gpulock.pool import supervisor
     from gpulock.runner import resolve
 
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise UsageError("missing command to run", hint="gpulock pool --need SIZE -- CMD [ARG...]")
+    command = _command_of(args, "gpulock pool --need SIZE -- CMD [ARG...]")
     if args.need is None:
         raise UsageError("--need is required: each worker's VRAM decides how many fit")
     if args.max is not None and args.min > args.max:
